@@ -1,0 +1,27 @@
+"""The `runfold` command: one root typer app; each area mounts its sub-app here with one line."""
+
+from __future__ import annotations
+
+import typer
+
+from topology.cli import kafka_app
+
+app = typer.Typer(
+    name="runfold",
+    no_args_is_help=True,
+    help="runfold: durable AI-agent and tool workflows as an exactly-once stream processor on Kafka.",
+    pretty_exceptions_enable=False,
+)
+
+# ---- sub-apps: one line per area -------------------------------------------------------------
+app.add_typer(kafka_app, name="kafka")
+# (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
+# ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

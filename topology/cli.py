@@ -1,0 +1,126 @@
+"""`runfold kafka ...` and `runfold topology ...`: the broker and topic commands.
+
+Both sub-apps are mounted on the root app in `processors/cli.py`. Every command
+prints a human summary (rich) or, with `--json`, one JSON object on stdout, and
+exits non-zero when it failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+
+from topology import broker, local_kafka
+
+console = Console()
+err_console = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+kafka_app = typer.Typer(
+    no_args_is_help=True,
+    help="Run a Kafka broker for runfold (an existing cluster, Docker, or Apache Kafka jars from Maven).",
+)
+
+
+def emit(as_json: bool, data: dict[str, Any], human: Callable[[], None]) -> None:
+    if as_json:
+        typer.echo(orjson.dumps(data, default=str).decode())
+    else:
+        human()
+
+
+def fail(as_json: bool, message: str, **data: Any) -> typer.Exit:
+    if as_json:
+        typer.echo(orjson.dumps({"ok": False, "error": message, **data}, default=str).decode())
+    else:
+        err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    return typer.Exit(1)
+
+
+def _choice(as_json: bool) -> broker.BrokerChoice:
+    try:
+        return broker.choose_broker()
+    except broker.BrokerError as e:
+        raise fail(as_json, str(e)) from e
+
+
+@kafka_app.command("up")
+def kafka_up(
+    as_json: JsonOpt = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 90.0,
+) -> None:
+    """Start a broker (or check the configured one) and wait until it answers.
+
+    Example: `runfold kafka up` (local broker on 127.0.0.1:9092; RUNFOLD_KAFKA_PORT=19092 for another port).
+    """
+    choice = _choice(as_json)
+    try:
+        if choice.kind == "local":
+            st = local_kafka.up(local_kafka.LocalKafkaConfig.from_env(), timeout=timeout)
+            bootstrap, extra = st.bootstrap, st.to_dict()
+        else:
+            bootstrap, extra = broker.start_broker(choice, timeout=timeout), {}
+    except (broker.BrokerError, local_kafka.LocalKafkaError) as e:
+        raise fail(as_json, f"{choice.kind} broker (chosen because {choice.reason}): {e}",
+                   broker=choice.kind) from e
+    data = {"ok": True, "broker": choice.kind, "reason": choice.reason, "bootstrap": bootstrap, **extra}
+
+    def human() -> None:
+        if extra.get("already_running"):
+            what = f"already running (pid {extra['pid']})"
+        elif choice.kind == "local":
+            what = f"started in {extra['startup_seconds']}s (pid {extra['pid']}, log {extra['log_file']})"
+        else:
+            what = "answers"
+        console.print(f"[green]Kafka[/] [bold]{bootstrap}[/] {what} — {choice.kind}: {choice.reason}")
+        console.print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}", highlight=False)
+
+    emit(as_json, data, human)
+
+
+@kafka_app.command("down")
+def kafka_down(as_json: JsonOpt = False) -> None:
+    """Stop the broker runfold started (an external cluster is left alone).
+
+    Example: `runfold kafka down`
+    """
+    choice = _choice(as_json)
+    try:
+        message = broker.stop_broker(choice)
+    except broker.BrokerError as e:
+        raise fail(as_json, str(e), broker=choice.kind) from e
+    emit(as_json, {"ok": True, "broker": choice.kind, "message": message}, lambda: console.print(message))
+
+
+@kafka_app.command("status")
+def kafka_status(as_json: JsonOpt = False) -> None:
+    """Say which broker runfold would use and whether it answers (exit 1 when it does not).
+
+    Example: `runfold kafka status --json`
+    """
+    choice = _choice(as_json)
+    data: dict[str, Any] = {"broker": choice.kind, "reason": choice.reason}
+    if choice.kind == "local":
+        st = local_kafka.get_status(local_kafka.LocalKafkaConfig.from_env())
+        data |= st.to_dict()
+        answers = st.running and local_kafka.broker_answers(st.bootstrap)
+    else:
+        bootstrap = choice.bootstrap or broker.DOCKER_BOOTSTRAP
+        data["bootstrap"] = bootstrap
+        answers = local_kafka.broker_answers(bootstrap)
+    data["answers"] = answers
+    data["ok"] = answers
+
+    def human() -> None:
+        state = "[green]running[/]" if answers else "[red]not running[/]"
+        pid = f" (pid {data['pid']})" if data.get("pid") else ""
+        console.print(f"Kafka {data['bootstrap']}: {state}{pid} — {choice.kind}: {choice.reason}")
+
+    emit(as_json, data, human)
+    if not answers:
+        raise typer.Exit(1)
