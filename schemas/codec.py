@@ -1,0 +1,375 @@
+"""Avro codec for every runfold topic: flat dicts in Python, Avro on the wire.
+
+API (stable; the runtime, executors and tools call only this)::
+
+    from schemas import Codec, DecodeError, EncodeError
+    codec = Codec.default()            # cached per process; honours SCHEMA_REGISTRY_URL
+    data = codec.encode("commands", {"type": "StartRun", "run_id": "r-1", "record_id": "…",
+                                     "ts_ms": 1764400000000, "definition_id": "d", "input": {}})
+    msg = codec.decode("commands", data)    # the same flat dict, optional fields filled
+    enc = codec.encoder("run_events")       # pre-bound callables for hot loops: dict -> bytes
+    dec = codec.decoder("receipts")         # bytes -> dict
+    codec.encode_many(kind, msgs) -> list[bytes];  codec.decode_many(kind, datas) -> list[dict]
+
+Topic kinds: commands, receipts, activations, child_activations, run_events,
+run_state, definitions, dead_letters. Messages are the flat dicts of
+docs/messages.md: `type` names the record (the envelope's body branch), envelope
+fields (`run_id`, `record_id`, `ts_ms`, `sequence`) sit beside body fields, and
+`schema_version` is written and checked here, never seen by callers. Omitted
+optional fields encode as null (or their schema default: `labels` {}, `usage`
+zeros, ...) and decode as None/default. JSON fields (Avro `string` with
+`logicalType: json`) hold any JSON value; integers must fit in 64 bits.
+
+Wire format: Avro single-object encoding (`C3 01`, 8-byte little-endian
+CRC-64-AVRO fingerprint of the writer schema, Avro binary body). Decoding looks
+the fingerprint up among the known writer schemas (current plus
+`schemas/history/<kind>/*.avsc` plus `add_writer_schema`) and resolves to the
+current reader schema. With a Schema Registry (`SCHEMA_REGISTRY_URL` or
+`registry_url=`) encoding uses the Confluent framing (`00` + 4-byte big-endian
+schema id); decoding accepts both framings.
+
+Errors: `DecodeError` (one type for any undecodable bytes; `.reason`,
+`.topic_kind`) and `EncodeError` (names the record type and field). Both are
+ValueErrors.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.read import LOGICAL_READERS, SchemaResolutionError
+from fastavro.write import LOGICAL_WRITERS
+
+from schemas.contract import (
+    SCHEMA_DIR,
+    SCHEMA_VERSION,
+    TOPIC_KINDS,
+    fingerprint64,
+    load_contract,
+    read_history,
+)
+
+__all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "get_codec"]
+
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+CONFLUENT_MAGIC = 0
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # far above any Kafka message.max.bytes we configure
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a record of this topic's contract."""
+
+    def __init__(self, reason: str, topic_kind: str = "") -> None:
+        super().__init__(f"cannot decode {topic_kind or 'record'}: {reason}")
+        self.reason = reason
+        self.topic_kind = topic_kind
+
+
+class EncodeError(ValueError):
+    """A message that does not fit its schema."""
+
+    def __init__(self, reason: str, topic_kind: str, record_type: str | None, field: str | None) -> None:
+        where = f"{record_type}.{field}" if field else (record_type or "message")
+        super().__init__(f"cannot encode {topic_kind} {where}: {reason}")
+        self.reason = reason
+        self.topic_kind = topic_kind
+        self.record_type = record_type
+        self.field = field
+
+
+# --- the `json` logical type: fastavro keys custom logical types as "<avro type>-<logicalType>"
+
+
+def _json_to_avro(datum: Any, schema: Any) -> str:
+    return orjson.dumps(datum).decode()
+
+
+def _json_from_avro(data: str, writer_schema: Any, reader_schema: Any) -> Any:
+    return orjson.loads(data)
+
+
+LOGICAL_WRITERS["string-json"] = _json_to_avro
+LOGICAL_READERS["string-json"] = _json_from_avro
+
+
+def _by_name(t: Any) -> Any:
+    """Replace inline named-type definitions by their names (they are resolved through named_schemas)."""
+    if isinstance(t, list):
+        return [_by_name(b) for b in t]
+    if isinstance(t, dict):
+        kind = t.get("type")
+        if kind in ("record", "error", "enum", "fixed"):
+            return t["name"]
+        if kind == "array":
+            return {**t, "items": _by_name(t["items"])}
+        if kind == "map":
+            return {**t, "values": _by_name(t["values"])}
+    return t
+
+
+def _decode_reason(exc: BaseException) -> str:
+    if isinstance(exc, orjson.JSONDecodeError):
+        return f"invalid JSON in a json field ({exc})"
+    if isinstance(exc, UnicodeDecodeError):
+        return "invalid UTF-8 in a string field"
+    if isinstance(exc, (EOFError, struct.error)):
+        return "truncated or malformed Avro body"
+    if isinstance(exc, IndexError):
+        return "union branch index out of range"
+    if isinstance(exc, MemoryError):
+        return "length prefix too large"
+    if isinstance(exc, SchemaResolutionError):
+        return f"not readable with the current reader schema ({str(exc)[:200]})"
+    return f"not valid for the schema ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+class _Topic:
+    """Encoder/decoder for one topic kind (all per-record work lives here)."""
+
+    def __init__(self, kind: str, schema: dict[str, Any]) -> None:
+        self.kind = kind
+        self.raw = schema
+        self.reader = parse_schema(schema)
+        self.name: str = self.reader["name"]
+        self.fingerprint = fingerprint64(schema)
+        self.header: bytes = SINGLE_OBJECT_MAGIC + self.fingerprint
+        # fingerprint -> (writer schema, reader schema or None when they are the same)
+        self.writers: dict[bytes, tuple[Any, Any]] = {self.fingerprint: (self.reader, None)}
+        self.registry_writers: dict[int, tuple[Any, Any]] = {}
+        named = dict(self.reader["__named_schemas"])
+        fields = self.reader["fields"]
+        self.is_envelope = fields[-1]["name"] == "body"
+        # Encoding writes the envelope through a flat schema per body type whose binary form is
+        # identical (header fields, the union index as an int with a fixed default, body fields),
+        # so the caller's flat dict is written as is: no envelope dict, no union matching.
+        self.flat: dict[str, Any] = {}
+        self.short: dict[str, str] = {}
+        if self.is_envelope:
+            header = [self._field(f) for f in fields[:-1]]
+            self.envelope_fields = tuple(f["name"] for f in fields[1:-1])
+            for index, branch in enumerate(fields[-1]["type"]):
+                branch = named[branch] if isinstance(branch, str) else branch
+                short = branch["name"].rpartition(".")[2]
+                self.short[branch["name"]] = short
+                flat_fields = [*header, {"name": "_branch", "type": "int", "default": index}]
+                flat_fields += [self._field(f) for f in branch["fields"]]
+                clash = {f["name"] for f in header} & {f["name"] for f in branch["fields"]}
+                if clash:
+                    raise ValueError(f"{self.name}: body {short} reuses envelope fields {clash}")
+                self.flat[short] = parse_schema(
+                    {"type": "record", "name": f"runfold.flat.{short}", "fields": flat_fields},
+                    named_schemas=dict(named),
+                )
+        else:
+            self.envelope_fields = ()
+            short = self.name.rpartition(".")[2]
+            self.short[self.name] = short
+            self.flat[short] = parse_schema(
+                {"type": "record", "name": f"runfold.flat.{short}", "fields": [self._field(f) for f in fields]},
+                named_schemas=dict(named),
+            )
+        self.single_type = None if self.is_envelope else short
+
+    @staticmethod
+    def _field(f: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in f.items() if k in ("name", "type", "default")}
+        out["type"] = _by_name(f["type"])
+        if f["name"] == "schema_version":
+            out["default"] = SCHEMA_VERSION
+        return out
+
+    def add_writer(self, schema: dict[str, Any]) -> bytes:
+        parsed = parse_schema(schema)
+        fp = fingerprint64(schema)
+        if fp != self.fingerprint:
+            self.writers[fp] = (parsed, self.reader)
+        return fp
+
+    # --- hot path
+
+    def encode(self, msg: dict[str, Any]) -> bytes:
+        record_type = msg.get("type", self.single_type)
+        flat = self.flat.get(record_type)  # type: ignore[arg-type]
+        if flat is None:
+            raise EncodeError(
+                f"unknown record type {record_type!r} (expected one of {sorted(self.flat)})",
+                self.kind, record_type, "type",
+            )
+        buf = BytesIO()
+        buf.write(self.header)
+        try:
+            schemaless_writer(buf, flat, msg)
+        except Exception as exc:
+            raise self._explain(msg, record_type, flat, exc) from exc  # type: ignore[arg-type]
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> dict[str, Any]:
+        if data[:2] == SINGLE_OBJECT_MAGIC:
+            found = self.writers.get(data[2:10])
+            if found is None:
+                if len(data) < 10:
+                    raise DecodeError("truncated single-object header", self.kind)
+                raise DecodeError(f"unknown writer schema fingerprint {data[2:10].hex()}", self.kind)
+            start = 10
+        elif data[:1] == b"\x00":
+            found = self._registry_writer(data)
+            start = 5
+        elif not data:
+            raise DecodeError("empty value", self.kind)
+        else:
+            raise DecodeError(f"bad magic {data[:2].hex()} (expected c301 or 00)", self.kind)
+        if len(data) > MAX_RECORD_BYTES:
+            raise DecodeError(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}", self.kind)
+        fo = BytesIO(data)
+        fo.seek(start)
+        try:
+            rec = schemaless_reader(fo, found[0], found[1], True, True)
+        except Exception as exc:
+            raise DecodeError(_decode_reason(exc), self.kind) from None
+        if fo.tell() != len(data):
+            raise DecodeError(f"{len(data) - fo.tell()} trailing bytes after the record", self.kind)
+        if rec["schema_version"] != SCHEMA_VERSION:
+            raise DecodeError(f"unsupported schema_version {rec['schema_version']}", self.kind)
+        if not self.is_envelope:
+            del rec["schema_version"]
+            rec["type"] = self.single_type
+            return rec  # type: ignore[no-any-return]
+        body = rec["body"]
+        name, out = body if isinstance(body, tuple) else (self.name, body)
+        out["type"] = self.short.get(name, name)
+        for key in self.envelope_fields:
+            out[key] = rec[key]
+        return out  # type: ignore[no-any-return]
+
+    # --- cold paths
+
+    registry: Any = None  # schemas.registry.RegistryFraming when configured
+
+    def _registry_writer(self, data: bytes) -> tuple[Any, Any]:
+        if len(data) < 5:
+            raise DecodeError("truncated Confluent header", self.kind)
+        schema_id = int.from_bytes(data[1:5], "big")
+        found = self.registry_writers.get(schema_id)
+        if found is not None:
+            return found
+        if self.registry is None:
+            raise DecodeError(f"Confluent framing (schema id {schema_id}) but no schema registry configured", self.kind)
+        try:
+            schema = self.registry.writer_schema(schema_id)
+        except DecodeError as exc:
+            raise DecodeError(exc.reason, self.kind) from None
+        fp = fingerprint64(schema)
+        found = (self.reader, None) if fp == self.fingerprint else (parse_schema(schema), self.reader)
+        self.registry_writers[schema_id] = found
+        return found
+
+    def _explain(self, msg: dict[str, Any], record_type: str, flat: Any, exc: Exception) -> EncodeError:
+        """Find the first field that does not fit (only after a failed encode)."""
+        named = flat["__named_schemas"]
+        for f in flat["fields"]:
+            if f["name"] == "_branch":
+                continue
+            probe = parse_schema(
+                {"type": "record", "name": "runfold.probe.Field", "fields": [f]}, named_schemas=dict(named)
+            )
+            try:
+                schemaless_writer(BytesIO(), probe, {f["name"]: msg[f["name"]]} if f["name"] in msg else {})
+            except Exception as field_exc:
+                return EncodeError(_encode_reason(field_exc), self.kind, record_type, f["name"])
+        return EncodeError(_encode_reason(exc), self.kind, record_type, None)
+
+
+def _encode_reason(exc: Exception) -> str:
+    text = str(exc).split(" on field ")[0]
+    if "64-bit" in text:
+        return "JSON integers must fit in 64 bits"
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+class Codec:
+    """Encode/decode every runfold topic. Build once (`Codec.default()`), share freely."""
+
+    def __init__(
+        self,
+        schemas: dict[str, dict[str, Any]] | None = None,
+        history: Iterable[tuple[str, dict[str, Any]]] | None = None,
+        registry_url: str | None = None,
+        registry_client: Any = None,
+        schema_dir: Path = SCHEMA_DIR,
+    ) -> None:
+        """`schemas`: topic kind -> standalone schema (default: the `.avsc` contract); `history`:
+        extra known writer schemas (default: `schemas/history/`); a registry switches encoding to
+        the Confluent framing."""
+        contract = schemas if schemas is not None else load_contract(schema_dir)
+        self._topics = {kind: _Topic(kind, schema) for kind, schema in contract.items()}
+        for kind, schema in history if history is not None else read_history(schema_dir):
+            self._topics[kind].add_writer(schema)
+        self.registry = None
+        if registry_url or registry_client is not None:
+            from schemas.registry import RegistryFraming
+
+            self.registry = RegistryFraming(registry_url, registry_client)
+            for topic in self._topics.values():
+                topic.registry = self.registry
+                topic.header = self.registry.header(topic.name, topic.raw)
+
+    @classmethod
+    def default(cls) -> Codec:
+        return _default_codec(os.environ.get("SCHEMA_REGISTRY_URL") or None)
+
+    def encode(self, topic_kind: str, msg: dict[str, Any]) -> bytes:
+        return self._topic(topic_kind).encode(msg)
+
+    def decode(self, topic_kind: str, data: bytes) -> dict[str, Any]:
+        return self._topic(topic_kind).decode(data)
+
+    def encode_many(self, topic_kind: str, msgs: Iterable[dict[str, Any]]) -> list[bytes]:
+        enc = self._topic(topic_kind).encode
+        return [enc(m) for m in msgs]
+
+    def decode_many(self, topic_kind: str, datas: Iterable[bytes]) -> list[dict[str, Any]]:
+        dec = self._topic(topic_kind).decode
+        return [dec(d) for d in datas]
+
+    def encoder(self, topic_kind: str) -> Callable[[dict[str, Any]], bytes]:
+        return self._topic(topic_kind).encode
+
+    def decoder(self, topic_kind: str) -> Callable[[bytes], dict[str, Any]]:
+        return self._topic(topic_kind).decode
+
+    def add_writer_schema(self, topic_kind: str, schema: dict[str, Any]) -> bytes:
+        """Make records written with an older/newer `schema` decodable; returns its fingerprint."""
+        return self._topic(topic_kind).add_writer(schema)
+
+    def schema(self, topic_kind: str) -> dict[str, Any]:
+        """The standalone (self-contained) Avro schema of the topic's values."""
+        return self._topic(topic_kind).raw
+
+    def fingerprint(self, topic_kind: str) -> bytes:
+        return self._topic(topic_kind).fingerprint
+
+    def record_types(self, topic_kind: str) -> list[str]:
+        return list(self._topic(topic_kind).flat)
+
+    def _topic(self, topic_kind: str) -> _Topic:
+        try:
+            return self._topics[topic_kind]
+        except KeyError:
+            raise ValueError(f"unknown topic kind {topic_kind!r} (expected one of {TOPIC_KINDS})") from None
+
+
+@lru_cache(maxsize=4)
+def _default_codec(registry_url: str | None) -> Codec:
+    return Codec(registry_url=registry_url)
+
+
+def get_codec() -> Codec:
+    return Codec.default()
