@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from topology.cli import kafka_app
+from topology.cli import kafka_app, topology_app
 
 app = typer.Typer(
     name="runfold",
@@ -15,6 +15,7 @@ app = typer.Typer(
 
 # ---- sub-apps: one line per area -------------------------------------------------------------
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(topology_app, name="topology")
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

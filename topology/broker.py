@@ -70,7 +70,7 @@ def choose_broker(env: dict[str, str] | None = None, docker_check: bool = True) 
             raise BrokerError(f"RUNFOLD_BROKER={forced!r} is not one of {', '.join(KINDS)}")
         if forced == "external" and bootstrap is None:
             raise BrokerError("RUNFOLD_BROKER=external but KAFKA_BOOTSTRAP_SERVERS is not set")
-        return BrokerChoice(forced, f"RUNFOLD_BROKER={forced}",  # type: ignore[arg-type]
+        return BrokerChoice(forced, f"RUNFOLD_BROKER={forced}",
                             bootstrap if forced == "external" else None)
     if bootstrap is not None:
         return BrokerChoice("external", f"KAFKA_BOOTSTRAP_SERVERS={bootstrap} is set", bootstrap)

@@ -124,3 +124,80 @@ def kafka_status(as_json: JsonOpt = False) -> None:
     emit(as_json, data, human)
     if not answers:
         raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- topology
+
+topology_app = typer.Typer(
+    no_args_is_help=True,
+    help="Create and verify runfold's topics (names, partitions, cleanup policies, co-partitioning).",
+)
+
+PrefixOpt = Annotated[
+    str | None, typer.Option("--prefix", help="Topic prefix (default: RUNFOLD_TOPIC_PREFIX or 'runfold').")
+]
+
+
+def _settings(as_json: bool, prefix: str | None) -> Any:
+    from pydantic import ValidationError
+
+    from topology.settings import ConfigFileError, load_settings
+
+    try:
+        return load_settings(**({"topic_prefix": prefix} if prefix else {}))
+    except (ValidationError, ConfigFileError) as e:
+        raise fail(as_json, f"invalid settings: {e}") from e
+
+
+@topology_app.command("create")
+def topology_create(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
+    """Create the missing topics; existing ones are left alone (safe to run again).
+
+    Example: `runfold topology create --prefix dev`
+    """
+    from topology.admin import TopologyError, create_topology
+
+    s = _settings(as_json, prefix)
+    try:
+        report = create_topology(s)
+    except TopologyError as e:
+        raise fail(as_json, str(e)) from e
+
+    def human() -> None:
+        for name in report.created:
+            console.print(f"[green]created[/]  {name}", highlight=False)
+        for name in report.existing:
+            console.print(f"[dim]exists[/]   {name}", highlight=False)
+        console.print(f"{len(report.created)} created, {len(report.existing)} already there "
+                      f"on {report.bootstrap}", highlight=False)
+
+    emit(as_json, report.to_dict(), human)
+
+
+@topology_app.command("verify")
+def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
+    """Check topics exist with the right partitions, cleanup policy and co-partitioning (exit 1 if not).
+
+    Example: `runfold topology verify --json`
+    """
+    from topology.admin import TopologyError, verify_topology
+
+    s = _settings(as_json, prefix)
+    try:
+        report = verify_topology(s)
+    except TopologyError as e:
+        raise fail(as_json, str(e)) from e
+
+    def human() -> None:
+        if report.ok:
+            console.print(f"[green]ok[/]: {len(report.checked)} topics under '{report.prefix}' on "
+                          f"{report.bootstrap} match the catalogue", highlight=False)
+            return
+        for p in report.problems:
+            console.print(f"[red]{p.kind}[/] {p.message}", highlight=False)
+        console.print(f"[red]{len(report.problems)} problem(s)[/] under '{report.prefix}' on {report.bootstrap}",
+                      highlight=False)
+
+    emit(as_json, report.to_dict(), human)
+    if not report.ok:
+        raise typer.Exit(1)

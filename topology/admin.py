@@ -1,0 +1,207 @@
+"""Create and verify runfold's topics on a real cluster (`runfold topology create|verify`).
+
+    report = create_topology(settings)   # idempotent: creates the missing topics, leaves the rest
+    report.created, report.existing      # topic names
+    check = verify_topology(settings)    # VerifyReport; check.ok, check.problems (list[Problem])
+    delete_topology(settings)            # tests and throwaway prefixes only
+
+A `Problem` has `kind` in {missing, partitions, copartitioning, cleanup_policy,
+replication, error}, the topic, what was expected, what was found and a message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from topology.catalog import TopicSpec, topic_specs
+from topology.settings import KafkaSettings, admin_config
+
+REQUEST_TIMEOUT_S = 30.0
+
+
+class TopologyError(RuntimeError):
+    """The cluster could not be reached or refused a topic operation."""
+
+
+@dataclass
+class CreateReport:
+    bootstrap: str
+    prefix: str
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": True, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    topic: str
+    expected: str
+    actual: str
+    message: str
+
+
+@dataclass
+class VerifyReport:
+    bootstrap: str
+    prefix: str
+    checked: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "bootstrap": self.bootstrap, "prefix": self.prefix, "checked": self.checked,
+                "problems": [asdict(p) for p in self.problems]}
+
+
+def _admin(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(admin_config(settings))
+
+
+def _partition_counts(admin: AdminClient, settings: KafkaSettings) -> dict[str, int]:
+    """Topic -> partition count, for every topic the cluster has."""
+    try:
+        md = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+    except KafkaException as e:
+        raise TopologyError(f"cannot list topics on {settings.bootstrap_servers}: {e.args[0]}") from e
+    return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+
+
+def _wait_visible(admin: AdminClient, names: Iterable[str], timeout: float = REQUEST_TIMEOUT_S) -> None:
+    """Wait until new topics show up in metadata with a leader for every partition."""
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        md = admin.list_topics(timeout=5)
+        for name in list(pending):
+            t = md.topics.get(name)
+            if t is not None and t.error is None and t.partitions and all(
+                p.leader >= 0 for p in t.partitions.values()
+            ):
+                pending.discard(name)
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise TopologyError(f"topics created but not visible after {timeout:.0f}s: {sorted(pending)}")
+
+
+def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = None) -> CreateReport:
+    """Create every missing topic of the catalogue; existing topics are left as they are."""
+    specs = specs if specs is not None else topic_specs(settings)
+    admin = _admin(settings)
+    present = _partition_counts(admin, settings)
+    report = CreateReport(settings.bootstrap_servers, settings.topic_prefix)
+    missing = [s for s in specs if s.name not in present]
+    report.existing = [s.name for s in specs if s.name in present]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
+                      config=s.config) for s in missing],
+            request_timeout=REQUEST_TIMEOUT_S,
+        )
+        errors = []
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                report.created.append(name)
+            except KafkaException as e:
+                err: KafkaError = e.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent create won
+                    report.existing.append(name)
+                else:
+                    errors.append(f"{name}: {err.str()}")
+        if errors:
+            raise TopologyError(f"creating topics on {settings.bootstrap_servers} failed: " + "; ".join(errors))
+        _wait_visible(admin, report.created)
+    order = {s.name: i for i, s in enumerate(specs)}
+    report.created.sort(key=order.__getitem__)
+    report.existing.sort(key=order.__getitem__)
+    return report
+
+
+def _describe_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    if not names:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names],
+                                     request_timeout=REQUEST_TIMEOUT_S)
+    out: dict[str, dict[str, str]] = {}
+    for res, fut in futures.items():
+        try:
+            entries = fut.result()
+        except KafkaException as e:
+            raise TopologyError(f"cannot describe topic {res.name}: {e.args[0]}") from e
+        out[res.name] = {k: (v.value or "") for k, v in entries.items()}
+    return out
+
+
+def _replication_factors(admin: AdminClient, names: list[str]) -> dict[str, int]:
+    md = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+    rf: dict[str, int] = {}
+    for n in names:
+        t = md.topics.get(n)
+        if t is not None and t.partitions:
+            rf[n] = min(len(p.replicas) for p in t.partitions.values())
+    return rf
+
+
+def verify_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = None) -> VerifyReport:
+    """Compare the cluster with the catalogue; every difference is one `Problem`."""
+    specs = specs if specs is not None else topic_specs(settings)
+    admin = _admin(settings)
+    present = _partition_counts(admin, settings)
+    report = VerifyReport(settings.bootstrap_servers, settings.topic_prefix, checked=[s.name for s in specs])
+    existing = [s for s in specs if s.name in present]
+    configs = _describe_configs(admin, [s.name for s in existing])
+    replicas = _replication_factors(admin, [s.name for s in existing])
+    add = report.problems.append
+    for s in specs:
+        if s.name not in present:
+            add(Problem("missing", s.name, "exists", "absent", f"topic {s.name} does not exist"))
+            continue
+        if present[s.name] != s.partitions:
+            add(Problem("partitions", s.name, str(s.partitions), str(present[s.name]),
+                        f"topic {s.name} has {present[s.name]} partitions, expected {s.partitions}"))
+        policy = configs.get(s.name, {}).get("cleanup.policy", "")
+        if set(policy.split(",")) != set(s.cleanup_policy.split(",")):
+            add(Problem("cleanup_policy", s.name, s.cleanup_policy, policy or "?",
+                        f"topic {s.name} has cleanup.policy={policy}, expected {s.cleanup_policy}"))
+        if replicas.get(s.name, s.replication_factor) < s.replication_factor:
+            add(Problem("replication", s.name, str(s.replication_factor), str(replicas[s.name]),
+                        f"topic {s.name} has replication factor {replicas[s.name]}, "
+                        f"expected {s.replication_factor}"))
+    group = [s for s in specs if s.role in ("commands", "receipts", "run_events", "run_state")]
+    counts = {s.name: present[s.name] for s in group if s.name in present}
+    if len(set(counts.values())) > 1:
+        found = ", ".join(f"{n}={c}" for n, c in counts.items())
+        add(Problem("copartitioning", ",".join(counts), "equal partition counts", found,
+                    f"co-partitioned topics differ in partition count ({found}); runs would be split "
+                    f"across processors"))
+    return report
+
+
+def delete_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = None) -> list[str]:
+    """Delete the catalogue's topics that exist (for tests and throwaway prefixes). Returns them."""
+    specs = specs if specs is not None else topic_specs(settings)
+    admin = _admin(settings)
+    present = _partition_counts(admin, settings)
+    names = [s.name for s in specs if s.name in present]
+    if not names:
+        return []
+    for name, fut in admin.delete_topics(names, request_timeout=REQUEST_TIMEOUT_S).items():
+        try:
+            fut.result()
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise TopologyError(f"cannot delete topic {name}: {e.args[0]}") from e
+    return names

@@ -1,0 +1,270 @@
+"""Kafka settings and the librdkafka client configs every runfold component builds from them.
+
+Stable public interface (the processor, executors, client and tests import these)::
+
+    from topology.settings import (
+        KafkaSettings, load_settings,
+        producer_config, transactional_producer_config, consumer_config, admin_config,
+        redact, topic_names,
+    )
+
+    s = load_settings()                                  # env + optional config file
+    p = Producer(producer_config(s, linger_ms=0))        # kwargs: `_` becomes `.` (linger_ms -> linger.ms)
+    t = Producer(transactional_producer_config(s, "runfold-processor-0"))
+    c = Consumer(consumer_config(s, "runfold-processor"))  # read_committed, manual commits
+    a = AdminClient(admin_config(s))
+    names = topic_names(s)                                # topology.catalog.TopicNames
+
+Where settings come from (later wins):
+  defaults < config file < environment < explicit constructor arguments.
+
+- Environment: `RUNFOLD_<FIELD>` (e.g. `RUNFOLD_TOPIC_PREFIX=dev`, `RUNFOLD_PARTITIONS=8`,
+  `RUNFOLD_ACTIVATION_QUEUES=default,agents,tools`); bootstrap servers also from
+  `KAFKA_BOOTSTRAP_SERVERS` (`RUNFOLD_BOOTSTRAP_SERVERS` wins if both are set); with neither,
+  the local broker's address `127.0.0.1:${RUNFOLD_KAFKA_PORT:-9092}`.
+- librdkafka pass-through (SASL/TLS, tuning): `RUNFOLD_CLIENT_<PROPERTY>` with `_` for `.`, e.g.
+  `RUNFOLD_CLIENT_SECURITY_PROTOCOL=SASL_SSL`, `RUNFOLD_CLIENT_SASL_PASSWORD=...` ->
+  `client_overrides = {"security.protocol": "SASL_SSL", "sasl.password": "..."}`.
+- Config file: the path in `RUNFOLD_CONFIG`, YAML (`.yaml`/`.yml`) or TOML (`.toml`). The
+  settings are read from its `kafka` table if it has one, else from its top level, e.g.::
+
+      kafka:
+        bootstrap_servers: broker-1:9092,broker-2:9092
+        topic_prefix: prod
+        client_overrides: {security.protocol: SASL_SSL, sasl.mechanisms: PLAIN}
+
+  Other areas may keep their own tables in the same file (`read_config_file("processor")`).
+
+Secrets: values of keys containing password/secret/token/key are never printed; use
+`redact(config)` before logging any client config, and `repr(settings)` redacts too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import yaml
+from pydantic import AliasChoices, Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from topology.catalog import TopicNames
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+CLIENT_ENV_PREFIX = "RUNFOLD_CLIENT_"
+_SECRET_WORDS = ("password", "secret", "token", "key")
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
+DAY_MS = 24 * 3600 * 1000
+
+
+class ConfigFileError(ValueError):
+    """The file named by RUNFOLD_CONFIG is missing or not valid YAML/TOML."""
+
+
+def read_config_file(section: str | None = None, path: str | Path | None = None) -> dict[str, Any]:
+    """The `section` table of the config file (RUNFOLD_CONFIG), or its top level when it has none."""
+    raw_path = path if path is not None else os.environ.get("RUNFOLD_CONFIG")
+    if not raw_path:
+        return {}
+    p = Path(raw_path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) cannot be read: {e.strerror}") from e
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigFileError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"config file {p} must hold a mapping at the top level")
+    if section is not None and isinstance(data.get(section), dict):
+        return dict(data[section])
+    return data
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole table
+
+    def __call__(self) -> dict[str, Any]:
+        data = read_config_file("kafka")
+        known = set(self.settings_cls.model_fields)
+        return {k: v for k, v in data.items() if k in known}
+
+
+class _ClientEnvSource(PydanticBaseSettingsSource):
+    """RUNFOLD_CLIENT_SASL_MECHANISMS=PLAIN -> client_overrides["sasl.mechanisms"] = "PLAIN"."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {
+            name[len(CLIENT_ENV_PREFIX):].lower().replace("_", "."): value
+            for name, value in os.environ.items()
+            if name.upper().startswith(CLIENT_ENV_PREFIX) and len(name) > len(CLIENT_ENV_PREFIX)
+        }
+        return {"client_overrides": found} if found else {}
+
+
+class KafkaSettings(BaseSettings):
+    """Where the cluster is, how runfold's topics are named and sized, extra librdkafka settings."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNFOLD_", extra="ignore", populate_by_name=True)
+
+    bootstrap_servers: str = Field(
+        default_factory=lambda: f"127.0.0.1:{os.environ.get('RUNFOLD_KAFKA_PORT') or 9092}",
+        validation_alias=AliasChoices("bootstrap_servers", "RUNFOLD_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    topic_prefix: str = "runfold"
+    partitions: int = Field(default=4, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1, le=32)
+    activation_queues: Annotated[tuple[str, ...], NoDecode] = ("default", "agents")
+    # Retention of transient topics (commands, receipts, activations): 7 days.
+    retention_ms: int = Field(default=7 * DAY_MS, ge=-1)
+    # run-events is the system of record: kept forever unless told otherwise.
+    run_events_retention_ms: int = Field(default=-1, ge=-1)
+    dead_letter_retention_ms: int = Field(default=30 * DAY_MS, ge=-1)
+    client_overrides: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins; dict fields (client_overrides) are merged key by key.
+        return (init_settings, _ClientEnvSource(settings_cls), env_settings, _ConfigFileSource(settings_cls))
+
+    @field_validator("activation_queues", mode="before")
+    @classmethod
+    def _split_queues(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [q.strip() for q in v.split(",") if q.strip()]
+        return v
+
+    @field_validator("activation_queues")
+    @classmethod
+    def _check_queues(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one activation queue is needed")
+        bad = [q for q in v if not _QUEUE_RE.match(q)]
+        if bad:
+            raise ValueError(f"queue names may use letters, digits, '_' and '-' only (1-64 chars): {bad}")
+        return tuple(dict.fromkeys(v))  # dedupe, keep order
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _check_prefix(cls, v: str) -> str:
+        if not _PREFIX_RE.match(v):
+            raise ValueError(f"topic prefix {v!r} may use letters, digits, '.', '_' and '-' only (1-180 chars)")
+        return v
+
+    @field_validator("client_overrides", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        # YAML gives ints/bools; librdkafka takes strings (bools as "true"/"false").
+        if isinstance(v, Mapping):
+            return {str(k): (str(x).lower() if isinstance(x, bool) else str(x)) for k, x in v.items()}
+        return v
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (redact(value) if name == "client_overrides" else value)
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-able view safe to print or log."""
+        data = self.model_dump(mode="json")
+        data["client_overrides"] = redact(self.client_overrides)
+        return data
+
+
+def load_settings(**overrides: Any) -> KafkaSettings:
+    """Settings from env and config file; keyword arguments win (e.g. `topic_prefix="t1234"`)."""
+    return KafkaSettings(**overrides)
+
+
+def is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return any(word in k for word in _SECRET_WORDS)
+
+
+def redact(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `config` with the values of secret-looking keys replaced by '***'."""
+    return {k: ("***" if is_secret_key(str(k)) else v) for k, v in config.items()}
+
+
+def _kwargs(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {k.replace("_", "."): v for k, v in overrides.items()}
+
+
+def _base(settings: KafkaSettings) -> dict[str, Any]:
+    return {"bootstrap.servers": settings.bootstrap_servers, **settings.client_overrides}
+
+
+def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    """An idempotent producer (acks=all), tuned for throughput with a small linger."""
+    return {
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "batch.size": 1_000_000,
+        # Java's default partitioner (murmur2): commands, receipts and run-events of a run must land in
+        # the same partition number whoever produces them, in any language (processors/runtime/partitioning.py).
+        "partitioner": "murmur2_random",
+        **_base(settings),
+        **_kwargs(overrides),
+    }
+
+
+def transactional_producer_config(settings: KafkaSettings, transactional_id: str, **overrides: Any) -> dict[str, Any]:
+    """A transactional producer; one stable `transactional_id` per processor instance (fencing)."""
+    if not transactional_id:
+        raise ValueError("a transactional producer needs a non-empty transactional_id")
+    cfg = producer_config(settings, **overrides)
+    cfg["transactional.id"] = transactional_id
+    cfg["enable.idempotence"] = True
+    cfg.setdefault("transaction.timeout.ms", 60_000)
+    return cfg
+
+
+def consumer_config(settings: KafkaSettings, group_id: str, read_committed: bool = True,
+                    **overrides: Any) -> dict[str, Any]:
+    """A consumer for exactly-once pipelines: committed reads only, offsets committed by the caller."""
+    return {
+        "group.id": group_id,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": 50,
+        # range gives one member partition N of every subscribed topic with the same partition count:
+        # the co-location of commands/receipts partitions the processor relies on.
+        "partition.assignment.strategy": "range",
+        **_base(settings),
+        **_kwargs(overrides),
+    }
+
+
+def admin_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    return {**_base(settings), **_kwargs(overrides)}
+
+
+def topic_names(settings: KafkaSettings) -> TopicNames:
+    """The `TopicNames` for the settings' prefix (see topology.catalog)."""
+    from topology.catalog import TopicNames
+
+    return TopicNames(settings.topic_prefix)
