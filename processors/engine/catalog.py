@@ -1,0 +1,277 @@
+"""The definition catalog and pinned bundles.
+
+`Catalog` holds validated definitions by `(id, revision)`; the runtime fills it from the
+compacted definitions topic, the CLI/SDK call `register` before publishing. A run pins
+a `Bundle` at start: its root definition plus every nested child workflow, in canonical
+JSON, with a SHA-256 over the whole. The bundle travels in `RunAccepted` and
+`ChildRunActivation`/`StartRun`, so a run never re-reads the live catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from processors.engine.definition import (
+    Ceilings,
+    Definition,
+    definition_key,
+    load_definition,
+    parse_definition,
+)
+from processors.engine.errors import DefinitionError, Issue
+from processors.engine.refs import canonical_json
+
+__all__ = ["Bundle", "Catalog", "Ceilings", "content_hash", "parse_key"]
+
+
+def content_hash(defn: Definition) -> str:
+    """SHA-256 hex of the definition's canonical JSON (defaults omitted, keys sorted)."""
+    return hashlib.sha256(canonical_json(defn.canonical())).hexdigest()
+
+
+def parse_key(key: str) -> tuple[str, int]:
+    """`"research-brief@3"` → `("research-brief", 3)`."""
+    definition_id, sep, revision = key.rpartition("@")
+    if not sep or not revision.isdigit():
+        raise DefinitionError([Issue("", f"not a definition key (id@revision): {key!r}", rule="bundle")])
+    return definition_id, int(revision)
+
+
+class Catalog:
+    """Validated definitions by id and revision. Not thread-safe (one per processor loop)."""
+
+    def __init__(self, ceilings: Ceilings | None = None) -> None:
+        self.ceilings = ceilings or Ceilings()
+        self._definitions: dict[str, dict[int, Definition]] = {}
+        self._hashes: dict[str, str] = {}
+
+    def register(self, raw: dict[str, Any] | Definition) -> Definition:
+        """Validate and add. Re-registering identical content is a no-op; the same
+        `id@revision` with different content raises `DefinitionError` (revisions are immutable)."""
+        defn = load_definition(raw.canonical() if isinstance(raw, Definition) else raw, self.ceilings)
+        digest = content_hash(defn)
+        existing = self._hashes.get(defn.key)
+        if existing is not None:
+            if existing != digest:
+                raise DefinitionError(
+                    [
+                        Issue(
+                            "revision",
+                            f"{defn.key} is already registered with different content; "
+                            "publish a new revision instead",
+                            rule="conflict",
+                        )
+                    ]
+                )
+            return self._definitions[defn.id][defn.revision]
+        self._definitions.setdefault(defn.id, {})[defn.revision] = defn
+        self._hashes[defn.key] = digest
+        return defn
+
+    def get(self, definition_id: str, revision: int | None = None) -> Definition | None:
+        """A definition; `revision=None` is the latest registered."""
+        revisions = self._definitions.get(definition_id)
+        if not revisions:
+            return None
+        return revisions[max(revisions)] if revision is None else revisions.get(revision)
+
+    def revisions(self, definition_id: str) -> list[int]:
+        return sorted(self._definitions.get(definition_id, {}))
+
+    def ids(self) -> list[str]:
+        return sorted(self._definitions)
+
+    def content_hash(self, definition_id: str, revision: int) -> str | None:
+        return self._hashes.get(definition_key(definition_id, revision))
+
+    def pin_bundle(self, definition_id: str, revision: int | None = None) -> Bundle:
+        """The root and every nested child workflow, checked: children exist, no nesting
+        cycle, static depth within the root's `max_nesting_depth`, child budgets within
+        the root's. Raises `DefinitionError`."""
+        root = self.get(definition_id, revision)
+        if root is None:
+            wanted = definition_id if revision is None else definition_key(definition_id, revision)
+            raise DefinitionError([Issue("", f"unknown definition {wanted}", rule="not_found")])
+        definitions: dict[str, Definition] = {}
+        issues = _collect(root, self.get, definitions)
+        if issues:
+            raise DefinitionError(issues)
+        return Bundle.of(root.key, definitions)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A pinned set of definitions: `root` (`id@rev`), `definitions` (`id@rev` → canonical
+    JSON), `hash` (SHA-256 hex of the canonical JSON of `{root, definitions}`)."""
+
+    root: str
+    definitions: dict[str, dict[str, Any]]
+    hash: str
+    _parsed: dict[str, Definition] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, root: str, definitions: dict[str, Definition]) -> Bundle:
+        raw = {key: definitions[key].canonical() for key in sorted(definitions)}
+        return cls(root, raw, _bundle_hash(root, raw), dict(definitions))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str | bytes, ceilings: Ceilings | None = None) -> Bundle:
+        """Rebuild and fully re-check a bundle from the wire: hash, every definition, the
+        nesting rules. Raises `DefinitionError`."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise DefinitionError([Issue("bundle", "not valid JSON", rule="bundle")]) from None
+        if not isinstance(data, dict) or set(data) != {"root", "definitions", "hash"}:
+            raise DefinitionError([Issue("bundle", "must be {root, definitions, hash}", rule="bundle")])
+        root, raw, claimed = data["root"], data["definitions"], data["hash"]
+        if not isinstance(root, str) or not isinstance(raw, dict) or root not in raw:
+            raise DefinitionError(
+                [Issue("bundle.root", "must name one of the bundle's definitions", rule="bundle")]
+            )
+        if _bundle_hash(root, raw) != claimed:
+            raise DefinitionError(
+                [Issue("bundle.hash", "does not match the bundle's content", rule="bundle_hash")]
+            )
+        parsed: dict[str, Definition] = {}
+        issues: list[Issue] = []
+        for key, body in raw.items():
+            try:
+                defn = _load_cached(body, ceilings)
+            except DefinitionError as exc:
+                issues += [
+                    Issue(f"bundle.{key}.{i.path}".rstrip("."), i.message, rule=i.rule) for i in exc.errors
+                ]
+                continue
+            if defn.key != key:
+                issues.append(Issue(f"bundle.{key}", f"holds {defn.key}", rule="bundle"))
+            parsed[key] = defn
+        if issues:
+            raise DefinitionError(issues)
+        reachable: dict[str, Definition] = {}
+        issues = _collect(parsed[root], lambda i, r: parsed.get(definition_key(i, r)), reachable)
+        extra = sorted(set(parsed) - set(reachable))
+        if extra:
+            issues.append(
+                Issue("bundle.definitions", f"not used by the root: {', '.join(extra)}", rule="bundle")
+            )
+        if issues:
+            raise DefinitionError(issues)
+        return cls(root, raw, claimed, parsed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root": self.root, "definitions": self.definitions, "hash": self.hash}
+
+    def definition(self, key: str | None = None) -> Definition:
+        """The parsed definition `key` (`id@rev`; None = the root), parsed once."""
+        key = self.root if key is None else key
+        defn = self._parsed.get(key)
+        if defn is None:
+            if key not in self.definitions:
+                raise KeyError(f"{key} is not in bundle {self.root}")
+            defn = parse_definition(self.definitions[key])  # validated when the bundle was pinned
+            self._parsed[key] = defn
+        return defn
+
+    def child(self, definition_id: str, revision: int) -> Bundle:
+        """The sub-bundle rooted at a child workflow (what a ChildRunActivation carries)."""
+        key = definition_key(definition_id, revision)
+        wanted: dict[str, Definition] = {}
+        _collect(self.definition(key), lambda i, r: self.definition(definition_key(i, r)), wanted)
+        return Bundle.of(key, wanted)
+
+
+def _bundle_hash(root: str, definitions: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json({"root": root, "definitions": definitions})).hexdigest()
+
+
+Lookup = Callable[[str, int], Definition | None]
+
+
+def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> list[Issue]:
+    """Depth-first over child workflow nodes, filling `out`; returns the problems found."""
+    issues: list[Issue] = []
+    root_limits = root.budgets.limits()
+    max_depth = root.budgets.max_nesting_depth
+
+    def visit(defn: Definition, stack: list[str]) -> None:
+        out[defn.key] = defn
+        depth = len(stack)  # the root is depth 0; its children 1
+        if depth > max_depth:
+            issues.append(
+                Issue(
+                    f"bundle.{defn.key}",
+                    f"nested workflow depth {depth} exceeds max_nesting_depth {max_depth} of {root.key}",
+                    rule="nesting_depth",
+                )
+            )
+            return
+        if defn is not root:
+            for name, value in defn.budgets.limits().items():
+                root_value = root_limits.get(name)
+                if name != "max_nesting_depth" and root_value is not None and value > root_value:
+                    issues.append(
+                        Issue(
+                            f"bundle.{defn.key}.budgets.{name}",
+                            f"{value} exceeds the root {root.key} limit {root_value}",
+                            rule="nested_budget",
+                        )
+                    )
+        for node_id, node in defn.nodes.items():
+            if node.kind != "workflow" or node.workflow is None or node.revision is None:
+                continue
+            key = definition_key(node.workflow, node.revision)
+            if key in stack or key == defn.key:
+                issues.append(
+                    Issue(
+                        f"bundle.{defn.key}.nodes.{node_id}",
+                        f"nested workflow cycle includes {key}",
+                        rule="cycle",
+                    )
+                )
+                continue
+            if key in out:
+                continue
+            child = lookup(node.workflow, node.revision)
+            if child is None:
+                issues.append(
+                    Issue(
+                        f"bundle.{defn.key}.nodes.{node_id}.workflow",
+                        f"unknown child workflow {key}",
+                        rule="missing_child",
+                    )
+                )
+                continue
+            visit(child, [*stack, defn.key])
+
+    visit(root, [])
+    return issues
+
+
+_PARSED: OrderedDict[str, Definition] = OrderedDict()
+_PARSED_MAX = 512
+
+
+def _load_cached(body: Any, ceilings: Ceilings | None) -> Definition:
+    """Parse + validate a canonical definition body, memoised by content (bundles repeat)."""
+    if not isinstance(body, dict):
+        raise DefinitionError([Issue("", "a definition must be a mapping", rule="shape")])
+    digest = hashlib.sha256(canonical_json(body)).hexdigest()
+    if ceilings is not None:
+        digest += repr(ceilings)
+    cached = _PARSED.get(digest)
+    if cached is not None:
+        _PARSED.move_to_end(digest)
+        return cached
+    defn = load_definition(body, ceilings)
+    _PARSED[digest] = defn
+    if len(_PARSED) > _PARSED_MAX:
+        _PARSED.popitem(last=False)
+    return defn

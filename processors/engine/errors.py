@@ -1,0 +1,79 @@
+"""Errors raised by the definition language and its building blocks.
+
+Every error says what was wrong and where; none of them carries a user value
+(a secret could hide in any value), only paths, keys and rule names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One finding about a definition: a dotted path (`nodes.search.retry.max_attempts`,
+    list items as `[0]`) and a message (`must be >= 1`)."""
+
+    path: str
+    message: str
+    severity: Severity = "error"
+    rule: str = ""  # short machine name of the rule, e.g. "unknown_node", "secret_literal"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class DefinitionError(ValueError):
+    """A definition (or bundle) is invalid. `errors` lists every error found, not just the first."""
+
+    code = "InvalidInput"
+
+    def __init__(self, errors: list[Issue]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(str(issue) for issue in self.errors))
+
+
+class ConditionError(Exception):
+    """A route condition failed to compile or evaluate, or did not yield a bool."""
+
+    code = "Evaluation"
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+class RefError(Exception):
+    """A reference could not be resolved (absent scope, missing pointer target, bad shape)."""
+
+    code = "UnknownReference"
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(f"UnknownReference: {message}")
+
+
+class ReducerConflict(Exception):
+    """A `reject_concurrent` state key was written by more than one node instance in one superstep."""
+
+    code = "State"
+
+    def __init__(self, key: str, writers: list[tuple[str, str]]) -> None:
+        self.key = key
+        self.writers = list(writers)
+        names = ", ".join(f"{node}[{lineage}]" if lineage else node for node, lineage in self.writers)
+        super().__init__(f"state key {key!r} is reject_concurrent but was written by {names}")
+
+
+class ReducerTypeError(Exception):
+    """A write cannot be merged into a state key (e.g. `sum` of a non-number)."""
+
+    code = "State"
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"state key {key!r}: {reason}" if key else reason)

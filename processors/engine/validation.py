@@ -1,0 +1,307 @@
+"""Semantic checks of a parsed definition (pydantic has already checked its shape).
+
+`validate_definition` returns every finding; errors reject the definition, warnings
+(`Issue.severity == "warning"`) are reported but do not. Each issue names its path and
+its rule (`Issue.rule`). Cross-definition checks (child workflows exist, no nesting
+cycle, nested budgets within the root's) belong to `catalog.pin_bundle`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+import jsonschema
+
+from processors.engine.conditions import compile_condition
+from processors.engine.definition import END, LIMIT_DIMENSIONS, NODE_ID_PATTERN
+from processors.engine.errors import ConditionError, Issue
+from processors.engine.refs import REF_KEYS, REF_SOURCES, iter_refs, parse_pointer
+from processors.engine.secrets import find_secret_literals, is_secret_handle
+
+if TYPE_CHECKING:
+    from processors.engine.definition import Ceilings, Definition, Node
+
+_COMMON: Final = frozenset({"kind", "description", "on_failure"})
+_EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "writes"})
+_LEASED: Final = frozenset({"queue", "capabilities", "lease_ms", "heartbeat_ms", "output_schema"})
+ALLOWED_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "action": _COMMON | _EXECUTED | _LEASED | {"action"},
+    "agent": _COMMON | _EXECUTED | _LEASED | {"agent", "model", "prompt", "structured_output_attempts"},
+    "workflow": _COMMON | _EXECUTED | {"workflow", "revision"},
+    "state": _COMMON | {"mutations", "writes"},
+    "wait": _COMMON | {"signal", "timeout_ms", "writes"},
+    "sleep": _COMMON | {"duration_ms"},
+}
+REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "action": ("action",),
+    "agent": ("agent",),
+    "workflow": ("workflow", "revision"),
+    "state": (),
+    "wait": ("signal",),
+    "sleep": ("duration_ms",),
+}
+# which reference sources make sense where
+_INPUT_SOURCES: Final = frozenset({"input", "state", "literal"})
+_WRITES_SOURCES: Final[dict[str, frozenset[str]]] = {
+    "action": frozenset({"input", "state", "output", "literal"}),
+    "agent": frozenset({"input", "state", "output", "literal"}),
+    "workflow": frozenset({"input", "state", "output", "literal"}),
+    "state": _INPUT_SOURCES,
+    "wait": frozenset({"input", "state", "output", "signal", "literal"}),
+    "sleep": _INPUT_SOURCES,
+}
+
+
+def validate_definition(defn: Definition, ceilings: Ceilings | None = None) -> list[Issue]:
+    """Every finding, errors and warnings. Budgets are checked against `ceilings` when given
+    (the catalog always gives them); `None` skips that one check."""
+    issues: list[Issue] = []
+    _check_graph(defn, issues)
+    _check_state_keys(defn, issues)
+    for node_id, node in defn.nodes.items():
+        _check_node(defn, node_id, node, issues)
+    _check_conditions(defn, issues)
+    if ceilings is not None:
+        _check_budgets(defn, ceilings, issues)
+    _check_schemas(defn, issues)
+    if defn.output is not None:
+        _check_ref_template(defn.output.to_template(), "output", _INPUT_SOURCES, issues)
+    for path in find_secret_literals(defn.canonical()):
+        issues.append(
+            Issue(path, "looks like a secret literal; use a {$secret: <name>} handle", rule="secret_literal")
+        )
+    return issues
+
+
+def errors_of(issues: list[Issue]) -> list[Issue]:
+    return [issue for issue in issues if issue.severity == "error"]
+
+
+def _check_graph(defn: Definition, issues: list[Issue]) -> None:
+    node_id_re = re.compile(NODE_ID_PATTERN)
+    for node_id in defn.nodes:
+        if node_id == END:
+            issues.append(
+                Issue(
+                    f"nodes.{END}",
+                    f"{END!r} is reserved for the route target that ends a branch",
+                    rule="reserved_name",
+                )
+            )
+        elif not node_id_re.match(node_id):
+            issues.append(Issue(f"nodes.{node_id}", f"node id must match {NODE_ID_PATTERN}", rule="node_id"))
+    for index, node_id in enumerate(defn.entry):
+        if node_id not in defn.nodes:
+            issues.append(Issue(f"entry[{index}]", f"unknown node {node_id!r}", rule="unknown_node"))
+    for source, routes in defn.routes.items():
+        if source not in defn.nodes:
+            issues.append(Issue(f"routes.{source}", f"unknown node {source!r}", rule="unknown_node"))
+        for index, route in enumerate(routes):
+            if route.to != END and route.to not in defn.nodes:
+                issues.append(
+                    Issue(f"routes.{source}[{index}].to", f"unknown node {route.to!r}", rule="unknown_node")
+                )
+    reached = _reachable(defn)
+    for node_id in defn.nodes:
+        if node_id not in reached:
+            issues.append(
+                Issue(f"nodes.{node_id}", "unreachable from entry", severity="warning", rule="unreachable")
+            )
+
+
+def _reachable(defn: Definition) -> set[str]:
+    seen = {node for node in defn.entry if node in defn.nodes}
+    queue = deque(seen)
+    while queue:
+        for route in defn.routes.get(queue.popleft(), []):
+            if route.to in defn.nodes and route.to not in seen:
+                seen.add(route.to)
+                queue.append(route.to)
+    return seen
+
+
+def _check_state_keys(defn: Definition, issues: list[Issue]) -> None:
+    for key in defn.reducers:
+        if key not in defn.state:
+            issues.append(
+                Issue(f"reducers.{key}", f"undeclared state key {key!r}", rule="undeclared_state_key")
+            )
+    for index, key in enumerate(defn.required):
+        if key not in defn.state:
+            issues.append(
+                Issue(f"required[{index}]", f"undeclared state key {key!r}", rule="undeclared_state_key")
+            )
+
+
+def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue]) -> None:
+    base = f"nodes.{node_id}"
+    allowed = ALLOWED_FIELDS[node.kind]
+    for name in sorted(node.model_fields_set - allowed):
+        issues.append(Issue(f"{base}.{name}", f"not allowed for kind {node.kind}", rule="kind_field"))
+    for name in REQUIRED_FIELDS[node.kind]:
+        if getattr(node, name) is None:
+            issues.append(Issue(f"{base}.{name}", f"is required for kind {node.kind}", rule="kind_field"))
+    if node.kind in ("action", "agent") and node.heartbeat_ms >= node.lease_ms:
+        issues.append(Issue(f"{base}.heartbeat_ms", "must be less than lease_ms", rule="lease"))
+    if node.kind == "agent" and node.structured_output_attempts > 1 and node.output_schema is None:
+        issues.append(
+            Issue(
+                f"{base}.structured_output_attempts",
+                "has no effect without output_schema",
+                severity="warning",
+                rule="no_effect",
+            )
+        )
+    for key in node.writes:
+        if key not in defn.state:
+            issues.append(
+                Issue(f"{base}.writes.{key}", f"undeclared state key {key!r}", rule="undeclared_state_key")
+            )
+    for index, mutation in enumerate(node.mutations):
+        path = f"{base}.mutations[{index}]"
+        if mutation.target not in defn.state:
+            issues.append(
+                Issue(
+                    f"{path}.target", f"undeclared state key {mutation.target!r}", rule="undeclared_state_key"
+                )
+            )
+        if mutation.op == "increment" and not _number_or_ref(mutation.value):
+            issues.append(
+                Issue(f"{path}.value", "increment needs a number (or a reference)", rule="mutation")
+            )
+        _check_ref_template(mutation.value, f"{path}.value", _INPUT_SOURCES, issues)
+    mapped = node.map is not None
+    item = frozenset({"item"}) if mapped else frozenset()
+    if node.map is not None:
+        if node.map.from_ not in _INPUT_SOURCES:
+            issues.append(
+                Issue(
+                    f"{base}.map.from",
+                    "a map source must come from input, state or literal",
+                    rule="map_source",
+                )
+            )
+        elif node.map.from_ == "literal" and not isinstance(node.map.value, list):
+            issues.append(
+                Issue(f"{base}.map.value", "a literal map source must be a list", rule="map_source")
+            )
+        _check_pointer(node.map.pointer, f"{base}.map.pointer", issues)
+    _check_ref_template(node.input, f"{base}.input", _INPUT_SOURCES | item, issues)
+    _check_ref_template(node.prompt, f"{base}.prompt", _INPUT_SOURCES | item, issues)
+    for path in _secret_handles(node.prompt, f"{base}.prompt"):
+        issues.append(Issue(path, "secret handles are not allowed in a prompt", rule="secret_in_prompt"))
+    for key, template in node.writes.items():
+        _check_ref_template(template, f"{base}.writes.{key}", _WRITES_SOURCES[node.kind] | item, issues)
+
+
+def _number_or_ref(value: Any) -> bool:
+    if value is None or (isinstance(value, dict) and "from" in value):
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_ref_template(template: Any, path: str, sources: frozenset[str], issues: list[Issue]) -> None:
+    for ref_path, ref in iter_refs(template, path):
+        source = ref.get("from")
+        extra = set(ref) - REF_KEYS
+        if extra:
+            issues.append(
+                Issue(
+                    ref_path,
+                    f"unknown reference field(s) {sorted(extra)}; wrap literal objects "
+                    "that have a 'from' key as {from: literal, value: ...}",
+                    rule="ref_shape",
+                )
+            )
+        if source not in REF_SOURCES:
+            issues.append(
+                Issue(f"{ref_path}.from", f"must be one of {sorted(REF_SOURCES)}", rule="ref_shape")
+            )
+            continue
+        if source not in sources:
+            issues.append(
+                Issue(
+                    f"{ref_path}.from",
+                    f"{source!r} is not available here (use one of {sorted(sources)})",
+                    rule="ref_scope",
+                )
+            )
+        if "value" in ref and source != "literal":
+            issues.append(
+                Issue(f"{ref_path}.value", "only a literal reference has a value", rule="ref_shape")
+            )
+        _check_pointer(ref.get("pointer", ""), f"{ref_path}.pointer", issues)
+
+
+def _check_pointer(pointer: Any, path: str, issues: list[Issue]) -> None:
+    if not isinstance(pointer, str):
+        issues.append(Issue(path, "must be a string", rule="pointer"))
+        return
+    try:
+        parse_pointer(pointer)
+    except ValueError:
+        issues.append(Issue(path, "must be empty or an RFC 6901 pointer starting with '/'", rule="pointer"))
+
+
+def _secret_handles(value: Any, path: str) -> list[str]:
+    if is_secret_handle(value):
+        return [path]
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _secret_handles(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in _secret_handles(item, f"{path}[{index}]")]
+    return []
+
+
+def _check_conditions(defn: Definition, issues: list[Issue]) -> None:
+    for source, routes in defn.routes.items():
+        unconditional_seen = False
+        for index, route in enumerate(routes):
+            if route.when is None:
+                if unconditional_seen and route.to == END:
+                    issues.append(
+                        Issue(
+                            f"routes.{source}[{index}]",
+                            "an 'end' route after an unconditional route is never needed",
+                            severity="warning",
+                            rule="redundant_route",
+                        )
+                    )
+                unconditional_seen = True
+                continue
+            try:
+                compile_condition(route.when)
+            except ConditionError as exc:
+                issues.append(Issue(f"routes.{source}[{index}].when", exc.message, rule="condition"))
+
+
+def _check_budgets(defn: Definition, ceilings: Ceilings, issues: list[Issue]) -> None:
+    limits = defn.budgets.limits()
+    for name in LIMIT_DIMENSIONS:
+        value, ceiling = limits.get(name), getattr(ceilings, name)
+        if value is not None and value > ceiling:
+            issues.append(
+                Issue(f"budgets.{name}", f"{value} exceeds the server ceiling {ceiling}", rule="ceiling")
+            )
+
+
+def _check_schemas(defn: Definition, issues: list[Issue]) -> None:
+    schemas: list[tuple[str, dict[str, Any] | None]] = [
+        ("input_schema", defn.input_schema),
+        ("output_schema", defn.output_schema),
+    ]
+    schemas += [
+        (f"nodes.{node_id}.output_schema", node.output_schema) for node_id, node in defn.nodes.items()
+    ]
+    for path, schema in schemas:
+        if schema is None:
+            continue
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "".join(f"/{part}" for part in exc.path)
+            issues.append(
+                Issue(path, f"not a valid JSON Schema at '{where}': {exc.message}", rule="json_schema")
+            )
