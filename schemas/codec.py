@@ -115,6 +115,10 @@ def _by_name(t: Any) -> Any:
     return t
 
 
+def _parse(schema: Any, named: dict[str, Any] | None = None) -> Any:
+    return parse_schema(schema, named_schemas=named)
+
+
 def _decode_reason(exc: BaseException) -> str:
     if isinstance(exc, orjson.JSONDecodeError):
         return f"invalid JSON in a json field ({exc})"
@@ -122,8 +126,8 @@ def _decode_reason(exc: BaseException) -> str:
         return "invalid UTF-8 in a string field"
     if isinstance(exc, (EOFError, struct.error)):
         return "truncated or malformed Avro body"
-    if isinstance(exc, IndexError):
-        return "union branch index out of range"
+    if isinstance(exc, IndexError):  # fastavro's varint reader past the end, or a bad union index
+        return "truncated or malformed Avro body (read past the end or bad union index)"
     if isinstance(exc, MemoryError):
         return "length prefix too large"
     if isinstance(exc, SchemaResolutionError):
@@ -137,15 +141,15 @@ class _Topic:
     def __init__(self, kind: str, schema: dict[str, Any]) -> None:
         self.kind = kind
         self.raw = schema
-        self.reader = parse_schema(schema)
+        self.reader: dict[str, Any] = _parse(schema)
         self.name: str = self.reader["name"]
         self.fingerprint = fingerprint64(schema)
         self.header: bytes = SINGLE_OBJECT_MAGIC + self.fingerprint
         # fingerprint -> (writer schema, reader schema or None when they are the same)
         self.writers: dict[bytes, tuple[Any, Any]] = {self.fingerprint: (self.reader, None)}
         self.registry_writers: dict[int, tuple[Any, Any]] = {}
-        named = dict(self.reader["__named_schemas"])
-        fields = self.reader["fields"]
+        named: dict[str, Any] = dict(self.reader["__named_schemas"])
+        fields: list[Any] = self.reader["fields"]
         self.is_envelope = fields[-1]["name"] == "body"
         # Encoding writes the envelope through a flat schema per body type whose binary form is
         # identical (header fields, the union index as an int with a fixed default, body fields),
@@ -155,8 +159,8 @@ class _Topic:
         if self.is_envelope:
             header = [self._field(f) for f in fields[:-1]]
             self.envelope_fields = tuple(f["name"] for f in fields[1:-1])
-            for index, branch in enumerate(fields[-1]["type"]):
-                branch = named[branch] if isinstance(branch, str) else branch
+            for index, member in enumerate(fields[-1]["type"]):
+                branch: Any = named[member] if isinstance(member, str) else member
                 short = branch["name"].rpartition(".")[2]
                 self.short[branch["name"]] = short
                 flat_fields = [*header, {"name": "_branch", "type": "int", "default": index}]
@@ -187,7 +191,7 @@ class _Topic:
         return out
 
     def add_writer(self, schema: dict[str, Any]) -> bytes:
-        parsed = parse_schema(schema)
+        parsed: Any = parse_schema(schema)
         fp = fingerprint64(schema)
         if fp != self.fingerprint:
             self.writers[fp] = (parsed, self.reader)
@@ -231,7 +235,7 @@ class _Topic:
         fo = BytesIO(data)
         fo.seek(start)
         try:
-            rec = schemaless_reader(fo, found[0], found[1], True, True)
+            rec: Any = schemaless_reader(fo, found[0], found[1], True, True)
         except Exception as exc:
             raise DecodeError(_decode_reason(exc), self.kind) from None
         if fo.tell() != len(data):
@@ -267,17 +271,18 @@ class _Topic:
         except DecodeError as exc:
             raise DecodeError(exc.reason, self.kind) from None
         fp = fingerprint64(schema)
-        found = (self.reader, None) if fp == self.fingerprint else (parse_schema(schema), self.reader)
+        writer: Any = parse_schema(schema)
+        found = (self.reader, None) if fp == self.fingerprint else (writer, self.reader)
         self.registry_writers[schema_id] = found
         return found
 
     def _explain(self, msg: dict[str, Any], record_type: str, flat: Any, exc: Exception) -> EncodeError:
         """Find the first field that does not fit (only after a failed encode)."""
-        named = flat["__named_schemas"]
+        named: Any = flat["__named_schemas"]
         for f in flat["fields"]:
             if f["name"] == "_branch":
                 continue
-            probe = parse_schema(
+            probe: Any = parse_schema(
                 {"type": "record", "name": "runfold.probe.Field", "fields": [f]}, named_schemas=dict(named)
             )
             try:
