@@ -1,0 +1,84 @@
+"""Schema evolution through the fingerprint lookup: old reader <-> new writer, both ways."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from schemas import Codec, DecodeError
+from schemas.contract import SCHEMA_DIR, load_contract
+
+TS = 1_764_400_000_000
+START = {"type": "StartRun", "run_id": "r-1", "record_id": "rec-1", "ts_ms": TS, "definition_id": "d",
+         "revision": 2, "input": {"topic": "kafka"}, "parent": None, "bundle": None, "budgets": None,
+         "labels": {"a": "b"}}
+
+
+def newer_commands_schema() -> dict[str, Any]:
+    """v1 plus compatible changes: an optional envelope field, an optional StartRun field, a new branch."""
+    schema = copy.deepcopy(load_contract()["commands"])
+    fields = schema["fields"]
+    fields.insert(len(fields) - 1, {"name": "trace_id", "type": ["null", "string"], "default": None})
+    branches = fields[-1]["type"]
+    start = next(b for b in branches if b["name"] == "StartRun")
+    start["fields"].append({"name": "priority", "type": ["null", "int"], "default": None})
+    branches.append({"type": "record", "name": "PauseRun", "namespace": "runfold",
+                     "fields": [{"name": "reason", "type": "string", "default": ""}]})
+    return schema
+
+
+@pytest.fixture(scope="module")
+def v2() -> dict[str, Any]:
+    return newer_commands_schema()
+
+
+def test_old_reader_reads_newer_writer_ignoring_added_fields(v2: dict[str, Any]) -> None:
+    new_writer = Codec(schemas={**load_contract(), "commands": v2}, history=[])
+    old_reader = Codec(history=[])
+    data = new_writer.encode("commands", {**START, "priority": 5, "trace_id": "t-1"})
+    assert data[2:10] != old_reader.fingerprint("commands")
+    with pytest.raises(DecodeError, match="unknown writer schema fingerprint"):
+        old_reader.decode("commands", data)  # not yet told about the newer schema
+    old_reader.add_writer_schema("commands", v2)
+    assert old_reader.decode("commands", data) == START
+
+
+def test_new_reader_reads_old_writer_with_defaults(v2: dict[str, Any]) -> None:
+    old_writer = Codec(history=[])
+    new_reader = Codec(schemas={**load_contract(), "commands": v2}, history=[("commands", load_contract()["commands"])])
+    got = new_reader.decode("commands", old_writer.encode("commands", START))
+    assert got == {**START, "priority": None, "trace_id": None}
+    # and the new reader still reads its own records
+    own = {**START, "priority": 1, "trace_id": "t"}
+    assert new_reader.decode("commands", new_reader.encode("commands", own)) == own
+
+
+def test_old_reader_rejects_a_branch_it_does_not_know(v2: dict[str, Any]) -> None:
+    new_writer = Codec(schemas={**load_contract(), "commands": v2}, history=[])
+    old_reader = Codec(history=[("commands", v2)])
+    data = new_writer.encode("commands", {"type": "PauseRun", "run_id": "r", "record_id": "x", "ts_ms": 1})
+    with pytest.raises(DecodeError, match="not readable with the current reader schema"):
+        old_reader.decode("commands", data)
+    cancel = {"type": "CancelRun", "run_id": "r", "record_id": "x", "ts_ms": 1, "reason": "stop"}
+    assert old_reader.decode("commands", new_writer.encode("commands", cancel)) == cancel
+
+
+def test_history_directory_registers_old_writer_schemas(tmp_path: Path) -> None:
+    """A current schema dir whose StartRun gained `priority`; the previous schema kept in history/."""
+    for avsc in SCHEMA_DIR.glob("*.avsc"):
+        shutil.copy(avsc, tmp_path)
+    current = orjson.loads((tmp_path / "runfold.CommandEnvelope.avsc").read_bytes())
+    start = next(b for b in current["fields"][-1]["type"] if b["name"] == "StartRun")
+    start["fields"].append({"name": "priority", "type": ["null", "int"], "default": None})
+    (tmp_path / "runfold.CommandEnvelope.avsc").write_bytes(orjson.dumps(current))
+    (tmp_path / "history" / "commands").mkdir(parents=True)
+    (tmp_path / "history" / "commands" / "v1.avsc").write_bytes(orjson.dumps(load_contract()["commands"]))
+
+    new_reader = Codec(schema_dir=tmp_path)
+    old_bytes = Codec(history=[]).encode("commands", START)
+    assert new_reader.decode("commands", old_bytes) == {**START, "priority": None}
