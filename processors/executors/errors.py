@@ -1,0 +1,73 @@
+"""Typed errors an action handler raises, and how any exception becomes a failure receipt.
+
+A handler signals failure by raising. `ActionError(code, message, retryable)` is the
+general form; `RetryableError` / `NonRetryableError` are the two common shorthands.
+Any other exception becomes `ExecutionFailed`, **retryable** (an unexpected crash is
+treated like a transient fault; the step's retry policy bounds it), with the exception
+type and message, redacted of every secret resolved for the activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+FAILURE_CODES = frozenset(
+    {
+        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation",
+        "State", "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped",
+        "Cancelled", "ChildFailed", "Conflict", "NotFound", "PermissionDenied", "Limit",
+    }
+)
+MAX_MESSAGE_CHARS = 2000
+REDACTED = "[redacted]"
+
+
+class ActionError(Exception):
+    """A classified failure: `code` is one of FAILURE_CODES (docs/messages.md)."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        if code not in FAILURE_CODES:
+            raise ValueError(f"unknown failure code {code!r}; expected one of {sorted(FAILURE_CODES)}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class RetryableError(ActionError):
+    """A transient failure (`ExecutionFailed` unless told otherwise); the processor may retry."""
+
+    def __init__(self, message: str, code: str = "ExecutionFailed") -> None:
+        super().__init__(code, message, retryable=True)
+
+
+class NonRetryableError(ActionError):
+    """A permanent failure (`ExecutionFailed` unless told otherwise); the step fails without retry."""
+
+    def __init__(self, message: str, code: str = "ExecutionFailed") -> None:
+        super().__init__(code, message, retryable=False)
+
+
+class Cancelled(Exception):
+    """Raised by `ActionContext.check_cancelled()` once the activation is cancelled."""
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret value replaced; long messages truncated."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + "…"
+    return text
+
+
+def classify(exc: BaseException, secrets: Iterable[str] = ()) -> tuple[str, str, bool]:
+    """(code, message, retryable) for an exception a handler raised."""
+    if isinstance(exc, ActionError):
+        return exc.code, redact(exc.message, secrets), exc.retryable
+    if isinstance(exc, Cancelled):
+        return "Cancelled", "activation cancelled", False
+    detail = str(exc)
+    message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return "ExecutionFailed", redact(message, secrets), True

@@ -1,0 +1,90 @@
+"""Receipt records a worker sends, as flat dicts (docs/messages.md), and the outcome mapping.
+
+`terminal_receipt` is the one place that decides which receipt ends an activation:
+a cancel notice -> ActivationCancelled; the deadline -> ActivationFailed Timeout (retryable);
+a handler that stops with an error on worker shutdown -> ActivationFailed Cancelled (retryable: another worker can run it); an exception -> ActivationFailed with its classification; an output that is not JSON or
+that echoes a resolved secret -> ActivationFailed InvalidOutput; otherwise ActivationCompleted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from processors.executors.context import ActionContext
+from processors.executors.errors import classify, redact
+from processors.executors.secrets import contains_any
+
+STEP_FIELDS = ("node", "lineage", "attempt", "dispatch_id")
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+def _base(activation: dict[str, Any], kind: str, worker_id: str, tag: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "run_id": activation["run_id"],
+        "ts_ms": int(time.time() * 1000),
+        "record_id": f"{activation['dispatch_id']}:{tag}:{worker_id}",
+        "node": activation["node"],
+        "lineage": activation.get("lineage") or "",
+        "attempt": int(activation["attempt"]),
+        "dispatch_id": activation["dispatch_id"],
+        "worker_id": worker_id,
+    }
+
+
+def accepted(activation: dict[str, Any], worker_id: str) -> dict[str, Any]:
+    msg = _base(activation, "ActivationAccepted", worker_id, "accepted")
+    msg["lease_ms"] = int(activation.get("lease_ms") or 30_000)
+    return msg
+
+
+def heartbeat(activation: dict[str, Any], worker_id: str, seq: int) -> dict[str, Any]:
+    msg = _base(activation, "ActivationHeartbeat", worker_id, f"hb{seq}")
+    msg["lease_ms"] = int(activation.get("lease_ms") or 30_000)
+    return msg
+
+
+def failed(
+    activation: dict[str, Any], worker_id: str, code: str, message: str, retryable: bool,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    msg = _base(activation, "ActivationFailed", worker_id, "failed")
+    msg.update(code=code, message=message, retryable=retryable, usage=usage or dict(ZERO_USAGE))
+    return msg
+
+
+def cancelled(activation: dict[str, Any], worker_id: str, reason: str) -> dict[str, Any]:
+    msg = _base(activation, "ActivationCancelled", worker_id, "cancelled")
+    msg["reason"] = reason
+    return msg
+
+
+def completed(activation: dict[str, Any], worker_id: str, output: Any, usage: dict[str, int]) -> dict[str, Any]:
+    msg = _base(activation, "ActivationCompleted", worker_id, "completed")
+    msg.update(output=output, usage=usage)
+    return msg
+
+
+def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseException | None = None) -> dict[str, Any]:
+    """The receipt that settles an activation once its handler has returned or raised."""
+    activation, worker_id, secrets = ctx.activation, ctx.worker_id, ctx.secrets.resolved
+    usage = ctx.usage_record()
+    if ctx.cancel_kind == "cancel":
+        return cancelled(activation, worker_id, redact(ctx.cancel_reason or "cancelled", secrets))
+    if ctx.cancel_kind == "deadline":
+        return failed(activation, worker_id, "Timeout", "activation deadline passed", True, usage)
+    if ctx.cancel_kind == "shutdown" and error is not None:
+        return failed(activation, worker_id, "Cancelled", "worker shut down before the handler finished", True, usage)
+    if error is not None:
+        code, message, retryable = classify(error, secrets)
+        return failed(activation, worker_id, code, message, retryable, usage)
+    try:
+        orjson.dumps(output)
+    except TypeError as exc:
+        return failed(activation, worker_id, "InvalidOutput", f"output is not JSON: {redact(str(exc), secrets)}", False, usage)
+    if contains_any(output, secrets):
+        return failed(activation, worker_id, "InvalidOutput", "output contains a resolved secret", False, usage)
+    return completed(activation, worker_id, output, usage)

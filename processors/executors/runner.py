@@ -1,0 +1,425 @@
+"""The worker's consume loop: activations in, handlers run concurrently, receipts out.
+
+One asyncio loop owns all state (no locks): it polls the consumer without blocking,
+starts handlers (async ones as tasks on this loop, sync ones in a thread pool), sends
+receipts with an idempotent producer, and commits offsets.
+
+- Admission: at most `concurrency` handlers run; up to as many more activations wait in a
+  local backlog (so a CancelActivation behind them is still read, and a waiting one is
+  cancelled without running). With running + waiting == 2 x concurrency the assigned
+  partitions are paused; below that they are resumed.
+- A slot is held until the terminal receipt is acknowledged by the broker; only then is
+  the activation's offset marked done. Offsets commit at the per-partition low watermark
+  (`offsets.OffsetTracker`), so a crash re-delivers every activation whose receipt might
+  be lost, and never skips one.
+- Leases: ActivationAccepted (lease_ms) at start, ActivationHeartbeat every heartbeat_ms
+  while the handler runs. A cancel notice or the deadline sets `ctx.cancelled`; an async
+  handler that ignores it is cancelled (task.cancel) after `cancel_grace_ms`; a sync one
+  cannot be interrupted, and its receipt waits for it (only a confirmed stop settles).
+- SIGTERM/SIGINT: stop reading, let in-flight handlers finish for `drain_timeout_ms`,
+  then signal them to stop, send the receipts, commit, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from processors.executors import receipts
+from processors.executors.agents.structured import ProviderRouter, run_agent
+from processors.executors.context import ActionContext
+from processors.executors.errors import ActionError
+from processors.executors.offsets import OffsetTracker
+from processors.executors.sdk import Action, Worker
+from processors.executors.secrets import SecretResolver
+from schemas import Codec, DecodeError
+from topology.catalog import TopicNames
+from topology.settings import KafkaSettings, consumer_config, load_settings, producer_config
+
+log = logging.getLogger("runfold.worker")
+RECENT_FINISHED = 10_000
+TICK_S = 0.02
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Entry:
+    activation: dict[str, Any]
+    tp: tuple[str, int]
+    offsets: list[int]
+    ctx: ActionContext | None = None
+    task: asyncio.Task[None] | None = None
+    is_async: bool = True
+    next_heartbeat_ms: int = 0
+    heartbeat_seq: int = 0
+    hard_cancel_ms: int | None = None
+    delivery_attempts: int = 0
+    extra: list[tuple[tuple[str, int], int]] = field(default_factory=list)
+
+
+class WorkerRunner:
+    def __init__(self, worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> None:
+        self.worker = worker
+        self.settings = worker.settings
+        self.kafka = kafka or load_settings()
+        prefix = topic_prefix or self.kafka.topic_prefix
+        self.names = TopicNames(prefix)
+        self.topics = [self.names.activations(q) for q in self.settings.queues]
+        self.group_id = self.settings.group_id(prefix)
+        self.worker_id = f"{self.settings.name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.codec = Codec.default()
+        self.decode = self.codec.decoder("activations")
+        self.encode_receipt = self.codec.encoder("receipts")
+        self.router = ProviderRouter(self.settings.agents.model_copy(deep=True), worker.secrets)
+        self.concurrency = self.settings.concurrency
+        self.admission = 2 * self.concurrency
+        self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
+        self.running: dict[str, Entry] = {}  # dispatch_id -> started, not yet acknowledged
+        self.backlog: OrderedDict[str, Entry] = OrderedDict()  # dispatch_id -> waiting for a slot
+        self.finished: OrderedDict[str, None] = OrderedDict()  # recently settled dispatch ids
+        self.tracker = OffsetTracker()
+        self.paused = False
+        self.stopping = False
+        self.counts = {"activations": 0, "completed": 0, "failed": 0, "cancelled": 0, "dead_letters": 0}
+        self._last_commit_ms = 0
+        self._last_tick = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.consumer = Consumer(consumer_config(self.kafka, self.group_id, read_committed=True))
+        self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, install_signals: bool = True) -> int:
+        self._loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self.request_stop)
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        log.info("worker %s serving %s (group %s, actions %s)", self.worker_id, self.topics, self.group_id,
+                 self.worker.action_names())
+        idle = 0
+        try:
+            while not self.stopping:
+                busy = self._poll()
+                busy |= self._start_backlog()
+                self._tick()
+                self.producer.poll(0)
+                self._commit(force=False)
+                self._backpressure()
+                idle = 0 if busy else min(idle + 1, 5)
+                await asyncio.sleep(0 if busy else 0.001 * (2 ** idle))
+            await self._drain()
+        finally:
+            await self._close()
+        return 0
+
+    def request_stop(self) -> None:
+        if not self.stopping:
+            log.info("worker %s: stop requested, draining", self.worker_id)
+        self.stopping = True
+
+    async def _drain(self) -> None:
+        self.backlog.clear()  # never started: uncommitted, so the next owner gets them
+        deadline = time.monotonic() + self.settings.drain_timeout_ms / 1000
+        while self.running and time.monotonic() < deadline:
+            self._tick()
+            self.producer.poll(0)
+            self._commit(force=False)
+            await asyncio.sleep(0.01)
+        if self.running:
+            log.warning("worker %s: %d handlers still running after the drain timeout; stopping them",
+                        self.worker_id, len(self.running))
+            for entry in list(self.running.values()):
+                self._signal(entry, "worker shutting down", "shutdown")
+            deadline = time.monotonic() + (self.settings.cancel_grace_ms + 2000) / 1000
+            while self.running and time.monotonic() < deadline:
+                self._tick()
+                self.producer.poll(0)
+                await asyncio.sleep(0.01)
+        self.producer.flush(10)
+        self._commit(force=True, synchronous=True)
+
+    async def _close(self) -> None:
+        for entry in self.running.values():
+            if entry.task is not None and entry.is_async:
+                entry.task.cancel()
+        with contextlib.suppress(Exception):
+            await self.router.aclose()
+        http = self.worker.lookup("http.request")
+        closer = getattr(getattr(http, "fn", None), "__self__", None) if http else None
+        if closer is not None and hasattr(closer, "aclose"):
+            await closer.aclose()
+        self.producer.flush(10)
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ consuming
+
+    def _load(self) -> int:
+        return len(self.running) + len(self.backlog)
+
+    def _poll(self) -> bool:
+        room = self.admission - self._load()
+        if self.stopping:
+            return False
+        msgs = self.consumer.consume(num_messages=max(1, min(self.settings.poll_batch, room)), timeout=0)
+        for msg in msgs:
+            self._on_record(msg)
+        return bool(msgs)
+
+    def _on_record(self, msg: Message) -> None:
+        if msg.error() is not None:
+            if msg.error().code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", msg.error())
+            return
+        tp = (msg.topic(), msg.partition())
+        offset = msg.offset()
+        self.tracker.add(tp, offset)
+        try:
+            record = self.decode(msg.value())
+        except DecodeError as exc:
+            self._dead_letter(msg, tp, offset, str(exc))
+            return
+        kind = record.get("type")
+        if kind == "CancelActivation":
+            self._on_cancel(record)
+            self.tracker.done(tp, offset)
+            return
+        dispatch = record["dispatch_id"]
+        existing = self.running.get(dispatch) or self.backlog.get(dispatch)
+        if existing is not None:  # redelivered while still running: settle both together
+            existing.extra.append((tp, offset))
+        elif dispatch in self.finished:  # settled before a crash/rebalance lost the commit
+            self.tracker.done(tp, offset)
+        else:
+            self.counts["activations"] += 1
+            self.backlog[dispatch] = Entry(record, tp, [offset])
+
+    def _on_cancel(self, record: dict[str, Any]) -> None:
+        dispatch, reason = record["dispatch_id"], record.get("reason") or "cancelled"
+        waiting = self.backlog.pop(dispatch, None)
+        if waiting is not None:
+            self.running[dispatch] = waiting  # holds a slot until its receipt is acknowledged
+            self._send_terminal(waiting, receipts.cancelled(waiting.activation, self.worker_id, f"before start: {reason}"))
+            return
+        entry = self.running.get(dispatch)
+        if entry is not None:
+            self._signal(entry, reason, "cancel")
+
+    def _dead_letter(self, msg: Message, tp: tuple[str, int], offset: int, error: str) -> None:
+        self.counts["dead_letters"] += 1
+        log.error("undecodable activation at %s[%d]@%d: %s", tp[0], tp[1], offset, error)
+        body = {
+            "record_id": f"{tp[0]}:{tp[1]}:{offset}", "ts_ms": now_ms(), "source_topic": tp[0],
+            "source_partition": tp[1], "source_offset": offset, "key": msg.key(), "error": error[:2000],
+            "original": msg.value() or b"", "producer": self.worker_id,
+        }
+        done = functools.partial(self._dead_letter_delivered, tp, offset)
+        self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", body),
+                              key=msg.key(), on_delivery=done)
+
+    def _dead_letter_delivered(self, tp: tuple[str, int], offset: int, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            log.error("dead letter for %s[%d]@%d not delivered: %s", tp[0], tp[1], offset, err)
+        self.tracker.done(tp, offset)
+
+    # ------------------------------------------------------------------ running handlers
+
+    def _start_backlog(self) -> bool:
+        started = False
+        while self.backlog and len(self.running) < self.concurrency and not self.stopping:
+            dispatch, entry = self.backlog.popitem(last=False)
+            self.running[dispatch] = entry
+            self._start(entry)
+            started = True
+        return started
+
+    def _start(self, entry: Entry) -> None:
+        act = entry.activation
+        dispatch = act["dispatch_id"]
+        ctx = ActionContext(act, SecretResolver(self.worker.secrets, act.get("capabilities") or ()), self.worker_id,
+                            functools.partial(self._request_heartbeat, dispatch))
+        entry.ctx = ctx
+        action: Action | None = None
+        if act.get("kind") == "agent":
+            if not act.get("agent"):
+                self._send_terminal(entry, receipts.failed(act, self.worker_id, "InvalidInput",
+                                                           "agent activation without an agent spec", False))
+                return
+        else:
+            action = self.worker.lookup(act.get("action") or "")
+            if action is None:
+                self._send_terminal(entry, receipts.failed(
+                    act, self.worker_id, "UnknownReference",
+                    f"action {act.get('action')!r} is not registered on workers of queues {self.settings.queues}",
+                    False))
+                return
+            entry.is_async = action.is_async
+        deadline = act.get("deadline_ms")
+        if deadline is not None and now_ms() >= deadline:
+            self._send_terminal(entry, receipts.failed(act, self.worker_id, "Timeout",
+                                                       "activation deadline passed before start", True))
+            return
+        self._produce(act, receipts.accepted(act, self.worker_id))
+        entry.next_heartbeat_ms = now_ms() + int(act.get("heartbeat_ms") or 5000)
+        assert self._loop is not None
+        entry.task = self._loop.create_task(self._run_handler(entry, action))
+
+    async def _run_handler(self, entry: Entry, action: Action | None) -> None:
+        ctx = entry.ctx
+        assert ctx is not None and self._loop is not None
+        try:
+            if action is None:
+                output = await run_agent(ctx, entry.activation["agent"], self.router)
+            elif action.is_async:
+                output = await action.fn(ctx, entry.activation.get("input"))
+            else:
+                output = await self._loop.run_in_executor(self.pool, action.fn, ctx, entry.activation.get("input"))
+            receipt = receipts.terminal_receipt(ctx, output=output)
+        except asyncio.CancelledError:  # our hard cancel after the grace period
+            receipt = receipts.terminal_receipt(ctx, error=ActionError("Cancelled", "handler task cancelled", True))
+        except Exception as exc:
+            receipt = receipts.terminal_receipt(ctx, error=exc)
+        self._send_terminal(entry, receipt)
+
+    def _signal(self, entry: Entry, reason: str, kind: str) -> None:
+        if entry.ctx is None or entry.ctx.cancelled.is_set():
+            return
+        entry.ctx.signal_cancel(reason, kind)
+        if entry.is_async and entry.task is not None:
+            entry.hard_cancel_ms = now_ms() + self.settings.cancel_grace_ms
+
+    def _request_heartbeat(self, dispatch: str) -> None:
+        """From any thread (ctx.heartbeat())."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._heartbeat_now, dispatch)
+
+    def _heartbeat_now(self, dispatch: str) -> None:
+        entry = self.running.get(dispatch)
+        if entry is not None and entry.task is not None and not entry.task.done():
+            self._heartbeat(entry, now_ms())
+
+    def _heartbeat(self, entry: Entry, now: int) -> None:
+        entry.heartbeat_seq += 1
+        self._produce(entry.activation, receipts.heartbeat(entry.activation, self.worker_id, entry.heartbeat_seq))
+        entry.next_heartbeat_ms = now + int(entry.activation.get("heartbeat_ms") or 5000)
+
+    def _tick(self) -> None:
+        """Heartbeats, deadlines and hard cancels, at most every TICK_S."""
+        mono = time.monotonic()
+        if mono - self._last_tick < TICK_S:
+            return
+        self._last_tick = mono
+        now = now_ms()
+        grace = self.settings.cancel_grace_ms
+        for entry in list(self.running.values()):
+            if entry.task is None or entry.task.done() or entry.ctx is None:
+                continue
+            deadline = entry.activation.get("deadline_ms")
+            if deadline is not None and now >= deadline:
+                self._signal(entry, "deadline passed", "deadline")
+            if entry.hard_cancel_ms is not None and now >= entry.hard_cancel_ms:
+                entry.hard_cancel_ms = None
+                entry.task.cancel()
+            # Past deadline + grace a stuck handler stops renewing its lease: the processor takes over.
+            if now >= entry.next_heartbeat_ms and (deadline is None or now < deadline + grace):
+                self._heartbeat(entry, now)
+
+    # ------------------------------------------------------------------ receipts and offsets
+
+    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None) -> None:
+        payload = self.encode_receipt(receipt)
+        key = activation["run_id"].encode()
+        while True:
+            try:
+                self.producer.produce(self.names.receipts, payload, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: serve delivery reports and retry
+                self.producer.poll(0.05)
+
+    def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
+        kind = receipt["type"]
+        self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
+        entry.delivery_attempts += 1
+        self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
+
+    def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            if entry.delivery_attempts < 3 and not err.fatal():
+                log.warning("receipt %s not delivered (%s); retrying", receipt["type"], err)
+                entry.delivery_attempts += 1
+                self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
+                return
+            # The processor's lease expiry retries the step; holding the offset would stall the partition.
+            log.error("receipt %s for %s lost (%s)", receipt["type"], receipt["dispatch_id"], err)
+        dispatch = entry.activation["dispatch_id"]
+        self.running.pop(dispatch, None)
+        self.finished[dispatch] = None
+        if len(self.finished) > RECENT_FINISHED:
+            self.finished.popitem(last=False)
+        for offset in entry.offsets:
+            self.tracker.done(entry.tp, offset)
+        for tp, offset in entry.extra:
+            self.tracker.done(tp, offset)
+
+    def _commit(self, force: bool, synchronous: bool = False) -> None:
+        now = now_ms()
+        if not force and now - self._last_commit_ms < self.settings.commit_interval_ms:
+            return
+        self._last_commit_ms = now
+        commits = self.tracker.take_commits()
+        if not commits:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
+        except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
+            log.warning("offset commit failed: %s", exc)
+
+    def _backpressure(self) -> None:
+        load = self._load()
+        if not self.paused and load >= self.admission:
+            self.consumer.pause(self.consumer.assignment())
+            self.paused = True
+        elif self.paused and load < self.admission:
+            self.consumer.resume(self.consumer.assignment())
+            self.paused = False
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.paused = False
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = [(p.topic, p.partition) for p in partitions]
+        self.producer.flush(5)  # settle receipts in flight so their offsets can still be committed
+        commits = self.tracker.take_commits(only=revoked)
+        if commits:
+            with contextlib.suppress(Exception):
+                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()],
+                                asynchronous=False)
+        self.tracker.forget(revoked)
+        self.paused = False
+        log.info("revoked %s", revoked)
+
+
+def run_worker(worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> int:
+    runner = WorkerRunner(worker, kafka, topic_prefix)
+    return asyncio.run(runner.run())

@@ -1,0 +1,130 @@
+"""The action-worker SDK: a plain Python function becomes an action.
+
+    from processors.executors import Worker, ActionContext, action
+
+    @action("greet")                      # module-level registry (what `runfold worker --module` loads)
+    def greet(ctx: ActionContext, input: dict) -> dict:
+        return {"hello": input["name"]}
+
+    worker = Worker(name="billing", queues=["default"])
+    @worker.action("charge")              # or on one worker only
+    async def charge(ctx: ActionContext, input: dict) -> dict:
+        ...                               # use ctx.idempotency_key with the payment API
+    worker.run()                          # blocks; SIGTERM drains
+
+One signature: `(ctx: ActionContext, input) -> JSON-able`, sync (runs in a thread pool) or
+async (runs on the worker's event loop). Raise `ActionError` / `RetryableError` /
+`NonRetryableError` to fail; any other exception is `ExecutionFailed`, retryable.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from processors.executors.secrets import SecretStore
+from processors.executors.settings import WorkerSettings
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    name: str
+    fn: Handler
+    is_async: bool
+
+
+class ActionRegistry:
+    """Action name -> handler. Names are unique within a registry."""
+
+    def __init__(self) -> None:
+        self._actions: dict[str, Action] = {}
+
+    def register(self, name: str, fn: Handler) -> Action:
+        if not name or not isinstance(name, str):
+            raise ValueError("an action needs a non-empty string name")
+        if name in self._actions and self._actions[name].fn is not fn:
+            raise ValueError(f"action {name!r} is already registered")
+        params = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if len(params) < 2:
+            raise TypeError(f"action {name!r}: handler must take (ctx, input), got {fn!r}")
+        entry = Action(name, fn, inspect.iscoroutinefunction(fn))
+        self._actions[name] = entry
+        return entry
+
+    def action(self, name: str) -> Callable[[Handler], Handler]:
+        def decorate(fn: Handler) -> Handler:
+            self.register(name, fn)
+            return fn
+
+        return decorate
+
+    def get(self, name: str) -> Action | None:
+        return self._actions.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._actions)
+
+    def merge(self, other: ActionRegistry) -> None:
+        for entry in other._actions.values():
+            self.register(entry.name, entry.fn)
+
+
+registry = ActionRegistry()
+"""The module-level registry: `@action(...)` registers here; every Worker includes it."""
+
+
+def action(name: str) -> Callable[[Handler], Handler]:
+    """Register a handler on the module-level registry (see `registry`)."""
+    return registry.action(name)
+
+
+class Worker:
+    """A pool of handlers serving one or more activation queues."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        queues: list[str] | None = None,
+        settings: WorkerSettings | None = None,
+        secrets: SecretStore | None = None,
+        builtins: bool = True,
+        **overrides: Any,
+    ) -> None:
+        base = settings or WorkerSettings()
+        updates = dict(overrides)
+        if name is not None:
+            updates["name"] = name
+        if queues is not None:
+            updates["queues"] = list(queues)
+        self.settings = base.model_copy(update=updates) if updates else base
+        self.secrets = secrets or SecretStore()
+        self.registry = ActionRegistry()
+        if builtins:
+            from processors.executors.builtin import builtin_registry
+
+            self._builtins = builtin_registry(self.settings)
+        else:
+            self._builtins = ActionRegistry()
+
+    def action(self, name: str) -> Callable[[Handler], Handler]:
+        return self.registry.action(name)
+
+    def lookup(self, name: str) -> Action | None:
+        """This worker's own actions first, then the module-level registry, then the built-ins."""
+        return self.registry.get(name) or registry.get(name) or self._builtins.get(name)
+
+    def action_names(self) -> list[str]:
+        return sorted(set(self.registry.names()) | set(registry.names()) | set(self._builtins.names()))
+
+    def run(self, kafka: Any = None, topic_prefix: str | None = None) -> int:
+        """Consume activations until SIGTERM/SIGINT, then drain. Returns the exit code."""
+        from processors.executors.runner import run_worker
+
+        return run_worker(self, kafka, topic_prefix)

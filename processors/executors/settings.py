@@ -1,0 +1,67 @@
+"""Worker configuration (pydantic; env prefix `RUNFOLD_WORKER_`). Kafka connection settings
+live in `topology.settings.KafkaSettings`; these are the executor's own knobs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ProviderConfig(BaseModel):
+    """One agent provider. `kind: local` needs nothing; `kind: openai` talks to an
+    OpenAI-compatible `/chat/completions` endpoint. The API key comes from the environment
+    variable `api_key_env`, or from the worker's secret store by name (`api_key_secret`):
+    operator configuration, never activation input."""
+
+    kind: Literal["local", "openai"] = "local"
+    base_url: str | None = None
+    model: str | None = None  # overrides the node's model name when set
+    api_key_env: str | None = None
+    api_key_secret: str | None = None
+    timeout_s: float = Field(default=60.0, gt=0)
+    # micros per 1000 tokens: {"model-name" or "*": [prompt, completion]}
+    prices: dict[str, tuple[int, int]] = Field(default_factory=dict)
+
+
+class AgentsConfig(BaseModel):
+    """Named providers and the routes that pick one for an agent step.
+
+    Route keys, most specific first: `"<agent>/<model>"`, `"<agent>"`, `"*/<model>"`, `"*"`.
+    Without any configuration every agent step runs on the deterministic local provider."""
+
+    providers: dict[str, ProviderConfig] = Field(default_factory=lambda: {"local": ProviderConfig()})
+    routes: dict[str, str] = Field(default_factory=lambda: {"*": "local"})
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RUNFOLD_WORKER_", extra="ignore")
+
+    name: str = "worker"
+    queues: list[str] = Field(default_factory=lambda: ["default", "agents"])
+    concurrency: int = Field(default=64, ge=1)
+    # how long SIGTERM waits for in-flight handlers before cancelling them
+    drain_timeout_ms: int = Field(default=30_000, ge=0)
+    # after a cancel/deadline signal, how long an async handler has before its task is cancelled
+    cancel_grace_ms: int = Field(default=5_000, ge=0)
+    poll_batch: int = Field(default=500, ge=1)
+    commit_interval_ms: int = Field(default=200, ge=1)
+    # hosts `http.request` may call: "api.example.com", "*.example.com", "127.0.0.1:8080"
+    http_allowed_hosts: list[str] = Field(default_factory=list)
+    http_timeout_s: float = Field(default=30.0, gt=0)
+    http_max_response_bytes: int = Field(default=1_000_000, ge=1)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
+
+    def group_id(self, prefix: str) -> str:
+        """One consumer group per (sorted) queue set: workers serving the same queues share work."""
+        return f"{prefix}-worker-{'+'.join(sorted(set(self.queues)))}"
+
+    @classmethod
+    def from_file(cls, path: str, **overrides: Any) -> WorkerSettings:
+        import yaml
+
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
