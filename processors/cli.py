@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from processors.executors import cli as executors_cli
 from topology.cli import kafka_app, topology_app
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
 # ---- sub-apps: one line per area -------------------------------------------------------------
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topology_app, name="topology")
+executors_cli.mount(app)  # `runfold worker`, `runfold child-executor`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

@@ -282,6 +282,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def free_port_pair() -> tuple[int, int]:
+    """Two distinct free loopback ports (broker, controller), for tests and throwaway brokers."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return socks[0].getsockname()[1], socks[1].getsockname()[1]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
     """True when a broker at `bootstrap` answers a metadata request within `timeout` seconds."""
     from confluent_kafka.admin import AdminClient

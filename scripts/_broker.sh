@@ -1,0 +1,48 @@
+# Sourced by test.sh and demo.sh: the venv and the broker (topology.broker's selection rules).
+#   ensure_venv                 create .venv (python3.11) if missing and install runfold[test] into it
+#   ensure_broker               KAFKA_BOOTSTRAP_SERVERS set -> use it; else `runfold kafka up` and export it.
+#                               Sets RUNFOLD_STARTED_BROKER=1 only when this script started the broker.
+#   stop_broker_if_started      `runfold kafka down`, only for a broker this script started
+#                               (a broker that was already running, e.g. a shared dev broker, is left alone)
+
+ensure_venv() {
+  if [ ! -x .venv/bin/python ]; then
+    local py=python3.11
+    command -v "$py" >/dev/null 2>&1 || py=python3
+    echo "creating .venv with $py" >&2
+    "$py" -m venv .venv
+  fi
+  if [ "${RUNFOLD_SKIP_INSTALL:-}" != "1" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2
+  fi
+}
+
+RUNFOLD_STARTED_BROKER=0
+
+ensure_broker() {
+  if [ -n "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
+    echo "using the Kafka cluster at KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS" >&2
+    return 0
+  fi
+  local out
+  if ! out=$(.venv/bin/runfold kafka up --json); then
+    echo "$out" >&2
+    return 1
+  fi
+  KAFKA_BOOTSTRAP_SERVERS=$(printf '%s' "$out" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["bootstrap"])')
+  export KAFKA_BOOTSTRAP_SERVERS
+  if printf '%s' "$out" | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["broker"] != "external" and not d.get("already_running") else 1)'; then
+    RUNFOLD_STARTED_BROKER=1
+  fi
+  if [ "$RUNFOLD_STARTED_BROKER" = "1" ]; then
+    echo "Kafka started at $KAFKA_BOOTSTRAP_SERVERS (stop: runfold kafka down)" >&2
+  else
+    echo "Kafka already running at $KAFKA_BOOTSTRAP_SERVERS" >&2
+  fi
+}
+
+stop_broker_if_started() {
+  if [ "$RUNFOLD_STARTED_BROKER" = "1" ]; then
+    env -u KAFKA_BOOTSTRAP_SERVERS .venv/bin/runfold kafka down >&2 || true
+  fi
+}
