@@ -27,7 +27,7 @@ from processors.engine.definition import (
 from processors.engine.errors import DefinitionError, Issue
 from processors.engine.refs import canonical_json
 
-__all__ = ["Bundle", "Catalog", "Ceilings", "content_hash", "parse_key"]
+__all__ = ["Bundle", "Catalog", "Ceilings", "bundle_hash", "content_hash", "parse_key"]
 
 
 def content_hash(defn: Definition) -> str:
@@ -118,7 +118,7 @@ class Bundle:
     @classmethod
     def of(cls, root: str, definitions: dict[str, Definition]) -> Bundle:
         raw = {key: definitions[key].canonical() for key in sorted(definitions)}
-        return cls(root, raw, _bundle_hash(root, raw), dict(definitions))
+        return cls(root, raw, bundle_hash(root, raw), dict(definitions))
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | str | bytes, ceilings: Ceilings | None = None) -> Bundle:
@@ -136,7 +136,7 @@ class Bundle:
             raise DefinitionError(
                 [Issue("bundle.root", "must name one of the bundle's definitions", rule="bundle")]
             )
-        if _bundle_hash(root, raw) != claimed:
+        if bundle_hash(root, raw) != claimed:
             raise DefinitionError(
                 [Issue("bundle.hash", "does not match the bundle's content", rule="bundle_hash")]
             )
@@ -188,7 +188,7 @@ class Bundle:
         return Bundle.of(key, wanted)
 
 
-def _bundle_hash(root: str, definitions: dict[str, Any]) -> str:
+def bundle_hash(root: str, definitions: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json({"root": root, "definitions": definitions})).hexdigest()
 
 
