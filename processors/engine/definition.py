@@ -139,7 +139,9 @@ class Mutation(_Model):
 
 
 class Route(_Model):
-    """`{to: review, when: "size(state.notes) > 3"}`; the string `review` is shorthand for `{to: review}`."""
+    """`{to: review, when: "size(state.notes) > 3"}`; the string `review` is shorthand for
+    `{to: review}`. `to: end` adds no node (the branch ends). How a list of routes is
+    followed is the decider's rule; `conditions.select_routes` implements the if/else one."""
 
     to: str
     when: str | None = None
