@@ -1,0 +1,135 @@
+"""Budgets: effective limits at start and resume, reservations, warnings, exhaustion.
+
+Steps, agents and retries are reserved before dispatch; tokens and cost are recorded
+after a receipt; wall time runs on a timer. Only positive limits count. Exhaustion is
+recoverable: BudgetExhausted, in-flight work cancelled, RunPaused; ResumeRun with more
+budget continues (docs/semantics.md, "Budgets").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine.definition import LIMIT_DIMENSIONS, Budgets, Ceilings
+from processors.engine.emitter import Emitter
+from processors.engine.state import RunState
+
+# usage dimension -> limit key in the effective budgets
+DIMENSIONS: dict[str, str] = {
+    "steps": "max_steps",
+    "retries": "max_retries",
+    "agents": "max_agents",
+    "tokens": "max_tokens",
+    "cost_micros": "max_cost_micros",
+    "wall_time_ms": "wall_time_ms",
+}
+RECORDED_AFTER = ("tokens", "cost_micros")  # exhausted when the recorded usage exceeds the limit
+OVERRIDABLE = frozenset({*LIMIT_DIMENSIONS, "warn_at_percent"})
+
+
+def used(state: RunState, dimension: str, now: int | None = None) -> int:
+    ledger = state["usage"]
+    if dimension == "tokens":
+        return int(ledger["prompt_tokens"] + ledger["completion_tokens"])
+    if dimension == "wall_time_ms":
+        wall = state["wall"]
+        running = (now - wall["since_ms"]) if now is not None and wall["since_ms"] is not None else 0
+        return int(wall["used_ms"] + max(running, 0))
+    return int(ledger[dimension])
+
+
+def limit(state: RunState, dimension: str) -> int:
+    return int(state["budgets"].get(DIMENSIONS[dimension]) or 0)
+
+
+def effective_budgets(
+    definition_budgets: Budgets, ceilings: Ceilings, overrides: Any, *, may_raise: bool
+) -> tuple[dict[str, int] | None, str]:
+    """The limits a run gets, or (None, reason). At start, overrides may only lower the
+    definition's limits (`may_raise=False`); at resume they may raise them. Never above a
+    server ceiling: exceeding one rejects, it does not clamp."""
+    base = definition_budgets.limits()
+    for name, value in base.items():
+        if value > getattr(ceilings, name):
+            return (
+                None,
+                f"definition exceeds server workflow budget ceilings: {name} {value} > {getattr(ceilings, name)}",
+            )
+    out = ceilings.effective(definition_budgets)
+    if overrides is None:
+        return out, ""
+    if not isinstance(overrides, dict):
+        return None, "budgets must be an object"
+    for name, value in sorted(overrides.items()):
+        if name not in OVERRIDABLE:
+            return None, f"unknown budget {name!r}"
+        if type(value) is not int or value < 0:
+            return None, f"budget {name} must be a non-negative integer"
+        if name == "warn_at_percent":
+            if not 1 <= value <= 100:
+                return None, "budget warn_at_percent must be within 1..100"
+            out[name] = value
+            continue
+        ceiling = getattr(ceilings, name)
+        if value > ceiling:
+            return None, f"budget {name} {value} exceeds the server ceiling {ceiling}"
+        if not may_raise and value > out[name]:
+            return (
+                None,
+                f"budget {name} {value} exceeds the definition's limit {out[name]} (overrides may only lower)",
+            )
+        out[name] = value
+    return out, ""
+
+
+def fits(state: RunState, dimension: str, amount: int) -> bool:
+    cap = limit(state, dimension)
+    return cap <= 0 or used(state, dimension) + amount <= cap
+
+
+def pause_for(em: Emitter, dimension: str, reason: str, amount: int = 0) -> None:
+    """BudgetExhausted + cancel in-flight steps + RunPaused (code BudgetExceeded)."""
+    from processors.engine.steps import cancel_open_steps  # steps imports this module
+
+    state = em.state
+    em.emit("BudgetExhausted", dimension=dimension, used=used(state, dimension, em.ts) + amount,
+            limit=limit(state, dimension))  # fmt: skip
+    cancel_open_steps(em, f"run paused: {reason}")
+    em.emit("RunPaused", code="BudgetExceeded", reason=reason)
+
+
+def reserve(em: Emitter, steps: int, agents: int, mapped: bool) -> bool:
+    """Check the steps and agents about to be dispatched; pause (False) if they do not fit."""
+    if not fits(em.state, "steps", steps):
+        reason = (
+            "map cardinality exceeds remaining workflow step budget"
+            if mapped
+            else "workflow step budget exhausted"
+        )
+        pause_for(em, "steps", reason, steps)
+        return False
+    if not fits(em.state, "agents", agents):
+        pause_for(em, "agents", "workflow agent budget exhausted", agents)
+        return False
+    return True
+
+
+def enforce(em: Emitter) -> bool:
+    """Warn once per dimension at warn_at_percent; pause when recorded usage overran a
+    limit. True if the run was paused."""
+    state = em.state
+    percent = int(state["budgets"].get("warn_at_percent") or 80)
+    warned = state["warned"]
+    for dimension in DIMENSIONS:
+        cap = limit(state, dimension)
+        if cap <= 0:
+            continue
+        amount = used(state, dimension, em.ts)
+        if dimension in RECORDED_AFTER and amount > cap:
+            pause_for(em, dimension, f"workflow {dimension.replace('_', ' ')} budget exhausted")
+            return True
+        if dimension not in warned and amount * 100 >= cap * percent:
+            em.emit("BudgetWarning", dimension=dimension, used=amount, limit=cap)
+            state = em.state
+            warned = state["warned"]
+    return False

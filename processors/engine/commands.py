@@ -1,0 +1,101 @@
+"""CancelRun, SignalRun and ResumeRun (StartRun lives in start.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine import budgets
+from processors.engine.emitter import Decision, Emitter, rejection
+from processors.engine.ids import instance_key, order_key
+from processors.engine.secrets import find_secret_literals
+from processors.engine.state import TERMINAL_STATUSES, RunState
+from processors.engine.steps import NOT_SCHEDULED, cancel_open_steps, plan_superstep
+from processors.engine.superstep import progress
+
+Message = dict[str, Any]
+
+
+def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
+    """Idempotent: cancelling a cancelled run changes nothing. A succeeded or failed run
+    is never reopened by a cancel: the caller gets a RunRejected (code Conflict)."""
+    status = state["status"]
+    if status == "cancelled":
+        return Decision([], "duplicate cancel")
+    if status in TERMINAL_STATUSES:
+        return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
+    reason = str(msg.get("reason") or "") or "cancelled by request"
+    cancel_open_steps(em, f"run cancelled: {reason}")
+    em.emit("RunCancelled", reason=reason, usage=em.usage())
+    return Decision(em.events)
+
+
+def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
+    """Deliver to the lowest waiting instance of a wait node on that signal; otherwise
+    buffer it (SignalReceived with node null) for a wait reached later."""
+    status = state["status"]
+    name = msg.get("signal")
+    if status in TERMINAL_STATUSES:
+        return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
+    if not isinstance(name, str) or not name:
+        return Decision([rejection(msg, "InvalidInput", "signal name is required")], "invalid signal")
+    if not any(node.kind == "wait" and node.signal == name for node in em.pinned.root.nodes.values()):
+        reason = f"no wait node of {state['definition_id']}@{state['revision']} waits for signal {name!r}"
+        return Decision([rejection(msg, "InvalidInput", reason)], "unknown signal")
+    payload = msg.get("payload")
+    secrets = find_secret_literals(payload, "payload")
+    if secrets:
+        reason = f"secret material in signal payload at {', '.join(secrets[:5])}"
+        return Decision([rejection(msg, "InvalidInput", reason)], "secret in signal")
+    waits = sorted(
+        (wait for wait in state["waits"].values() if wait["signal"] == name),
+        key=lambda wait: order_key(wait["node"], wait["lineage"]),
+    )
+    if not waits or status != "running":
+        em.emit("SignalReceived", signal=name, payload=payload, node=None)
+        return Decision(em.events)
+    wait = waits[0]
+    step = state["steps"][instance_key(wait["node"], wait["lineage"])]
+    em.emit("SignalReceived", signal=name, payload=payload, node=wait["node"])
+    em.emit_step("StepSucceeded", step, output=payload,
+                 usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0})  # fmt: skip
+    progress(em)
+    return Decision(em.events)
+
+
+def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
+    """A paused run, or a failed run whose current superstep has failed or cancelled
+    instances, continues: those instances are re-activated as new attempts."""
+    status = state["status"]
+    if status not in ("paused", "failed"):
+        return Decision([rejection(msg, "Conflict", f"run is {status}; only a paused or failed run resumes")],
+                        "nothing to resume")  # fmt: skip
+    superstep = state["superstep"]
+    resumable = bool(state["frontier"]) and (
+        status == "paused"
+        or any(
+            step["superstep"] == superstep and step["status"] in NOT_SCHEDULED
+            for step in state["steps"].values()
+        )
+    )
+    if not resumable:
+        reason = "run failed outside a step (at a barrier or at its end); resuming would fail the same way"
+        return Decision([rejection(msg, "Conflict", reason)], "nothing to resume")
+    pinned = em.pinned
+    limits, reason = budgets.effective_budgets(pinned.root.budgets, em.ctx.ceilings, None, may_raise=True)
+    assert limits is not None
+    limits = {**limits, **state["budgets"]}
+    overrides = msg.get("budgets")
+    if overrides is not None:
+        new_limits, reason = budgets.effective_budgets(
+            pinned.root.budgets, em.ctx.ceilings, overrides, may_raise=True
+        )
+        if new_limits is None:
+            return Decision([rejection(msg, "Limit", reason)], "invalid budgets")
+        limits = {**limits, **{key: new_limits[key] for key in overrides}}
+    em.emit("RunResumed", budgets=limits, reason=str(msg.get("reason") or ""))
+    plan_superstep(em)
+    progress(em)
+    return Decision(em.events)
+
+
+__all__ = ["cancel_open_steps", "cancel_run", "resume_run", "signal_run"]

@@ -1,0 +1,75 @@
+"""`decide(state, msg, ctx) -> Decision`: the pure decider.
+
+Inputs are flat dicts (docs/messages.md). A message whose shape is wrong (unknown type,
+missing or mistyped field) is dropped with the reason; a bad command becomes RunRejected;
+nothing here raises on a well-typed message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine.commands import cancel_run, resume_run, signal_run
+from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
+from processors.engine.receipts import handle_receipt
+from processors.engine.start import start_run
+from processors.engine.state import RunState
+
+Message = dict[str, Any]
+
+_STEP_IDENTITY = {"node": str, "lineage": str, "attempt": int, "dispatch_id": str}
+# Required fields by message type (beyond type, run_id, ts_ms), with their Python types.
+REQUIRED: dict[str, dict[str, type]] = {
+    "StartRun": {"definition_id": str},
+    "CancelRun": {},
+    "SignalRun": {"signal": str},
+    "ResumeRun": {},
+    "ActivationAccepted": {**_STEP_IDENTITY, "worker_id": str, "lease_ms": int},
+    "ActivationHeartbeat": {**_STEP_IDENTITY, "worker_id": str, "lease_ms": int},
+    "ActivationCompleted": {**_STEP_IDENTITY, "worker_id": str},
+    "ActivationFailed": {**_STEP_IDENTITY, "worker_id": str, "code": str, "message": str},
+    "ActivationCancelled": {**_STEP_IDENTITY, "worker_id": str},
+    "ChildRunFinished": {**_STEP_IDENTITY, "child_run_id": str, "status": str},
+    "TimerFired": {"timer_id": str, "timer_kind": str, "due_ms": int},
+}
+COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
+
+
+def _shape_problem(msg: Any) -> str | None:
+    if not isinstance(msg, dict):
+        return "message is not a dict"
+    mtype = msg.get("type")
+    if mtype not in REQUIRED:
+        return f"unknown message type {mtype!r}"
+    if not isinstance(msg.get("run_id"), str) or not msg["run_id"]:
+        return f"{mtype} without a run_id"
+    if type(msg.get("ts_ms")) is not int:
+        return f"{mtype} without an integer ts_ms"
+    for name, kind in REQUIRED[mtype].items():
+        value = msg.get(name)
+        if type(value) is not kind:
+            return f"{mtype}.{name} must be {kind.__name__}"
+    return None
+
+
+def decide(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
+    problem = _shape_problem(msg)
+    if problem is not None:
+        return Decision([], problem)
+    mtype = msg["type"]
+    if state is not None and state["run_id"] != msg["run_id"]:
+        return Decision([], "message for another run")
+    if mtype == "StartRun":
+        return start_run(state, msg, ctx)
+    em = Emitter(state, msg, ctx)
+    if mtype in COMMANDS:
+        if state is None:
+            return Decision(
+                [rejection(msg, "NotFound", f"run {msg['run_id']} does not exist")], "unknown run"
+            )
+        if mtype == "CancelRun":
+            return cancel_run(state, msg, em)
+        if mtype == "SignalRun":
+            return signal_run(state, msg, em)
+        return resume_run(state, msg, em)
+    return handle_receipt(state, msg, em)

@@ -1,0 +1,165 @@
+"""`effects(state_after, event) -> Effects`: the messages and timers an event implies.
+
+Activations go to per-queue topics (ActionActivation carries `queue`), child runs to the
+child-activation topic; timers are TimerFired bodies the timer service fires at `due_ms`.
+Timer ids are deterministic (ids.py), so re-arming one replaces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from processors.engine.ids import child_run_id, instance_key, step_timer_id, wall_timer_id
+from processors.engine.pinned import Pinned, pinned
+from processors.engine.refs import ABSENT, RefError, Scope, resolve
+from processors.engine.state import RunState
+
+Event = dict[str, Any]
+Message = dict[str, Any]
+EXECUTOR_KINDS = ("action", "agent")
+SETTLING = frozenset({"StepSucceeded", "StepFailed", "StepCancelled"})
+RUN_STOPPING = frozenset({"RunPaused", "RunSucceeded", "RunFailed", "RunCancelled"})
+
+
+@dataclass(slots=True)
+class Effects:
+    messages: list[Message] = field(default_factory=list)
+    set_timers: list[dict[str, Any]] = field(default_factory=list)
+    clear_timers: list[str] = field(default_factory=list)
+
+
+def effects(state: RunState | None, event: Event) -> Effects:
+    etype = event["type"]
+    if state is None or etype == "RunRejected":
+        return Effects()
+    if etype == "StepScheduled":
+        return _scheduled(state, event)
+    if etype in SETTLING:
+        return _settled(state, event)
+    if etype in ("StepStarted", "StepLeaseExtended"):
+        return Effects(set_timers=[_timer(state, event, "lease_expiry", event["lease_expires_ms"])])
+    if etype == "StepRetryScheduled":
+        timer = _timer(state, event, "retry_backoff", event["due_ms"])
+        timer["timer_id"] = event["timer_id"]
+        return Effects(set_timers=[timer])
+    if etype == "RunWaiting":
+        if event.get("due_ms") is None:
+            return Effects()
+        step = state["steps"][instance_key(event["node"], event["lineage"])]
+        return Effects(set_timers=[_timer(state, step, "wait_timeout", event["due_ms"])])
+    if etype in ("RunStarted", "RunResumed"):
+        wall = state["wall"]
+        if wall["due_ms"] is None:
+            return Effects()
+        return Effects(set_timers=[{
+            "type": "TimerFired", "run_id": state["run_id"], "timer_id": wall_timer_id(state["run_id"], wall["epoch"]),
+            "timer_kind": "wall_time", "due_ms": wall["due_ms"], "node": None, "lineage": None, "attempt": None,
+            "dispatch_id": None,
+        }])  # fmt: skip
+    if etype in RUN_STOPPING:
+        wall = state["wall"]
+        return Effects(
+            clear_timers=[wall_timer_id(state["run_id"], wall["epoch"])] if wall["due_ms"] is not None else []
+        )
+    return Effects()
+
+
+def _timer(state: RunState, ident: dict[str, Any], kind: str, due: int) -> dict[str, Any]:
+    return {
+        "type": "TimerFired", "run_id": state["run_id"], "timer_id": step_timer_id(kind, ident["dispatch_id"]),
+        "timer_kind": kind, "due_ms": due, "node": ident["node"], "lineage": ident["lineage"],
+        "attempt": ident["attempt"], "dispatch_id": ident["dispatch_id"],
+    }  # fmt: skip
+
+
+def _envelope(event: Event, index: int, mtype: str) -> Message:
+    return {
+        "type": mtype, "run_id": event["run_id"], "ts_ms": event["ts_ms"],
+        "record_id": f"{event['record_id']}:{index}", "node": event["node"], "lineage": event["lineage"],
+        "attempt": event["attempt"], "dispatch_id": event["dispatch_id"],
+    }  # fmt: skip
+
+
+def _scheduled(state: RunState, event: Event) -> Effects:
+    kind = event["kind"]
+    deadline = event.get("deadline_ms")
+    if kind == "sleep":
+        return Effects(set_timers=[_timer(state, event, "sleep", deadline or event["ts_ms"])])
+    if kind not in (*EXECUTOR_KINDS, "workflow"):
+        return Effects()
+    p = pinned(state["bundle"], state["bundle_hash"])
+    node = p.node(event["node"])
+    timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []
+    if kind == "workflow":
+        assert node.workflow is not None and node.revision is not None
+        message = _envelope(event, 0, "ChildRunActivation")
+        message.update(
+            child_run_id=child_run_id(state["run_id"], event["node"], event["lineage"], event["attempt"]),
+            definition_id=node.workflow, revision=node.revision, input=event["input"],
+            bundle=p.child_bundle(node.workflow, node.revision),
+            parent={
+                "parent_run_id": state["run_id"], "parent_node": event["node"],
+                "parent_lineage": event["lineage"], "parent_dispatch_id": event["dispatch_id"],
+                "root_run_id": state["root_run_id"], "depth": state["depth"] + 1,
+            },
+            deadline_ms=deadline,
+        )  # fmt: skip
+        return Effects(messages=[message], set_timers=timers)
+    message = _envelope(event, 0, "ActionActivation")
+    message.update(
+        definition_id=state["definition_id"], root_run_id=state["root_run_id"], kind=kind,
+        action=node.action or node.agent or "", queue=event["queue"], input=event["input"],
+        deadline_ms=deadline, lease_ms=node.lease_ms, heartbeat_ms=node.heartbeat_ms,
+        capabilities=list(node.capabilities), agent=_agent_spec(state, p, event) if kind == "agent" else None,
+    )  # fmt: skip
+    return Effects(messages=[message], set_timers=timers)
+
+
+def _agent_spec(state: RunState, p: Pinned, event: Event) -> dict[str, Any]:
+    node = p.node(event["node"])
+    item: Any = ABSENT
+    scope_state = state["state"]
+    try:
+        if node.map is not None and event["lineage"]:
+            item = resolve(node.map, Scope(input=state["input"], state=scope_state))[int(event["lineage"])]
+        prompt = resolve(node.prompt, Scope(input=state["input"], state=scope_state, item=item))
+    except (RefError, IndexError, TypeError, KeyError):
+        prompt = node.prompt  # checked when the step was scheduled; unreachable for a valid run
+    return {
+        "agent": node.agent or "", "model": node.model or "", "prompt": prompt,
+        "output_schema": node.output_schema, "structured_output_attempts": node.structured_output_attempts,
+    }  # fmt: skip
+
+
+def _settled(state: RunState, event: Event) -> Effects:
+    step = state["steps"][instance_key(event["node"], event["lineage"])]
+    kind = step["kind"]
+    dispatch = event["dispatch_id"]
+    clear: list[str] = []
+    messages: list[Message] = []
+    if step["deadline_ms"] is not None and kind is not None:
+        clear.append(
+            step_timer_id({"sleep": "sleep", "wait": "wait_timeout"}.get(kind, "node_timeout"), dispatch)
+        )
+    if step["lease_expires_ms"] is not None:
+        clear.append(step_timer_id("lease_expiry", dispatch))
+    etype = event["type"]
+    if etype == "StepCancelled" and step["retry_due_ms"] is not None:
+        clear.append(step_timer_id("retry_backoff", dispatch))
+    # a timed-out attempt (node timeout, lease expiry) may still run somewhere: stop it
+    in_flight = (etype == "StepCancelled" and step["cancel_in_flight"]) or (
+        etype == "StepFailed" and event["failure"]["code"] == "Timeout"
+    )
+    if in_flight and kind in EXECUTOR_KINDS:
+        message = _envelope(event, 0, "CancelActivation")
+        message["reason"] = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
+        messages.append(message)
+    elif in_flight and kind == "workflow":
+        message = _envelope(event, 0, "ChildRunCancel")
+        message["child_run_id"] = child_run_id(
+            state["run_id"], event["node"], event["lineage"], event["attempt"]
+        )
+        message["reason"] = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
+        messages.append(message)
+    return Effects(messages=messages, set_timers=[], clear_timers=clear)

@@ -1,0 +1,115 @@
+"""The engine context, the decision, and the emitter that builds events and folds them.
+
+`decide` never computes a follow-up from a stale view: every event it emits is folded
+into its working state at once (`Emitter.emit`), so the next rule reads the state as the
+runtime will see it after folding the same events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from processors.engine.definition import Ceilings
+from processors.engine.evolve import evolve
+from processors.engine.ids import event_record_id, rejection_record_id
+from processors.engine.pinned import Pinned, pinned
+from processors.engine.state import RunState, usage_of
+
+Event = dict[str, Any]
+Message = dict[str, Any]
+
+FAILURE_CODES = frozenset(
+    {
+        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation", "State",
+        "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped", "Cancelled", "ChildFailed",
+        "Conflict", "NotFound", "PermissionDenied", "Limit",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What `decide` may consult besides the run state: the definition catalog, the server
+    ceilings and the activation queues that exist (node queues must be among them)."""
+
+    catalog: Any  # processors.engine.catalog.Catalog (Any: tests may pass a subclass)
+    ceilings: Ceilings = field(default_factory=Ceilings)
+    queues: frozenset[str] = frozenset({"default", "agents"})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    events: list[Event]
+    dropped: str | None = None
+
+
+def failure(code: str, message: str, *, retryable: bool = False, node: str | None = None,
+            lineage: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"code": code, "message": message, "retryable": retryable, "node": node, "lineage": lineage}
+
+
+def rejection(msg: Message, code: str, reason: str, *, definition_id: str | None = None,
+              revision: int | None = None) -> Event:  # fmt: skip
+    run_id = str(msg.get("run_id", ""))
+    return {
+        "type": "RunRejected",
+        "run_id": run_id,
+        "ts_ms": msg["ts_ms"],
+        "record_id": rejection_record_id(run_id, str(msg.get("record_id", ""))),
+        "sequence": 0,
+        "code": code,
+        "reason": reason,
+        "definition_id": definition_id if definition_id is not None else msg.get("definition_id"),
+        "revision": revision,
+        "command_type": msg["type"],
+    }
+
+
+class Emitter:
+    """Builds the events of one decision, folding each into `state` as it goes."""
+
+    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "state", "ts")
+
+    def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
+        self.state: RunState = state  # type: ignore[assignment]  # None only until RunAccepted
+        self.events: list[Event] = []
+        self.ts: int = msg["ts_ms"]
+        self.run_id: str = msg["run_id"]
+        self.ctx = ctx
+        self.failed_any = False
+        self._pinned: Pinned | None = None
+
+    @property
+    def pinned(self) -> Pinned:
+        if self._pinned is None:
+            self._pinned = pinned(self.state["bundle"], self.state["bundle_hash"])
+        return self._pinned
+
+    def emit(self, etype: str, **fields: Any) -> Event:
+        sequence = (self.state["sequence"] if self.state is not None else 0) + 1
+        event: Event = {
+            "type": etype,
+            "run_id": self.run_id,
+            "ts_ms": self.ts,
+            "record_id": event_record_id(self.run_id, sequence),
+            "sequence": sequence,
+            **fields,
+        }
+        new_state = evolve(self.state, event)
+        assert new_state is not None  # only RunRejected folds to None, and it is never emitted here
+        self.state = new_state
+        self.events.append(event)
+        if etype == "StepFailed":
+            self.failed_any = True
+        return event
+
+    def emit_step(self, etype: str, step: dict[str, Any], **fields: Any) -> Event:
+        """An event carrying the step identity of `step` (a step record)."""
+        return self.emit(
+            etype, node=step["node"], lineage=step["lineage"], attempt=step["attempt"],
+            dispatch_id=step["dispatch_id"], **fields,
+        )  # fmt: skip
+
+    def usage(self) -> dict[str, int]:
+        return usage_of(self.state)

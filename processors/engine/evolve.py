@@ -1,0 +1,363 @@
+"""`evolve(state, event) -> state`: the fold. Pure; never mutates its argument.
+
+Copy-on-write: each handler copies the top-level dict and only the nested containers it
+changes (`steps` and the one step record, the usage ledger, ...). Everything else is
+shared with the previous state, which is safe because no one mutates a state in place.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from processors.engine.ids import instance_key
+from processors.engine.pinned import root_definition
+from processors.engine.refs import input_hash
+from processors.engine.state import OPEN_STEP_STATUSES, RunState
+
+Event = dict[str, Any]
+_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+def evolve(state: RunState | None, event: Event) -> RunState | None:
+    etype = event["type"]
+    if etype == "RunRejected":
+        return state  # sequence 0: belongs to no run, changes nothing
+    if etype == "RunAccepted":
+        return _run_accepted(event)
+    if state is None:
+        raise ValueError(f"{etype} for run {event.get('run_id')!r} before its RunAccepted")
+    handler = _HANDLERS.get(etype)
+    if handler is None:
+        raise ValueError(f"unknown run event type {etype!r}")
+    new = dict(state)
+    new["sequence"] = event["sequence"]
+    new["updated_ms"] = event["ts_ms"]
+    handler(new, event)
+    return new
+
+
+# ------------------------------------------------------------------------- run level
+
+
+def _run_accepted(ev: Event) -> RunState:
+    definition = root_definition(ev["bundle"], ev["bundle_hash"])
+    parent = ev.get("parent")
+    return {
+        "run_id": ev["run_id"],
+        "status": "queued",
+        "sequence": ev["sequence"],
+        "definition_id": ev["definition_id"],
+        "revision": ev["revision"],
+        "bundle": ev["bundle"],
+        "bundle_hash": ev["bundle_hash"],
+        "input": ev["input"],
+        "input_hash": input_hash(ev["input"]),
+        "parent": parent,
+        "root_run_id": parent["root_run_id"] if parent else ev["run_id"],
+        "depth": parent["depth"] if parent else 0,
+        "labels": ev.get("labels") or {},
+        "budgets": ev["budgets"],
+        "accepted_ms": ev["ts_ms"],
+        "updated_ms": ev["ts_ms"],
+        "state": copy.deepcopy(definition.state),
+        "superstep": 0,
+        "frontier": [],
+        "maps": {},
+        "open": 0,
+        "steps": {},
+        "usage": {"steps": 0, "retries": 0, "agents": 0, **_ZERO_USAGE},
+        "warned": [],
+        "wall": {"epoch": 0, "used_ms": 0, "since_ms": None, "due_ms": None},
+        "signals": [],
+        "waits": {},
+        "pause": None,
+        "output": None,
+        "failure": None,
+        "cancel_reason": None,
+    }
+
+
+def _run_started(s: RunState, ev: Event) -> None:
+    definition = root_definition(s["bundle"], s["bundle_hash"])
+    s["status"] = "running"
+    s["superstep"] = ev["superstep"]
+    s["frontier"] = sorted(set(definition.entry))
+    s["maps"] = {}
+    _arm_wall(s, ev["ts_ms"])
+
+
+def _arm_wall(s: RunState, now: int) -> None:
+    wall = dict(s["wall"])
+    limit = s["budgets"].get("wall_time_ms") or 0
+    wall["since_ms"] = now
+    wall["due_ms"] = now + max(limit - wall["used_ms"], 0) if limit > 0 else None
+    s["wall"] = wall
+
+
+def _stop_wall(s: RunState, now: int) -> None:
+    wall = dict(s["wall"])
+    if wall["since_ms"] is not None:
+        wall["used_ms"] += max(now - wall["since_ms"], 0)
+    wall["since_ms"] = None
+    s["wall"] = wall
+
+
+def _superstep_committed(s: RunState, ev: Event) -> None:
+    s["state"] = ev["state"]
+    s["frontier"] = list(ev["next_frontier"])
+    s["superstep"] = ev["superstep"] + 1
+    s["maps"] = {}
+
+
+def _budget_warning(s: RunState, ev: Event) -> None:
+    s["warned"] = sorted({*s["warned"], ev["dimension"]})
+
+
+def _budget_exhausted(s: RunState, ev: Event) -> None:
+    pass  # the RunPaused that follows carries the state change; the event is the record
+
+
+def _run_paused(s: RunState, ev: Event) -> None:
+    s["status"] = "paused"
+    s["pause"] = {"code": ev["code"], "reason": ev["reason"]}
+    _stop_wall(s, ev["ts_ms"])
+
+
+def _run_resumed(s: RunState, ev: Event) -> None:
+    old_budgets = s["budgets"]
+    s["budgets"] = ev["budgets"]
+    s["status"] = "running"
+    s["pause"] = None
+    s["failure"] = None
+    # a warning stays given only for dimensions whose limit did not change
+    s["warned"] = [d for d in s["warned"] if old_budgets.get(d) == ev["budgets"].get(d)]
+    wall = dict(s["wall"])
+    wall["epoch"] += 1
+    s["wall"] = wall
+    _arm_wall(s, ev["ts_ms"])
+
+
+def _run_succeeded(s: RunState, ev: Event) -> None:
+    s["status"] = "succeeded"
+    s["output"] = ev["output"]
+    _stop_wall(s, ev["ts_ms"])
+
+
+def _run_failed(s: RunState, ev: Event) -> None:
+    s["status"] = "failed"
+    s["failure"] = ev["failure"]
+    _stop_wall(s, ev["ts_ms"])
+
+
+def _run_cancelled(s: RunState, ev: Event) -> None:
+    s["status"] = "cancelled"
+    s["cancel_reason"] = ev["reason"]
+    _stop_wall(s, ev["ts_ms"])
+
+
+def _nothing(s: RunState, ev: Event) -> None:
+    pass
+
+
+# ------------------------------------------------------------------------ step level
+
+
+def _put_step(s: RunState, key: str, step: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """Store a new version of a step record and keep the open-activation count."""
+    was_open = old is not None and old["superstep"] == s["superstep"] and old["status"] in OPEN_STEP_STATUSES
+    is_open = step["status"] in OPEN_STEP_STATUSES
+    if was_open != is_open:
+        s["open"] = s["open"] + (1 if is_open else -1)
+    steps = dict(s["steps"])
+    steps[key] = step
+    s["steps"] = steps
+
+
+def _add_usage(s: RunState, usage: dict[str, int] | None, **reserved: int) -> None:
+    ledger = dict(s["usage"])
+    if usage:
+        for name in ("prompt_tokens", "completion_tokens", "cost_micros"):
+            ledger[name] += int(usage.get(name) or 0)
+    for name, amount in reserved.items():
+        ledger[name] += amount
+    s["usage"] = ledger
+
+
+def _step_scheduled(s: RunState, ev: Event) -> None:
+    node, lineage = ev["node"], ev["lineage"]
+    key = instance_key(node, lineage)
+    old = s["steps"].get(key)
+    same_superstep = old is not None and old["superstep"] == ev["superstep"]
+    retrying = same_superstep and old is not None and old["status"] == "retry_wait"
+    # Reservations: a fresh activation takes a step (and an agent); a retry took its retry at
+    # StepRetryScheduled; a re-activation after a resume takes nothing (it was reserved once).
+    if not same_superstep:
+        _add_usage(s, None, steps=1, agents=1 if ev["kind"] == "agent" else 0)
+    step = {
+        "node": node,
+        "lineage": lineage,
+        "kind": ev["kind"],
+        "status": "scheduled",
+        "attempt": ev["attempt"],
+        "first_attempt": old["first_attempt"] if retrying and old is not None else ev["attempt"],
+        "dispatch_id": ev["dispatch_id"],
+        "superstep": ev["superstep"],
+        "queue": ev.get("queue"),
+        "input": ev["input"],
+        "input_hash": ev["input_hash"],
+        "deadline_ms": ev.get("deadline_ms"),
+        "scheduled_ms": ev["ts_ms"],
+        "started_ms": None,
+        "finished_ms": None,
+        "worker_id": None,
+        "lease_expires_ms": None,
+        "retry_due_ms": None,
+        "output": None,
+        "failure": None,
+        "usage": dict(_ZERO_USAGE),
+        "reason": None,
+        "cancel_in_flight": False,
+    }
+    _put_step(s, key, step, old)
+    if lineage:
+        maps = dict(s["maps"])
+        maps[node] = max(maps.get(node, 0), int(lineage) + 1)
+        s["maps"] = maps
+
+
+def _step_update(s: RunState, ev: Event, **changes: Any) -> None:
+    key = instance_key(ev["node"], ev["lineage"])
+    old = s["steps"][key]
+    step = dict(old)
+    step.update(changes)
+    _put_step(s, key, step, old)
+
+
+def _step_started(s: RunState, ev: Event) -> None:
+    _step_update(
+        s, ev, status="running", started_ms=ev["ts_ms"], worker_id=ev["worker_id"],
+        lease_expires_ms=ev["lease_expires_ms"],
+    )  # fmt: skip
+
+
+def _step_lease_extended(s: RunState, ev: Event) -> None:
+    _step_update(s, ev, lease_expires_ms=ev["lease_expires_ms"])
+
+
+def _step_succeeded(s: RunState, ev: Event) -> None:
+    _add_usage(s, ev["usage"])
+    _step_update(s, ev, status="succeeded", output=ev["output"], usage=ev["usage"], finished_ms=ev["ts_ms"])
+    _drop_wait(s, instance_key(ev["node"], ev["lineage"]))
+
+
+def _step_failed(s: RunState, ev: Event) -> None:
+    _add_usage(s, ev["usage"])
+    key = instance_key(ev["node"], ev["lineage"])
+    old = s["steps"].get(key)
+    if old is None or old["superstep"] != s["superstep"]:
+        # failed before dispatch (its input or map source did not resolve): no StepScheduled
+        step: dict[str, Any] = {
+            "node": ev["node"], "lineage": ev["lineage"], "kind": None, "status": "failed",
+            "attempt": ev["attempt"], "first_attempt": ev["attempt"], "dispatch_id": ev["dispatch_id"],
+            "superstep": s["superstep"], "queue": None, "input": None, "input_hash": None,
+            "deadline_ms": None, "scheduled_ms": None, "started_ms": None, "finished_ms": ev["ts_ms"],
+            "worker_id": None, "lease_expires_ms": None, "retry_due_ms": None, "output": None,
+            "failure": ev["failure"], "usage": ev["usage"], "reason": None, "cancel_in_flight": False,
+        }  # fmt: skip
+        _put_step(s, key, step, old)
+    else:
+        _step_update(
+            s, ev, status="failed", failure=ev["failure"], usage=ev["usage"], finished_ms=ev["ts_ms"]
+        )
+    _drop_wait(s, key)
+
+
+def _step_retry_scheduled(s: RunState, ev: Event) -> None:
+    _add_usage(s, None, retries=1)
+    _step_update(s, ev, status="retry_wait", retry_due_ms=ev["due_ms"])
+
+
+def _step_cancelled(s: RunState, ev: Event) -> None:
+    key = instance_key(ev["node"], ev["lineage"])
+    old = s["steps"][key]
+    _step_update(
+        s, ev, status="cancelled", reason=ev["reason"], finished_ms=ev["ts_ms"],
+        cancel_in_flight=old["status"] in ("scheduled", "running"),
+    )  # fmt: skip
+    _drop_wait(s, key)
+
+
+def _step_skipped(s: RunState, ev: Event) -> None:
+    node, lineage = ev["node"], ev["lineage"]
+    key = instance_key(node, lineage)
+    old = s["steps"].get(key)
+    step = dict(old) if old is not None else {
+        "node": node, "lineage": lineage, "kind": None, "attempt": 0, "first_attempt": 0,
+        "dispatch_id": None, "queue": None, "input": None, "input_hash": None, "deadline_ms": None,
+        "scheduled_ms": None, "started_ms": None, "worker_id": None, "lease_expires_ms": None,
+        "retry_due_ms": None, "output": None, "failure": None, "usage": dict(_ZERO_USAGE),
+        "cancel_in_flight": False,
+    }  # fmt: skip
+    step.update(status="skipped", reason=ev["reason"], superstep=s["superstep"], finished_ms=ev["ts_ms"])
+    _put_step(s, key, step, old)
+
+
+def _run_waiting(s: RunState, ev: Event) -> None:
+    key = instance_key(ev["node"], ev["lineage"])
+    _step_update(s, ev, status="waiting")
+    waits = dict(s["waits"])
+    waits[key] = {
+        "node": ev["node"],
+        "lineage": ev["lineage"],
+        "signal": ev["signal"],
+        "due_ms": ev.get("due_ms"),
+    }
+    s["waits"] = waits
+
+
+def _signal_received(s: RunState, ev: Event) -> None:
+    if ev.get("node") is None:
+        s["signals"] = [*s["signals"], {"signal": ev["signal"], "payload": ev["payload"]}]
+        return
+    # Delivered to a wait node: it is either consumed from the buffer (the wait was just
+    # reached) or arrived live (then no buffered signal of that name exists).
+    signals = s["signals"]
+    for index, buffered in enumerate(signals):
+        if buffered["signal"] == ev["signal"]:
+            s["signals"] = signals[:index] + signals[index + 1 :]
+            break
+
+
+def _drop_wait(s: RunState, key: str) -> None:
+    if key in s["waits"]:
+        waits = dict(s["waits"])
+        del waits[key]
+        s["waits"] = waits
+
+
+_HANDLERS: dict[str, Callable[[RunState, Event], None]] = {
+    "RunStarted": _run_started,
+    "StepScheduled": _step_scheduled,
+    "StepStarted": _step_started,
+    "StepLeaseExtended": _step_lease_extended,
+    "StepSucceeded": _step_succeeded,
+    "StepFailed": _step_failed,
+    "StepRetryScheduled": _step_retry_scheduled,
+    "StepSkipped": _step_skipped,
+    "StepCancelled": _step_cancelled,
+    "SuperstepCommitted": _superstep_committed,
+    "RunWaiting": _run_waiting,
+    "SignalReceived": _signal_received,
+    "BudgetWarning": _budget_warning,
+    "BudgetExhausted": _budget_exhausted,
+    "RunPaused": _run_paused,
+    "RunResumed": _run_resumed,
+    "RunSucceeded": _run_succeeded,
+    "RunFailed": _run_failed,
+    "RunCancelled": _run_cancelled,
+    "ReceiptConflict": _nothing,
+}
+
+EVENT_TYPES = frozenset({"RunAccepted", "RunRejected", *_HANDLERS})

@@ -1,0 +1,82 @@
+"""The pinned bundle of a run, parsed and compiled once per bundle hash (a module LRU).
+
+The run state holds the bundle JSON (it travels in RunAccepted); evolve, decide and
+effects look the parsed form up here by hash instead of re-parsing per record. The
+cache is pure: its values depend only on the key's content.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from processors.engine.catalog import Bundle
+from processors.engine.definition import Definition, Node
+
+_CACHE: OrderedDict[str, Pinned] = OrderedDict()
+_CACHE_MAX = 256
+
+
+class Pinned:
+    """A run's bundle with its root definition and compiled JSON Schemas."""
+
+    __slots__ = ("_children", "_validators", "bundle", "root")
+
+    def __init__(self, bundle: Bundle) -> None:
+        self.bundle = bundle
+        self.root: Definition = bundle.definition()
+        self._validators: dict[str, Draft202012Validator | None] = {}
+        self._children: dict[str, dict[str, Any]] = {}
+
+    def node(self, name: str) -> Node:
+        return self.root.nodes[name]
+
+    def input_validator(self) -> Draft202012Validator | None:
+        return self._validator("input", self.root.input_schema)
+
+    def output_validator(self) -> Draft202012Validator | None:
+        return self._validator("output", self.root.output_schema)
+
+    def node_output_validator(self, name: str) -> Draft202012Validator | None:
+        return self._validator(f"node:{name}", self.root.nodes[name].output_schema)
+
+    def child_bundle(self, definition_id: str, revision: int) -> dict[str, Any]:
+        """The sub-bundle JSON a ChildRunActivation carries (computed once)."""
+        key = f"{definition_id}@{revision}"
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = self.bundle.child(definition_id, revision).to_json()
+        return found
+
+    def _validator(self, key: str, schema: dict[str, Any] | None) -> Draft202012Validator | None:
+        if key not in self._validators:
+            self._validators[key] = Draft202012Validator(schema) if schema is not None else None
+        return self._validators[key]
+
+
+def pinned(bundle_json: dict[str, Any], bundle_hash: str) -> Pinned:
+    """The parsed bundle of a run state (`state["bundle"]`, `state["bundle_hash"]`). The JSON
+    came from a RunAccepted this engine emitted after checking it, so it is not re-validated."""
+    found = _CACHE.get(bundle_hash)
+    if found is not None:
+        _CACHE.move_to_end(bundle_hash)
+        return found
+    bundle = Bundle(bundle_json["root"], bundle_json["definitions"], bundle_hash)
+    return remember(bundle)
+
+
+def remember(bundle: Bundle) -> Pinned:
+    """Cache a bundle that was just pinned or verified (keeps its parsed definitions)."""
+    found = _CACHE.get(bundle.hash)
+    if found is None:
+        found = Pinned(bundle)
+        _CACHE[bundle.hash] = found
+        if len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    return found
+
+
+def root_definition(bundle_json: dict[str, Any], bundle_hash: str) -> Definition:
+    return pinned(bundle_json, bundle_hash).root

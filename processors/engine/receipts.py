@@ -1,0 +1,208 @@
+"""Receipts from executors, the child-run executor and the timer service.
+
+Receipts are fenced by the step identity: the first terminal receipt of an attempt wins;
+an exact duplicate changes nothing ("duplicate receipt"); a different terminal receipt for
+a settled attempt is reported as ReceiptConflict; receipts for a stale attempt, an unknown
+dispatch id or a finished run are dropped with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine import budgets
+from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure
+from processors.engine.ids import instance_key
+from processors.engine.secrets import find_secret_literals
+from processors.engine.state import TERMINAL_STATUSES, RunState
+from processors.engine.steps import fail_attempt, retry_attempt
+from processors.engine.superstep import progress, schema_error
+
+Message = dict[str, Any]
+EXECUTOR_KINDS = frozenset({"action", "agent"})
+TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
+_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+def handle_receipt(state: RunState | None, msg: Message, em: Emitter) -> Decision:
+    if state is None:
+        return Decision([], "unknown run")
+    if state["status"] in TERMINAL_STATUSES:
+        return Decision([], "run finished")
+    if msg["type"] == "TimerFired":
+        dropped = _timer(em, msg)
+    else:
+        dropped = _step_receipt(em, msg)
+    if dropped is None and em.state["status"] == "running":
+        progress(em)
+    return Decision(em.events, dropped)
+
+
+def _current_step(em: Emitter, msg: Message) -> tuple[dict[str, Any] | None, str | None]:
+    step = em.state["steps"].get(instance_key(msg["node"], msg["lineage"]))
+    if step is None or step["dispatch_id"] is None:
+        return None, "unknown dispatch id"
+    if msg["attempt"] < step["attempt"]:
+        return None, "stale attempt"
+    if msg["attempt"] != step["attempt"] or msg["dispatch_id"] != step["dispatch_id"]:
+        return None, "unknown dispatch id"
+    return step, None
+
+
+def _usage(msg: Message) -> dict[str, int]:
+    raw = msg.get("usage") or {}
+    out = {}
+    for name in ("prompt_tokens", "completion_tokens", "cost_micros"):
+        value = raw.get(name) if isinstance(raw, dict) else 0
+        out[name] = value if type(value) is int and value >= 0 else 0
+    return out
+
+
+def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any, dict[str, int]]:
+    """What a terminal receipt settles the attempt to: ("succeeded", output, usage) or
+    ("failed", failure, usage). Pure, so a re-delivered receipt can be compared."""
+    usage = _usage(msg)
+    name, lineage = step["node"], step["lineage"]
+    rtype = msg["type"]
+    if rtype == "ActivationFailed":
+        code = msg.get("code") if msg.get("code") in FAILURE_CODES else "ExecutionFailed"
+        return "failed", failure(code, str(msg.get("message", "")), retryable=bool(msg.get("retryable")),
+                                 node=name, lineage=lineage), usage  # fmt: skip
+    if rtype == "ChildRunFinished":
+        status = msg.get("status")
+        if status != "succeeded":
+            child_failure = msg.get("failure") or {}
+            detail = child_failure.get("message", "") if isinstance(child_failure, dict) else ""
+            return "failed", failure("ChildFailed", f"child run {msg.get('child_run_id')} {status}: {detail}".rstrip(": "),
+                                     node=name, lineage=lineage), usage  # fmt: skip
+    output = msg.get("output")
+    secrets = find_secret_literals(output, "output")
+    if secrets:
+        return "failed", failure("InvalidOutput", f"secret material in output at {', '.join(secrets[:5])}",
+                                 node=name, lineage=lineage), usage  # fmt: skip
+    validator = em.pinned.node_output_validator(name)
+    if validator is not None:
+        error = next(iter(validator.iter_errors(output)), None)
+        if error is not None:
+            return "failed", failure("InvalidOutput", f"output of {name} {schema_error(error)}",
+                                     node=name, lineage=lineage), usage  # fmt: skip
+    return "succeeded", output, usage
+
+
+def _step_receipt(em: Emitter, msg: Message) -> str | None:
+    step, dropped = _current_step(em, msg)
+    if step is None:
+        return dropped
+    rtype = msg["type"]
+    status = step["status"]
+    expected = "workflow" if rtype == "ChildRunFinished" else None
+    if (expected == "workflow") != (step["kind"] == "workflow") or (
+        expected is None and step["kind"] not in EXECUTOR_KINDS
+    ):
+        return f"{rtype} does not apply to a {step['kind']} step"
+    if status == "cancelled":
+        return "step already cancelled"
+    if rtype in TERMINAL_RECEIPTS:
+        outcome, value, usage = _outcome(em, step, msg)
+        if status in ("scheduled", "running"):
+            if outcome == "succeeded":
+                em.emit_step("StepSucceeded", step, output=value, usage=usage)
+            else:
+                fail_attempt(em, step, value, usage)
+            return None
+        recorded = step["output"] if status == "succeeded" else step["failure"]
+        settled = "succeeded" if status == "succeeded" else "failed"
+        if settled == outcome and recorded == value and step["usage"] == usage:
+            return "duplicate receipt"
+        em.emit_step("ReceiptConflict", step, receipt_type=rtype,
+                     reason=f"attempt already settled as {settled}; this {rtype} differs")  # fmt: skip
+        return None
+    if rtype == "ActivationCancelled":
+        if status in ("scheduled", "running"):
+            reason = str(msg.get("reason", "")) or "no reason given"
+            fail_attempt(em, step, failure("Cancelled", f"activation cancelled by its executor: {reason}",
+                                           retryable=True, node=step["node"], lineage=step["lineage"]),
+                         _ZERO_USAGE)  # fmt: skip
+            return None
+        return "step already settled"
+    worker = str(msg.get("worker_id", ""))
+    lease_ms = msg.get("lease_ms")
+    if type(lease_ms) is not int or lease_ms <= 0:
+        return f"{rtype} without a positive lease_ms"
+    if rtype == "ActivationAccepted":
+        if status == "scheduled":
+            em.emit_step("StepStarted", step, worker_id=worker, lease_expires_ms=em.ts + lease_ms)
+            return None
+        if status == "running":
+            if step["worker_id"] == worker:
+                return "duplicate receipt"
+            em.emit_step("ReceiptConflict", step, receipt_type=rtype,
+                         reason="activation already accepted by another worker")  # fmt: skip
+            return None
+        return "step already settled"
+    # ActivationHeartbeat
+    if status == "scheduled":
+        return "heartbeat before acceptance"
+    if status != "running":
+        return "step already settled"
+    if step["worker_id"] != worker:
+        return "heartbeat from a worker that does not hold the lease"
+    expires = em.ts + lease_ms
+    if expires <= step["lease_expires_ms"]:
+        return "heartbeat does not extend the lease"
+    em.emit_step("StepLeaseExtended", step, worker_id=worker, lease_expires_ms=expires)
+    return None
+
+
+def _timer(em: Emitter, msg: Message) -> str | None:
+    kind = msg.get("timer_kind")
+    state = em.state
+    if kind == "wall_time":
+        if state["status"] != "running" or msg.get("due_ms") != state["wall"]["due_ms"]:
+            return "stale timer"
+        budgets.pause_for(em, "wall_time_ms", "workflow wall-time budget exceeded")
+        return None
+    if state["status"] != "running":
+        return "stale timer"  # paused: its steps were cancelled
+    if (
+        not isinstance(msg.get("node"), str)
+        or not isinstance(msg.get("lineage"), str)
+        or type(msg.get("attempt")) is not int
+    ):
+        return f"{kind} timer without a step identity"
+    step, dropped = _current_step(em, {**msg, "dispatch_id": msg.get("dispatch_id")})
+    if step is None:
+        return "stale timer" if dropped == "stale attempt" else dropped
+    status = step["status"]
+    name, lineage = step["node"], step["lineage"]
+    if kind == "retry_backoff":
+        if status != "retry_wait":
+            return "stale timer"
+        retry_attempt(em, step)
+        return None
+    if kind == "node_timeout":
+        if status not in ("scheduled", "running") or step["kind"] not in ("action", "agent", "workflow"):
+            return "stale timer"
+        timeout = em.pinned.node(name).timeout_ms
+        fail_attempt(em, step, failure("Timeout", f"{name} timed out after {timeout} ms", retryable=True,
+                                       node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+        return None
+    if kind == "lease_expiry":
+        if status != "running" or msg.get("due_ms") != step["lease_expires_ms"]:
+            return "stale timer"
+        fail_attempt(em, step, failure("Timeout", f"activation lease expired (worker {step['worker_id']})",
+                                       retryable=True, node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+        return None
+    if kind == "wait_timeout":
+        if status != "waiting":
+            return "stale timer"
+        signal = em.pinned.node(name).signal
+        fail_attempt(em, step, failure("Timeout", f"no signal {signal!r} within {em.pinned.node(name).timeout_ms} ms",
+                                       node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+        return None
+    if kind == "sleep":
+        if status != "scheduled" or step["kind"] != "sleep":
+            return "stale timer"
+        em.emit_step("StepSucceeded", step, output=None, usage=dict(_ZERO_USAGE))
+        return None
+    return f"unknown timer kind {kind!r}"

@@ -1,0 +1,134 @@
+"""StartRun: resolve and pin the definition, check everything, accept or reject.
+
+A rejected start emits RunRejected (sequence 0) and leaves no run. Starting an existing
+run id again with the same content is a no-op; with different content it is rejected
+(code Conflict) and the existing run is untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine import budgets
+from processors.engine.catalog import Bundle
+from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
+from processors.engine.errors import DefinitionError
+from processors.engine.pinned import Pinned, remember
+from processors.engine.refs import input_hash
+from processors.engine.secrets import find_secret_literals
+from processors.engine.state import RunState
+from processors.engine.steps import plan_superstep
+from processors.engine.superstep import progress, schema_error
+
+Message = dict[str, Any]
+
+
+def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
+    if state is not None:
+        return _restart(state, msg)
+    pinned_or_reason = _pin(msg, ctx)
+    if isinstance(pinned_or_reason, tuple):
+        code, reason = pinned_or_reason
+        return Decision([rejection(msg, code, reason, revision=msg.get("revision"))], reason)
+    pinned = pinned_or_reason
+    definition = pinned.root
+
+    def reject(code: str, reason: str) -> Decision:
+        return Decision(
+            [rejection(msg, code, reason, definition_id=definition.id, revision=definition.revision)], reason
+        )
+
+    run_input = msg.get("input")
+    secrets = find_secret_literals(run_input, "input")
+    if secrets:
+        return reject(
+            "InvalidInput",
+            f'secret material in input at {", ".join(secrets[:5])}; pass a {{"$secret": name}} handle',
+        )
+    validator = pinned.input_validator()
+    if validator is not None:
+        error = next(iter(validator.iter_errors(run_input)), None)
+        if error is not None:
+            return reject("InvalidInput", f"input {schema_error(error)}")
+    limits, reason = budgets.effective_budgets(
+        definition.budgets, ctx.ceilings, msg.get("budgets"), may_raise=False
+    )
+    if limits is None:
+        return reject("Limit", reason)
+    parent = msg.get("parent")
+    if parent is not None:
+        problem = _check_parent(parent)
+        if problem:
+            return reject("InvalidInput", problem)
+        if parent["depth"] > limits["max_nesting_depth"]:
+            return reject(
+                "BudgetExceeded",
+                f"maxDepth exceeded: nesting depth {parent['depth']} > max_nesting_depth {limits['max_nesting_depth']}",
+            )
+    for name, node in sorted(definition.nodes.items()):
+        if node.kind in ("action", "agent") and node.queue not in ctx.queues:
+            return reject(
+                "InvalidInput",
+                f"node {name}: unknown queue {node.queue!r} (known: {', '.join(sorted(ctx.queues))})",
+            )
+        if node.kind == "workflow" and node.revision is None:
+            return reject("InvalidInput", f"node {name}: a workflow node must pin a revision")
+    em = Emitter(None, msg, ctx)
+    em.emit(
+        "RunAccepted", definition_id=definition.id, revision=definition.revision,
+        bundle_hash=pinned.bundle.hash, bundle=pinned.bundle.to_json(), input=run_input, parent=parent,
+        budgets=limits, labels=dict(msg.get("labels") or {}),
+    )  # fmt: skip
+    em.emit("RunStarted", superstep=1)
+    plan_superstep(em)
+    progress(em)
+    return Decision(em.events)
+
+
+def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
+    definition_id, revision, bundle_json = msg.get("definition_id"), msg.get("revision"), msg.get("bundle")
+    if not isinstance(definition_id, str) or not definition_id:
+        return "InvalidInput", "definition_id is required"
+    if revision is not None and type(revision) is not int:
+        return "InvalidInput", "revision must be an integer or null"
+    try:
+        if bundle_json is not None:
+            bundle = Bundle.from_json(bundle_json, ctx.ceilings)
+            root = bundle.definition()
+            if root.id != definition_id or (revision is not None and root.revision != revision):
+                return (
+                    "Conflict",
+                    f"bundle root {bundle.root} is not the requested {definition_id}@{revision}",
+                )
+        else:
+            bundle = ctx.catalog.pin_bundle(definition_id, revision)
+    except DefinitionError as exc:
+        not_found = any(issue.rule == "not_found" for issue in exc.errors)
+        return ("NotFound" if not_found else "InvalidInput"), str(exc)
+    return remember(bundle)
+
+
+def _check_parent(parent: Any) -> str:
+    if not isinstance(parent, dict):
+        return "parent must be a ParentRef object"
+    for key in ("parent_run_id", "parent_node", "parent_lineage", "parent_dispatch_id", "root_run_id"):
+        if not isinstance(parent.get(key), str):
+            return f"parent.{key} must be a string"
+    if type(parent.get("depth")) is not int or parent["depth"] < 1:
+        return "parent.depth must be an integer >= 1"
+    return ""
+
+
+def _restart(state: RunState, msg: Message) -> Decision:
+    """Idempotent start: same definition, revision (or latest requested), input and parent."""
+    revision = msg.get("revision")
+    same = (
+        msg.get("definition_id") == state["definition_id"]
+        and (revision is None or revision == state["revision"])
+        and input_hash(msg.get("input")) == state["input_hash"]
+        and (msg.get("parent") or None) == state["parent"]
+    )
+    if same:
+        return Decision([], "duplicate start")
+    reason = f"run {state['run_id']} already exists with a different definition, revision, input or parent"
+    return Decision([rejection(msg, "Conflict", reason)], "conflicting start")

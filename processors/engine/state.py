@@ -1,0 +1,66 @@
+"""The run state: plain JSON-able dicts, canonical bytes, digest and status.
+
+A run state is a `dict[str, Any]` (see docs/semantics.md, "Run state", for every key).
+It holds the pinned bundle JSON once; parsed definitions are cached by bundle hash in
+`bundles.py`, never stored. `evolve` is the only writer; it copies what it changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+RunState = dict[str, Any]
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+# Step statuses in which an attempt is outstanding (the superstep cannot commit yet).
+OPEN_STEP_STATUSES = frozenset({"scheduled", "running", "waiting", "retry_wait"})
+# Step statuses in which an activation may be in flight at an executor or child run.
+IN_FLIGHT_STEP_STATUSES = frozenset({"scheduled", "running", "waiting"})
+
+_DUMP_OPTIONS = orjson.OPT_SORT_KEYS
+
+
+def dump_state(state: RunState) -> bytes:
+    """Canonical bytes: orjson with sorted keys (the RocksDB value and the snapshot body)."""
+    return orjson.dumps(state, option=_DUMP_OPTIONS)
+
+
+def load_state(data: bytes) -> RunState:
+    state = orjson.loads(data)
+    if not isinstance(state, dict) or "run_id" not in state:
+        raise ValueError("not a run state: expected a JSON object with a run_id")
+    return state
+
+
+def state_digest(state: RunState) -> str:
+    return hashlib.sha256(dump_state(state)).hexdigest()
+
+
+def run_status(state: RunState) -> str:
+    """queued|running|waiting|paused|succeeded|failed|cancelled. `waiting` is derived: the
+    run is running but every open step of its superstep is a wait node waiting for a signal."""
+    status: str = state["status"]
+    if status != "running" or not state["waits"]:
+        return status
+    superstep = state["superstep"]
+    for step in state["steps"].values():
+        if (
+            step["superstep"] == superstep
+            and step["status"] in OPEN_STEP_STATUSES
+            and step["status"] != "waiting"
+        ):
+            return "running"
+    return "waiting"
+
+
+def usage_of(state: RunState) -> dict[str, int]:
+    """The run's `Usage` record (docs/messages.md) from its ledger."""
+    ledger = state["usage"]
+    return {
+        "prompt_tokens": ledger["prompt_tokens"],
+        "completion_tokens": ledger["completion_tokens"],
+        "cost_micros": ledger["cost_micros"],
+    }

@@ -1,0 +1,219 @@
+"""Activating node instances and settling their attempts.
+
+A superstep activates every frontier node together; each instance (`node[lineage]`)
+reads the same state snapshot. Attempts count per instance over the whole run (a loop
+that re-activates a node continues its attempt count), so every attempt has a fresh
+dispatch identity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine import budgets
+from processors.engine.definition import Node
+from processors.engine.emitter import Emitter, failure
+from processors.engine.errors import RefError
+from processors.engine.ids import dispatch_id, instance_key, order_key, step_timer_id
+from processors.engine.refs import ABSENT, Scope, input_hash, resolve
+from processors.engine.state import OPEN_STEP_STATUSES
+
+_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+NOT_SCHEDULED = ("failed", "cancelled", "skipped")  # statuses an instance is (re)activated from
+
+
+def map_items(em: Emitter, name: str, node: Node) -> tuple[list[Any] | None, dict[str, Any] | None]:
+    """The items of a mapped node from the superstep's snapshot, or a failure."""
+    assert node.map is not None
+    state = em.state
+    try:
+        items = resolve(node.map, Scope(input=state["input"], state=state["state"]))
+    except RefError as exc:
+        return None, failure(
+            "UnknownReference", f"map source of {name}: {exc.message}", node=name, lineage=""
+        )
+    if not isinstance(items, list):
+        return None, failure(
+            "InvalidInput", f"map source must be an array (node {name})", node=name, lineage=""
+        )
+    return items, None
+
+
+def plan_superstep(em: Emitter) -> None:
+    """Activate every instance of the current superstep that is not settled successfully:
+    all of them at the start of a superstep, the failed or cancelled ones on resume."""
+    state = em.state
+    superstep = state["superstep"]
+    steps = state["steps"]
+    pinned = em.pinned
+    plans: list[tuple[str, Node, str, Any, dict[str, Any] | None]] = []
+    map_failures: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
+    fresh_steps = fresh_agents = 0
+    mapped = False
+    for name in state["frontier"]:
+        node = pinned.node(name)
+        instances: list[tuple[str, Any]]
+        if node.map is not None:
+            mapped = True
+            items, problem = map_items(em, name, node)
+            if problem is not None:
+                map_failures.append((name, problem, steps.get(name)))
+                continue
+            assert items is not None
+            instances = [(str(index), item) for index, item in enumerate(items)]
+        else:
+            instances = [("", ABSENT)]
+        for lineage, item in instances:
+            old = steps.get(instance_key(name, lineage))
+            current = old is not None and old["superstep"] == superstep
+            if current and old is not None and old["status"] not in NOT_SCHEDULED:
+                continue
+            if not current:
+                fresh_steps += 1
+                fresh_agents += node.kind == "agent"
+            plans.append((name, node, lineage, item, old))
+    if not budgets.reserve(em, fresh_steps, fresh_agents, mapped):
+        return
+    for name, problem, old in map_failures:
+        attempt = _next_attempt(old)
+        em.emit("StepFailed", node=name, lineage="", attempt=attempt,
+                dispatch_id=dispatch_id(em.run_id, name, "", attempt), failure=problem,
+                usage=dict(_ZERO_USAGE))  # fmt: skip
+    for name, node, lineage, item, old in plans:
+        _activate(em, name, node, lineage, item, _next_attempt(old))
+    for name, node, lineage, _item, _old in plans:
+        if node.kind == "state" or node.kind == "wait":
+            _settle_instantly(em, name, node, lineage)
+
+
+def _next_attempt(old: dict[str, Any] | None) -> int:
+    return old["attempt"] + 1 if old is not None else 1
+
+
+def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attempt: int) -> None:
+    state = em.state
+    did = dispatch_id(em.run_id, name, lineage, attempt)
+    scope = Scope(input=state["input"], state=state["state"], item=item)
+    try:
+        node_input = state["input"] if node.input is None else resolve(node.input, scope)
+        if node.kind == "state":
+            node_input = [
+                {"op": m.op, "target": m.target, "value": resolve(m.value, scope)} for m in node.mutations
+            ]
+    except RefError as exc:
+        em.emit("StepFailed", node=name, lineage=lineage, attempt=attempt, dispatch_id=did,
+                failure=failure("UnknownReference", f"input of {name}: {exc.message}", node=name,
+                                lineage=lineage),
+                usage=dict(_ZERO_USAGE))  # fmt: skip
+        return
+    schedule(em, name, node, lineage, attempt, node_input)
+
+
+def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, node_input: Any) -> None:
+    """StepScheduled for one attempt (its effects dispatch the activation)."""
+    kind = node.kind
+    if kind == "sleep":
+        deadline: int | None = em.ts + (node.duration_ms or 0)
+    elif kind == "state":
+        deadline = None
+    else:
+        deadline = em.ts + node.timeout_ms if node.timeout_ms else None
+    em.emit(
+        "StepScheduled", node=name, lineage=lineage, attempt=attempt,
+        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt), kind=kind,
+        queue=node.queue if kind in ("action", "agent") else None, input=node_input,
+        input_hash=input_hash(node_input), deadline_ms=deadline, superstep=em.state["superstep"],
+    )  # fmt: skip
+
+
+def _settle_instantly(em: Emitter, name: str, node: Node, lineage: str) -> None:
+    """`state` nodes settle without an executor; `wait` nodes consume a buffered signal
+    or start waiting."""
+    step = em.state["steps"][instance_key(name, lineage)]
+    if step["status"] != "scheduled":
+        return
+    if node.kind == "state":
+        em.emit_step("StepSucceeded", step, output=step["input"], usage=dict(_ZERO_USAGE))
+        return
+    signal = node.signal or ""
+    for buffered in em.state["signals"]:
+        if buffered["signal"] == signal:
+            em.emit("SignalReceived", signal=signal, payload=buffered["payload"], node=name)
+            em.emit_step("StepSucceeded", step, output=buffered["payload"], usage=dict(_ZERO_USAGE))
+            return
+    em.emit("RunWaiting", node=name, lineage=lineage, signal=signal, due_ms=step["deadline_ms"])
+
+
+def retry_attempt(em: Emitter, step: dict[str, Any]) -> None:
+    """The next attempt after a backoff: same input (the snapshot has not changed)."""
+    name = step["node"]
+    schedule(em, name, em.pinned.node(name), step["lineage"], step["attempt"] + 1, step["input"])
+    _settle_instantly(em, name, em.pinned.node(name), step["lineage"])
+
+
+def fail_attempt(em: Emitter, step: dict[str, Any], problem: dict[str, Any], usage: dict[str, int]) -> None:
+    """StepFailed, then a retry if the failure is retryable and attempts and the run's
+    retry budget remain; otherwise the instance's failure is final (RetryExhausted when
+    retries ran out)."""
+    node = em.pinned.node(step["node"])
+    policy = node.retry
+    if problem["retryable"] and policy is not None:
+        attempts = step["attempt"] - step["first_attempt"] + 1
+        if attempts >= policy.max_attempts:
+            problem = failure("RetryExhausted", f"{step['node']} failed after {attempts} attempts: {problem['message']}",
+                              node=step["node"], lineage=step["lineage"])  # fmt: skip
+        elif not budgets.fits(em.state, "retries", 1):
+            problem = failure("RetryExhausted", f"run retry budget exhausted: {problem['message']}",
+                              node=step["node"], lineage=step["lineage"])  # fmt: skip
+        else:
+            em.emit_step("StepFailed", step, failure=problem, usage=usage)
+            due = em.ts + policy.delay_ms(attempts)
+            em.emit_step("StepRetryScheduled", step, next_attempt=step["attempt"] + 1, due_ms=due,
+                         timer_id=step_timer_id("retry_backoff", step["dispatch_id"]))  # fmt: skip
+            return
+    em.emit_step("StepFailed", step, failure=problem, usage=usage)
+
+
+def open_steps(em: Emitter) -> list[dict[str, Any]]:
+    """Open instances of the current superstep, in deterministic order."""
+    superstep = em.state["superstep"]
+    found = [
+        step for step in em.state["steps"].values()
+        if step["superstep"] == superstep and step["status"] in OPEN_STEP_STATUSES
+    ]  # fmt: skip
+    return sorted(found, key=lambda step: order_key(step["node"], step["lineage"]))
+
+
+def cancel_open_steps(em: Emitter, reason: str) -> None:
+    if em.state["open"] == 0:
+        return
+    for step in open_steps(em):
+        em.emit_step("StepCancelled", step, reason=reason)
+
+
+def node_failure(em: Emitter, name: str) -> dict[str, Any] | bool | None:
+    """The failure of a frontier node once it is fully settled: a dict if it failed, None
+    if it succeeded, False while it is still open. A mapped node fails when any item failed;
+    its failure aggregates the item errors in index order."""
+    state = em.state
+    steps = state["steps"]
+    own = steps.get(name)
+    own_current = own is not None and own["superstep"] == state["superstep"]
+    if em.pinned.node(name).map is None:
+        if own is None or not own_current or own["status"] in OPEN_STEP_STATUSES:
+            return False
+        return own["failure"] if own["status"] == "failed" else None
+    if own is not None and own_current and own["status"] == "failed":
+        return own["failure"]  # the map source itself did not resolve to an array
+    items = [steps[f"{name}[{i}]"] for i in range(state["maps"].get(name, 0))]
+    if any(item["status"] in OPEN_STEP_STATUSES for item in items):
+        return False
+    failed = [item for item in items if item["status"] == "failed"]
+    if not failed:
+        return None
+    first = failed[0]["failure"]
+    details = "; ".join(
+        f"[{item['lineage']}] {item['failure']['code']}: {item['failure']['message']}" for item in failed
+    )
+    return failure(first["code"], f"{len(failed)} of {len(items)} map items of {name} failed: {details}",
+                   node=name, lineage="")  # fmt: skip

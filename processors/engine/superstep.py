@@ -1,0 +1,194 @@
+"""The barrier: merge a settled superstep's writes, follow routes, commit, finish.
+
+Rules (docs/semantics.md): writes merge in `(node, lineage)` order through the reducers,
+then `state` node mutations in node order; ALL matching routes of a node are followed;
+the next frontier is a set (a node several nodes route to runs once); `end` and a node
+without routes end their branch; an empty frontier ends the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine import budgets
+from processors.engine.conditions import compile_condition
+from processors.engine.definition import END
+from processors.engine.emitter import Emitter, failure
+from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError
+from processors.engine.ids import order_key
+from processors.engine.reducers import apply_mutations, apply_writes
+from processors.engine.refs import ABSENT, Scope, resolve
+from processors.engine.steps import cancel_open_steps, map_items, node_failure, plan_superstep
+
+
+def progress(em: Emitter) -> None:
+    """Drive the run as far as the current state allows: fail fast, enforce budgets,
+    commit settled supersteps (state and wait nodes may settle at once, so loop)."""
+    while em.state["status"] == "running":
+        if em.failed_any:
+            em.failed_any = False
+            found = _fail_fast_failure(em)
+            if found is not None:
+                fail_run(em, found, f"run failed: {found['node']} failed (fail_fast)")
+                return
+        if budgets.enforce(em):
+            return
+        if em.state["open"] > 0 or not em.state["frontier"]:
+            return
+        commit_superstep(em)
+
+
+def _fail_fast_failure(em: Emitter) -> dict[str, Any] | None:
+    """The lowest fail_fast node of the superstep that has settled as failed."""
+    for name in em.state["frontier"]:
+        if em.pinned.node(name).on_failure != "fail_fast":
+            continue
+        found = node_failure(em, name)
+        if isinstance(found, dict):
+            return found
+    return None
+
+
+def fail_run(em: Emitter, problem: dict[str, Any], cancel_reason: str) -> None:
+    cancel_open_steps(em, cancel_reason)
+    em.emit("RunFailed", failure=problem, usage=em.usage())
+
+
+def commit_superstep(em: Emitter) -> None:
+    state = em.state
+    pinned = em.pinned
+    definition = pinned.root
+    base, run_input = state["state"], state["input"]
+    steps = state["steps"]
+    writes: list[tuple[str, str, str, Any]] = []
+    mutations: list[tuple[str, str, Any]] = []
+    values: dict[str, Any] = {}
+    blocked: dict[str, dict[str, Any]] = {}  # skip_dependents nodes that failed
+    try:
+        for name in state["frontier"]:
+            node = pinned.node(name)
+            problem = node_failure(em, name)
+            assert problem is not False, f"barrier with {name} still open"
+            if isinstance(problem, dict) and node.on_failure == "skip_dependents":
+                blocked[name] = problem
+                continue
+            if node.map is None:
+                step = steps[name]
+                if isinstance(problem, dict):  # continue: no output to write from
+                    values[name] = {"error": problem}
+                    continue
+                values[name] = step["output"]
+                signal = step["output"] if node.kind == "wait" else ABSENT
+                scope = Scope(input=run_input, state=base, output=step["output"], signal=signal)
+                writes += [(key, name, "", resolve(tpl, scope)) for key, tpl in node.writes.items()]
+                if node.kind == "state":
+                    mutations += [(m["op"], m["target"], m["value"]) for m in step["output"]]
+                continue
+            items, _ = map_items(em, name, node)
+            own = steps.get(name)
+            if items is None or (
+                own is not None and own["superstep"] == state["superstep"] and own["status"] == "failed"
+            ):
+                values[name] = {"error": problem}
+                continue
+            value: list[Any] = []
+            for index, item in enumerate(items):
+                step = steps[f"{name}[{index}]"]
+                if step["status"] != "succeeded":
+                    value.append({"error": step["failure"]})
+                    continue
+                value.append(step["output"])
+                scope = Scope(input=run_input, state=base, output=step["output"], item=item)
+                writes += [(key, name, str(index), resolve(tpl, scope)) for key, tpl in node.writes.items()]
+            values[name] = value
+    except RefError as exc:
+        fail_run(em, failure("UnknownReference", f"writes: {exc.message}"), "run failed")
+        return
+    try:
+        merged = apply_writes(base, writes, definition.reducers)
+        if mutations:
+            merged = apply_mutations(merged, mutations)
+    except (ReducerConflict, ReducerTypeError) as exc:
+        fail_run(em, failure("State", str(exc)), "run failed")
+        return
+    targets: set[str] = set()
+    for name, value in values.items():
+        try:
+            for route in definition.routes.get(name, ()):
+                if route.when is None or compile_condition(route.when).evaluate(
+                    state=merged, input=run_input, output=value
+                ):
+                    targets.add(route.to)
+        except ConditionError as exc:
+            fail_run(
+                em,
+                failure("Evaluation", f"routes of {name}: {exc.message}", node=name, lineage=""),
+                "run failed",
+            )
+            return
+    targets.discard(END)
+    next_frontier = sorted(targets)
+    for name in sorted(blocked):
+        for route in definition.routes.get(name, ()):
+            if route.to != END and route.to not in targets:
+                em.emit(
+                    "StepSkipped",
+                    node=route.to,
+                    lineage="",
+                    reason=f"dependency {name} failed (skip_dependents)",
+                )
+    em.emit("SuperstepCommitted", superstep=state["superstep"], state=merged, next_frontier=next_frontier)
+    if next_frontier:
+        plan_superstep(em)
+    else:
+        finish_run(em)
+
+
+def finish_run(em: Emitter) -> None:
+    """The frontier is empty: fail with a skip_dependents failure if one remains, else form
+    and check the output."""
+    state = em.state
+    pinned = em.pinned
+    definition = pinned.root
+    skipped_failures = sorted(
+        (
+            step for step in state["steps"].values()
+            if step["status"] == "failed" and pinned.node(step["node"]).on_failure == "skip_dependents"
+        ),
+        key=lambda step: order_key(step["node"], step["lineage"]),
+    )  # fmt: skip
+    if skipped_failures:
+        em.emit("RunFailed", failure=skipped_failures[0]["failure"], usage=em.usage())
+        return
+    for key in definition.required:
+        if state["state"].get(key) is None:
+            em.emit(
+                "RunFailed", failure=failure("State", f"required state key {key!r} is null"), usage=em.usage()
+            )
+            return
+    try:
+        output = (
+            state["state"]
+            if definition.output is None
+            else resolve(definition.output, Scope(input=state["input"], state=state["state"]))
+        )
+    except RefError as exc:
+        em.emit("RunFailed", failure=failure("UnknownReference", f"output: {exc.message}"), usage=em.usage())
+        return
+    validator = pinned.output_validator()
+    if validator is not None:
+        error = next(iter(validator.iter_errors(output)), None)
+        if error is not None:
+            em.emit(
+                "RunFailed",
+                failure=failure("InvalidOutput", f"run output {schema_error(error)}"),
+                usage=em.usage(),
+            )
+            return
+    em.emit("RunSucceeded", output=output, usage=em.usage())
+
+
+def schema_error(error: Any) -> str:
+    """A JSON Schema error without the offending value (it may hold a secret)."""
+    path = error.json_path
+    return f"at {path} fails {error.validator!r} (schema {'/'.join(str(p) for p in error.schema_path)})"
