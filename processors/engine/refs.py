@@ -17,6 +17,22 @@ import orjson
 from processors.engine.definition import Ref
 from processors.engine.errors import RefError
 
+__all__ = [
+    "ABSENT",
+    "REF_KEYS",
+    "REF_SOURCES",
+    "RefError",
+    "Scope",
+    "canonical_json",
+    "input_hash",
+    "iter_refs",
+    "json_type",
+    "parse_pointer",
+    "pointer_get",
+    "resolve",
+    "resolve_ref",
+]
+
 REF_SOURCES: Final = frozenset({"input", "state", "output", "item", "signal", "literal"})
 REF_KEYS: Final = frozenset({"from", "pointer", "value"})
 
