@@ -1,0 +1,30 @@
+"""runfold's Python client SDK: `RunClient` and its typed errors (see docs/client.md)."""
+
+from processors.client.client import RunClient, new_run_id
+from processors.client.errors import (
+    BrokerUnavailable,
+    DefinitionConflict,
+    InvalidDefinition,
+    RunfoldError,
+    RunfoldTimeout,
+    RunNotFound,
+    RunRejected,
+    UnknownDefinition,
+)
+from processors.client.reader import TopicMissing
+from processors.client.views import RunView
+
+__all__ = [
+    "BrokerUnavailable",
+    "DefinitionConflict",
+    "InvalidDefinition",
+    "RunClient",
+    "RunNotFound",
+    "RunRejected",
+    "RunView",
+    "RunfoldError",
+    "RunfoldTimeout",
+    "TopicMissing",
+    "UnknownDefinition",
+    "new_run_id",
+]

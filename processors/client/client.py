@@ -1,0 +1,290 @@
+"""`RunClient`: start, cancel, signal and resume runs; read their state and events.
+
+    from processors.client import RunClient
+    with RunClient() as client:                      # settings from env / RUNFOLD_CONFIG
+        client.register("examples/definitions/one-step.yaml")
+        run_id = client.start("one-step", {"text": "hi"})
+        outcome = client.wait(run_id, timeout=30)    # RunView(status="succeeded", output=...)
+
+Writes go to `<p>.commands` (keyed by run id) and `<p>.definitions` (keyed
+`id@revision`) through an idempotent producer; each call waits for the broker's
+acknowledgement, so a returned call is durable. Reads are `read_committed`
+point reads of the one partition that holds the run (commands, run-events and
+run-state are co-partitioned; the partition is computed with the producers'
+murmur2 partitioner), or the owning processor's HTTP query endpoint when one is
+configured (`query_url=` or `RUNFOLD_QUERY_URL`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer
+
+from processors.client.definitions import DefinitionRegistry
+from processors.client.errors import (
+    BrokerUnavailable,
+    RunfoldError,
+    RunfoldTimeout,
+    RunNotFound,
+    RunRejected,
+)
+from processors.client.reader import PartitionReader, broker_error
+from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
+from processors.runtime.partitioning import partition_for
+from schemas import Codec
+from topology.settings import KafkaSettings, load_settings, producer_config, topic_names
+
+# Look a little further back than a snapshot's timestamp when following events after it:
+# snapshot and events are written by the same processor, but clocks of different hosts
+# (after a rebalance) may disagree a little.
+_CLOCK_SLACK_MS = 5 * 60_000
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:20]}"
+
+
+class RunClient:
+    """The Python SDK of runfold. Thread-compatible (one per thread), cheap to keep open."""
+
+    def __init__(self, settings: KafkaSettings | None = None, *, timeout_s: float = 15.0,
+                 query_url: str | None = None, codec: Codec | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.topics = topic_names(self.settings)
+        self.timeout_s = timeout_s
+        self.query_url = (query_url or os.environ.get("RUNFOLD_QUERY_URL") or "").rstrip("/") or None
+        self._codec = codec or Codec.default()
+        self._enc_command = self._codec.encoder("commands")
+        self._dec_event = self._codec.decoder("run_events")
+        self._dec_snapshot = self._codec.decoder("run_state")
+        self._producer: Producer | None = None
+        self._broker_errors: list[KafkaError] = []
+        self._reader: PartitionReader | None = None
+        self._started_at: dict[str, int] = {}  # run id -> run-events offset before its StartRun
+        self.definitions = DefinitionRegistry(self)
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def __enter__(self) -> RunClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.timeout_s)
+            self._producer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    @property
+    def reader(self) -> PartitionReader:
+        if self._reader is None:
+            self._reader = PartitionReader(self.settings, timeout_s=self.timeout_s)
+        return self._reader
+
+    def _get_producer(self) -> Producer:
+        if self._producer is None:
+            cfg = producer_config(self.settings, linger_ms=0, message_timeout_ms=int(self.timeout_s * 1000))
+            cfg["error_cb"] = self._broker_errors.append
+            self._producer = Producer(cfg)
+        return self._producer
+
+    def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
+        """Produce one record and wait for its acknowledgement; returns (partition, offset)."""
+        producer = self._get_producer()
+        result: list[Any] = []
+        self._broker_errors.clear()
+        try:
+            producer.produce(topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg)))
+        except KafkaException as e:
+            raise broker_error(e, f"producing to {topic}", self.settings.bootstrap_servers) from None
+        except BufferError:
+            producer.flush(self.timeout_s)
+            producer.produce(topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg)))
+        deadline = time.monotonic() + self.timeout_s + 1.0
+        while not result and time.monotonic() < deadline:
+            producer.poll(0.05)
+        if not result:
+            raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s")
+        err, msg = result[0]
+        if err is not None:
+            if err.code() == KafkaError._MSG_TIMED_OUT:
+                if any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
+                       for e in self._broker_errors):
+                    raise BrokerUnavailable(f"no Kafka broker answered at {self.settings.bootstrap_servers} "
+                                            f"while producing to {topic}")
+                raise RunfoldTimeout(f"producing to {topic} timed out after {self.timeout_s:.0f}s ({err.str()})")
+            raise broker_error(err, f"producing to {topic}", self.settings.bootstrap_servers)
+        return msg.partition(), msg.offset()
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_for(run_id, self.reader.partition_count(self.topics.run_events))
+
+    def _command(self, run_id: str, body: dict[str, Any]) -> None:
+        if not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        msg = {"run_id": run_id, "record_id": uuid.uuid4().hex, "ts_ms": int(time.time() * 1000), **body}
+        self.produce(self.topics.commands, run_id, self._enc_command(msg))
+
+    # ---- commands ----------------------------------------------------------------------------
+    def register(self, source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+        """Validate a definition (file path, YAML/JSON text or dict) and publish it.
+
+        Returns the DefinitionRecord. Raises `InvalidDefinition` (naming the source, the
+        path inside the definition and the rule) or `DefinitionConflict`."""
+        return self.definitions.register(source)
+
+    def start(self, definition_id: str, input: Any = None, run_id: str | None = None,
+              revision: int | None = None, labels: Mapping[str, str] | None = None,
+              budgets: Mapping[str, int] | None = None) -> str:
+        """Send StartRun and return the run id (yours, or a generated one).
+
+        Starting the same run id again is idempotent (the processor reports a conflict
+        event if the definition or input differ). Raises `UnknownDefinition` if the
+        definition (revision) is not registered, `BrokerUnavailable`, `RunfoldTimeout`."""
+        self.definitions.require(definition_id, revision)
+        run_id = run_id or new_run_id()
+        partition = self.partition_of(run_id)
+        # Where this run's events will start (at the latest): lets wait() skip older history.
+        self._started_at[run_id] = self.reader.end_offset(self.topics.run_events, partition)
+        body: dict[str, Any] = {"type": "StartRun", "definition_id": definition_id, "revision": revision,
+                                "input": {} if input is None else input, "labels": dict(labels or {})}
+        if budgets:
+            body["budgets"] = dict(budgets)
+        self._command(run_id, body)
+        return run_id
+
+    def cancel(self, run_id: str, reason: str = "") -> None:
+        """Ask the processor to cancel the run (idempotent; cascades to steps and child runs)."""
+        self._command(run_id, {"type": "CancelRun", "reason": reason})
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a named signal (e.g. an approval) to the run's wait nodes."""
+        if not name:
+            raise ValueError("signal name must be a non-empty string")
+        self._command(run_id, {"type": "SignalRun", "signal": name, "payload": payload})
+
+    def resume(self, run_id: str, budgets: Mapping[str, int] | None = None, reason: str = "") -> None:
+        """Continue a failed, paused or budget-blocked run, optionally with new limits."""
+        self._command(run_id, {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None,
+                               "reason": reason})
+
+    # ---- reads -------------------------------------------------------------------------------
+    def snapshot(self, run_id: str) -> tuple[dict[str, Any], Message] | None:
+        """The latest committed run-state snapshot of the run and its Kafka record, if any."""
+        topic = self.topics.run_state
+        partition = partition_for(run_id, self.reader.partition_count(topic))
+        key = run_id.encode()
+        found: Message | None = None
+        deadline = time.monotonic() + self.timeout_s * 4
+        for msg in self.reader.read({(topic, partition): OFFSET_BEGINNING}, deadline=deadline):
+            if msg is not None and msg.key() == key:
+                found = msg
+        if found is None or found.value() is None:  # a tombstone deletes the run's snapshot
+            return None
+        return self._dec_snapshot(found.value()), found
+
+    def get(self, run_id: str) -> RunView:
+        """The run's current state: from the owning processor when a query URL is known, else
+        from its latest run-state snapshot. Raises `RunNotFound`."""
+        if self.query_url:
+            view = self._query(run_id)
+            if view is not None:
+                return view
+        snap = self.snapshot(run_id)
+        if snap is None:
+            raise RunNotFound(f"run {run_id!r} not found (no run-state snapshot under prefix "
+                              f"{self.settings.topic_prefix!r})")
+        return view_from_snapshot(snap[0])
+
+    def _query(self, run_id: str) -> RunView | None:
+        import httpx
+
+        try:
+            resp = httpx.get(f"{self.query_url}/runs/{run_id}", timeout=self.timeout_s)
+        except httpx.HTTPError:
+            return None  # the owner may be restarting: the snapshot topic still answers
+        if resp.status_code != 200:
+            return None
+        return view_from_query(run_id, resp.json())
+
+    def events(self, run_id: str, *, follow: bool = False, after_sequence: int = 0,
+               timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The run's committed events in order (from its first, or after `after_sequence`).
+
+        `follow=True` keeps reading until a terminal event (or `timeout` seconds: then
+        `RunfoldTimeout`); otherwise it stops at the end of what is committed now."""
+        yield from self._events(run_id, OFFSET_BEGINNING, follow=follow, after_sequence=after_sequence,
+                                timeout=timeout)
+
+    def _events(self, run_id: str, start: int, *, follow: bool, after_sequence: int,
+                timeout: float | None) -> Iterator[dict[str, Any]]:
+        topic = self.topics.run_events
+        partition = self.partition_of(run_id)
+        key = run_id.encode()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for msg in self.reader.read({(topic, partition): start}, follow=follow, deadline=deadline):
+            if msg is None or msg.key() != key or msg.value() is None:
+                continue
+            ev = self._dec_event(msg.value())
+            if ev["sequence"] and ev["sequence"] <= after_sequence:
+                continue
+            yield ev
+            if follow and ev["type"] in TERMINAL_EVENTS:
+                return
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> RunView:
+        """Block until the run is terminal (succeeded, failed, cancelled); return its outcome.
+
+        Raises `RunfoldTimeout`, or `RunRejected` when the run was never accepted."""
+        deadline = time.monotonic() + timeout
+        start = self._started_at.get(run_id)
+        after = 0
+        accepted = False
+        snap = self.snapshot(run_id)
+        if snap is not None:
+            snapshot, record = snap
+            view = view_from_snapshot(snapshot)
+            if view.terminal:
+                return view
+            accepted, after = True, snapshot["sequence"]
+            if start is None:  # events after the snapshot were written after it: skip older history
+                _, ts = record.timestamp()
+                start = self.reader.offset_for_time(self.topics.run_events, record.partition(),
+                                                    max(ts - _CLOCK_SLACK_MS, 0))
+        remaining = max(deadline - time.monotonic(), 0.0)
+        try:
+            for ev in self._events(run_id, OFFSET_BEGINNING if start is None else start, follow=True,
+                                   after_sequence=after, timeout=remaining):
+                kind = ev["type"]
+                if kind == "RunAccepted":
+                    accepted = True
+                elif kind == "RunRejected" and not accepted and ev.get("command_type") == "StartRun":
+                    raise RunRejected(run_id, ev["code"], ev["reason"])
+                if kind in TERMINAL_EVENTS:
+                    return RunView.from_terminal_event(ev)
+        except RunfoldTimeout:
+            raise RunfoldTimeout(f"run {run_id!r} did not finish within {timeout:g}s") from None
+        raise RunfoldError(f"event stream of run {run_id!r} ended without a terminal event")
+
+    def runs(self) -> list[RunView]:
+        """Every run with a snapshot (latest per run id), read from the compacted run-state topic."""
+        latest: dict[bytes, Message] = {}
+        deadline = time.monotonic() + self.timeout_s * 20
+        for msg in self.reader.read_all(self.topics.run_state, deadline=deadline):
+            key = msg.key()
+            if key is None:
+                continue
+            if msg.value() is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = msg
+        return [view_from_snapshot(self._dec_snapshot(m.value()), with_state=False) for m in latest.values()]

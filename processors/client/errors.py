@@ -1,0 +1,61 @@
+"""Typed errors raised by the runfold client SDK.
+
+Every error says what was wrong and where; none carries a payload or a secret.
+"""
+
+from __future__ import annotations
+
+
+class RunfoldError(Exception):
+    """Base class of every error the client raises."""
+
+
+class BrokerUnavailable(RunfoldError):
+    """No Kafka broker answered at the configured bootstrap servers."""
+
+
+class RunfoldTimeout(RunfoldError):
+    """An operation did not finish within its timeout."""
+
+
+class UnknownDefinition(RunfoldError):
+    """The definition (or the requested revision) is not registered on the definitions topic."""
+
+    def __init__(self, definition_id: str, revision: int | None, known: list[int] | None = None) -> None:
+        self.definition_id = definition_id
+        self.revision = revision
+        self.known_revisions = known or []
+        if revision is None:
+            msg = f"definition {definition_id!r} is not registered"
+        else:
+            msg = f"definition {definition_id!r} revision {revision} is not registered"
+        if self.known_revisions:
+            msg += f" (registered revisions: {', '.join(map(str, self.known_revisions))})"
+        super().__init__(msg)
+
+
+class InvalidDefinition(RunfoldError):
+    """A definition file or dict failed validation; the message names the source, path and rule."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"{source}: {detail}")
+
+
+class DefinitionConflict(RunfoldError):
+    """The same id@revision is already registered with different content (definitions are immutable)."""
+
+
+class RunNotFound(RunfoldError):
+    """No run with this id is known (no snapshot, no events)."""
+
+
+class RunRejected(RunfoldError):
+    """The processor rejected the command (RunRejected event): code and reason say why."""
+
+    def __init__(self, run_id: str, code: str, reason: str) -> None:
+        self.run_id = run_id
+        self.code = code
+        self.reason = reason
+        super().__init__(f"run {run_id!r} rejected: {code}: {reason}")

@@ -1,0 +1,127 @@
+"""Reading committed records of chosen partitions: catch up to the end, or follow.
+
+The client never joins a consumer group: it assigns the one partition it needs
+(a run's partition, computed with the producers' partitioner) and reads with
+`isolation.level=read_committed`, so it sees exactly what the processor's
+transactions committed. The end of a partition is the partition-EOF event, which
+under read_committed arrives at the last stable offset (transaction markers at
+the tail are never delivered, so "offset == high watermark - 1" would not work).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTimeout
+from topology.settings import KafkaSettings, consumer_config
+
+_BATCH = 1000
+_BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+
+
+class TopicMissing(RunfoldError):
+    """A runfold topic does not exist (the topology was not created for this prefix)."""
+
+
+def broker_error(exc: KafkaException | KafkaError, what: str, bootstrap: str) -> RunfoldError:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    code = err.code() if isinstance(err, KafkaError) else None
+    if code in _BROKER_DOWN or code == KafkaError._TIMED_OUT:
+        return BrokerUnavailable(f"{what}: no Kafka broker answered at {bootstrap} ({err})")
+    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
+        return TopicMissing(f"{what}: topic missing ({err}); create it with `runfold topology create`")
+    return RunfoldError(f"{what}: {err}")
+
+
+class PartitionReader:
+    """An assign-only read_committed consumer for point reads of a few partitions."""
+
+    def __init__(self, settings: KafkaSettings, *, timeout_s: float = 10.0, **overrides: Any) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        cfg = consumer_config(settings, f"runfold-client-{uuid.uuid4().hex[:12]}",
+                              enable_partition_eof=True, fetch_wait_max_ms=20, **overrides)
+        self._consumer = Consumer(cfg)
+        self._partitions: dict[str, int] = {}
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count (cached: partitions are never removed)."""
+        n = self._partitions.get(topic)
+        if n is not None:
+            return n
+        try:
+            md = self._consumer.list_topics(topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise broker_error(e, f"reading metadata of {topic}", self.settings.bootstrap_servers) from None
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None or not tmd.partitions:
+            raise TopicMissing(f"topic {topic} does not exist; create it with `runfold topology create` "
+                               f"(prefix {self.settings.topic_prefix!r})")
+        n = self._partitions[topic] = len(tmd.partitions)
+        return n
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        try:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=self.timeout_s, cached=False)
+        except KafkaException as e:
+            raise broker_error(e, f"reading offsets of {topic}[{partition}]", self.settings.bootstrap_servers) from None
+        return int(high)
+
+    def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:
+        """The first offset with a record timestamp >= ts_ms (or the end: -1 maps to OFFSET_END)."""
+        try:
+            [tp] = self._consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s)
+        except KafkaException as e:
+            raise broker_error(e, f"looking up offsets of {topic}[{partition}]", self.settings.bootstrap_servers) from None
+        return int(tp.offset) if tp.offset >= 0 else self.end_offset(topic, partition)
+
+    def read(self, starts: dict[tuple[str, int], int], *, follow: bool = False,
+             deadline: float | None = None) -> Iterator[Message | None]:
+        """Committed records of each (topic, partition) from its start offset (OFFSET_BEGINNING ok).
+
+        Without `follow` it stops once every partition reached its end. With `follow` it
+        never stops by itself and yields `None` when idle, so the caller can check its
+        own stop condition. Raises `RunfoldTimeout` past `deadline` (time.monotonic)."""
+        pending = set(starts)
+        if not follow:  # an empty partition gives no EOF event after assign: skip it up front
+            for topic, partition in list(pending):
+                if self.end_offset(topic, partition) == 0:
+                    pending.discard((topic, partition))
+            if not pending:
+                return
+        self._consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in starts])
+        try:
+            while follow or pending:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RunfoldTimeout(f"reading {sorted(starts)} did not finish in time")
+                msgs = self._consumer.consume(_BATCH, timeout=0.2)
+                if not msgs and follow:
+                    yield None
+                for msg in msgs:
+                    err = msg.error()
+                    if err is None:
+                        yield msg
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard((msg.topic(), msg.partition()))
+                        if follow:
+                            yield None
+                    elif err.fatal() or not err.retriable():
+                        raise broker_error(err, f"reading {msg.topic()}", self.settings.bootstrap_servers)
+        finally:
+            self._consumer.unassign()
+
+    def read_all(self, topic: str, *, deadline: float | None = None) -> Iterator[Message]:
+        """Every committed record of every partition of `topic`, from the beginning to the end."""
+        n = self.partition_count(topic)
+        for msg in self.read({(topic, p): OFFSET_BEGINNING for p in range(n)}, deadline=deadline):
+            if msg is not None:
+                yield msg
