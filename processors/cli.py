@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from processors.executors import cli as executors_cli
+from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topology_app, name="topology")
 executors_cli.mount(app)  # `runfold worker`, `runfold child-executor`
+app.command("processor")(runtime_cli.processor)  # `runfold processor`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

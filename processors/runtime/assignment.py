@@ -1,0 +1,218 @@
+"""Owned partitions: open their stores on assignment, restore them, close them on revocation.
+
+Restore makes a partition's store exactly the fold of the committed events of
+`<p>.run-events` partition N before any input of partition N is processed: the
+input partitions stay paused while `restore_step` folds run events from the stored
+offset + 1 in chunks (other partitions keep running meanwhile). A partition is
+ready when the restore reader has reached the end of the committed log *and* that
+end is the log end, i.e. no transaction is open on it: an open transaction there
+can only be a previous owner's (a crashed or cut-off processor), and it may still
+commit events whose input offsets this instance would then skip. Waiting for it to
+resolve (commit, abort, or the transaction timeout) keeps the store exact.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from logging import Logger
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from processors.runtime.fold import Folder
+from processors.runtime.metrics import ProcessorMetrics
+from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.settings import ProcessorSettings
+from processors.runtime.store import NO_OFFSET, PartitionStore
+from schemas import DecodeError
+
+_STABILITY_RECHECK_S = 0.25
+
+
+@dataclass
+class _Restore:
+    partition: int
+    started: float
+    start_offset: int
+    events: int = 0
+    last_offset: int = NO_OFFSET
+    end_seen: int | None = None  # offset of the last end-of-partition event
+    recheck_at: float = 0.0
+
+
+class Partitions:
+    """The stores of the owned partitions and their restore state. The loop thread
+    mutates; the query server reads `store(p)` under the lock."""
+
+    def __init__(self, settings: ProcessorSettings, folder: Folder, metrics: ProcessorMetrics,
+                 log: Logger) -> None:
+        self._settings = settings
+        self._folder = folder
+        self._metrics = metrics
+        self._log = log
+        self._root = settings.store_root()
+        self._events_topic = settings.topics.run_events
+        self._inputs = (settings.topics.commands, settings.topics.receipts)
+        self._reader = Consumer(settings.side_consumer_config("restore"))
+        # read_uncommitted watermark = log end; compared with the committed end (LSO)
+        self._log_end = Consumer({**settings.side_consumer_config("watermarks"),
+                                  "isolation.level": "read_uncommitted"})
+        self._lock = threading.Lock()
+        self._stores: dict[int, PartitionStore] = {}
+        self.restoring: dict[int, _Restore] = {}
+
+    # ---- views -----------------------------------------------------------------------------
+    def store(self, partition: int) -> PartitionStore | None:
+        with self._lock:
+            return self._stores.get(partition)
+
+    def ready_store(self, partition: int) -> PartitionStore | None:
+        if partition in self.restoring:
+            return None
+        return self._stores.get(partition)
+
+    def ready(self) -> list[PartitionStore]:
+        return [s for p, s in self._stores.items() if p not in self.restoring]
+
+    def owned(self) -> list[int]:
+        with self._lock:
+            return sorted(self._stores)
+
+    def _inputs_of(self, partition: int) -> list[TopicPartition]:
+        return [TopicPartition(t, partition) for t in self._inputs]
+
+    # ---- assignment ------------------------------------------------------------------------
+    def open(self, partitions: list[int]) -> None:
+        """Open each partition's store and start restoring it (its input must be paused)."""
+        to_read: list[TopicPartition] = []
+        for p in partitions:
+            if p in self._stores:
+                continue
+            store = self._open_store(p)
+            with self._lock:
+                self._stores[p] = store
+            start = store.applied_offset + 1 if store.applied_offset != NO_OFFSET else OFFSET_BEGINNING
+            self.restoring[p] = _Restore(p, time.monotonic(), store.applied_offset + 1)
+            to_read.append(TopicPartition(self._events_topic, p, start))
+        if to_read:
+            self._reader.incremental_assign(to_read)
+        self._metrics.partitions_assigned.set(len(self._stores))
+        self._metrics.partitions_restoring.set(len(self.restoring))
+
+    def _open_store(self, p: int) -> PartitionStore:
+        path = self._root / f"p{p}"
+        store = PartitionStore(path, p)
+        if store.applied_offset == NO_OFFSET:
+            return store
+        _low, log_end = self._log_end.get_watermark_offsets(
+            TopicPartition(self._events_topic, p), timeout=10, cached=False)
+        if store.applied_offset < log_end:
+            return store
+        # The store reflects events the log does not have (topic recreated, wrong cluster):
+        # it cannot be trusted. Rebuild it from the log.
+        self._log.error("store is ahead of run-events; rebuilding it from the log", extra={
+            "partition": p, "store_offset": store.applied_offset, "log_end": log_end, "path": str(path)})
+        store.close()
+        PartitionStore.destroy(path)
+        return PartitionStore(path, p)
+
+    def close(self, partitions: list[int]) -> None:
+        stop_reading = [TopicPartition(self._events_topic, p) for p in partitions if p in self.restoring]
+        if stop_reading:
+            self._reader.incremental_unassign(stop_reading)
+        for p in partitions:
+            self.restoring.pop(p, None)
+            with self._lock:
+                store = self._stores.pop(p, None)
+            if store is not None:
+                store.close()
+        self._metrics.partitions_assigned.set(len(self._stores))
+        self._metrics.partitions_restoring.set(len(self.restoring))
+
+    def close_all(self) -> None:
+        self.close(list(self._stores))
+
+    # ---- restore ---------------------------------------------------------------------------
+    def restore_step(self, consumer: Consumer, timeout_s: float) -> list[int]:
+        """Fold up to one chunk of run events into restoring stores; resume the input of
+        partitions that caught up. Returns the partitions that became ready."""
+        overlays: dict[int, PartitionOverlay] = {}
+        folded = 0
+        for msg in self._reader.consume(self._settings.restore_chunk, timeout_s):
+            err = msg.error()
+            p = msg.partition()
+            r = self.restoring.get(p) if p is not None else None
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF and r is not None:
+                    r.end_seen = msg.offset()
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    self._log.warning("restore reader error", extra={"error": str(err)})
+                continue
+            if r is None:
+                continue
+            ov = overlays.get(p)
+            if ov is None:
+                ov = overlays[p] = PartitionOverlay(self._stores[p])
+            try:
+                self._folder.fold_committed(ov, msg.value())
+            except DecodeError as e:
+                # Our own output: never expected. Say so loudly and keep the partition alive.
+                self._log.error("undecodable run event skipped during restore",
+                                extra={"partition": p, "offset": msg.offset(), "error": e.reason})
+            r.last_offset = msg.offset()
+            r.events += 1
+            folded += 1
+        for p, ov in overlays.items():
+            Folder.dump_all(ov)
+            ov.write(self.restoring[p].last_offset)
+        if folded:
+            self._metrics.events_restored.inc(folded)
+        return self._finish_caught_up(consumer)
+
+    def _finish_caught_up(self, consumer: Consumer) -> list[int]:
+        done: list[int] = []
+        now = time.monotonic()
+        for p, r in list(self.restoring.items()):
+            if r.end_seen is None and now < r.recheck_at:
+                continue
+            if r.end_seen is None and r.recheck_at == 0.0:
+                continue  # not at the end yet and never was: keep reading
+            if self._at_stable_end(p, r):
+                done.append(p)
+            else:
+                r.end_seen = None
+                r.recheck_at = now + _STABILITY_RECHECK_S
+        for p in done:
+            r = self.restoring.pop(p)
+            self._reader.incremental_unassign([TopicPartition(self._events_topic, p)])
+            consumer.resume(self._inputs_of(p))
+            self._log.info("partition ready", extra={
+                "partition": p, "restored_events": r.events, "from_offset": r.start_offset,
+                "restore_ms": round((time.monotonic() - r.started) * 1000, 1)})
+        if done:
+            self._metrics.partitions_restoring.set(len(self.restoring))
+        return done
+
+    def _at_stable_end(self, p: int, r: _Restore) -> bool:
+        tp = TopicPartition(self._events_topic, p)
+        _low, committed_end = self._reader.get_watermark_offsets(tp, timeout=5, cached=False)
+        _low2, log_end = self._log_end.get_watermark_offsets(tp, timeout=5, cached=False)
+        position = r.end_seen
+        if position is None:
+            pos = self._reader.position([tp])[0].offset
+            position = pos if pos >= 0 else r.start_offset
+        if committed_end < log_end:
+            if r.recheck_at == 0.0:
+                self._log.warning("waiting for an open transaction on run-events before resuming", extra={
+                    "partition": p, "committed_end": committed_end, "log_end": log_end})
+            return False
+        return position >= committed_end
+
+    def restore_info(self) -> dict[str, Any]:
+        return {str(p): {"events": r.events, "last_offset": r.last_offset} for p, r in self.restoring.items()}
+
+    def close_readers(self) -> None:
+        self._reader.close()
+        self._log_end.close()

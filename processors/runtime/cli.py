@@ -1,0 +1,54 @@
+"""`runfold processor`: run one processor instance until SIGTERM/SIGINT.
+
+Exit codes: 0 stopped cleanly (signal), 2 fatal error (bad topology, Kafka fatal error,
+store failure), 3 fenced (another processor started with the same instance id).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from processors.runtime import logs
+
+
+def processor(
+    bootstrap_servers: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (else settings/env).")] = None,
+    topic_prefix: Annotated[str | None, typer.Option(help="Topic prefix (RUNFOLD_TOPIC_PREFIX).")] = None,
+    instance_id: Annotated[str | None, typer.Option(
+        help="Stable, unique id of this processor: names its transactional producer (fencing).")] = None,
+    group_id: Annotated[str | None, typer.Option(help="Consumer group (default <prefix>-processor).")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Root of the RocksDB stores.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Max input records per transaction.")] = None,
+    commit_interval_ms: Annotated[int | None, typer.Option(help="Max time a transaction stays open.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0 = ephemeral).")] = None,
+    query_port: Annotated[int | None, typer.Option(help="Run query HTTP port (0 = ephemeral).")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Log level (INFO, DEBUG, ...).")] = None,
+) -> None:
+    """Run the run processor: fold commands and receipts into run state, exactly once."""
+    from processors.runtime.loop import Processor
+    from processors.runtime.settings import load_processor_settings
+
+    settings = load_processor_settings(
+        bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, instance_id=instance_id,
+        group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
+        metrics_port=metrics_port, query_port=query_port, log_level=log_level)
+    logs.configure(settings.log_level)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        logs.get_logger().info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    code = Processor(settings, stop=stop).run()
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    typer.run(processor)

@@ -1,0 +1,91 @@
+"""The definitions table: every processor reads all of `<p>.definitions` into its Catalog.
+
+At startup `catch_up` reads every partition from the beginning to its end (read_committed)
+before any command is processed, so a StartRun never races a definition that was
+registered before the processor started. Afterwards `poll` picks up new revisions
+without blocking, once per loop iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import Logger
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from processors.engine import Catalog
+from processors.runtime.metrics import ProcessorMetrics
+from schemas import Codec, DecodeError
+
+
+class DefinitionsReader:
+    def __init__(self, consumer_config: dict[str, Any], topic: str, catalog: Catalog, codec: Codec,
+                 metrics: ProcessorMetrics, log: Logger) -> None:
+        self.topic = topic
+        self.catalog = catalog
+        self._decode = codec.decoder("definitions")
+        self._metrics = metrics
+        self._log = log
+        self._consumer = Consumer(consumer_config)
+        self.registered = 0
+        self.errors = 0
+
+    def catch_up(self, timeout_s: float = 30.0) -> int:
+        """Assign every partition from the beginning; read to the end. Returns definitions read."""
+        meta = self._consumer.list_topics(self.topic, timeout=timeout_s)
+        tmeta = meta.topics.get(self.topic)
+        if tmeta is None or tmeta.error is not None:
+            raise RuntimeError(f"definitions topic {self.topic} is missing ({tmeta.error if tmeta else 'absent'}); "
+                               "create the topology first (runfold topology create)")
+        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
+        self._consumer.assign(parts)
+        pending = set()
+        for tp in parts:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
+                                                             timeout=timeout_s, cached=False)
+            if high > low:
+                pending.add(tp.partition)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
+                                   f"(partitions {sorted(pending)} behind)")
+            for msg in self._consumer.consume(500, 0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    continue
+                self._apply(msg.key(), msg.value())
+        self._metrics.definitions.set(self.registered)
+        return self.registered
+
+    def poll(self) -> int:
+        """Non-blocking: apply whatever new definition records are buffered."""
+        n = 0
+        for msg in self._consumer.consume(100, 0):
+            if msg.error() is None:
+                self._apply(msg.key(), msg.value())
+                n += 1
+        if n:
+            self._metrics.definitions.set(self.registered)
+        return n
+
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return  # compaction tombstone: revisions are immutable, nothing to unregister
+        try:
+            record = self._decode(value)
+            self.catalog.register(record["definition"])
+            self.registered += 1
+        except (DecodeError, ValueError, KeyError, TypeError) as e:
+            # DefinitionError is a ValueError. The CLI validates before publishing, so this
+            # is a foreign or conflicting record: count it, name it, keep going.
+            self.errors += 1
+            self._metrics.definition_errors.inc()
+            self._log.warning("definition record rejected",
+                              extra={"key": (key or b"").decode(errors="replace"), "error": str(e)[:500]})
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,224 @@
+"""What happens when an input record arrives: decode, decide, evolve, effects, produce.
+
+`Folder.fold_input` is the whole per-record path of the loop. A record is handled
+atomically: every output is computed first (engine calls, encoding), and only then
+produced and written into the overlay, so a record that fails half-way (bad bytes,
+an engine bug) leaves nothing behind but its dead letter. `Folder.fold_committed`
+is the restore path: the same evolve/effects over already-committed events, with
+their timers, without producing anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from processors.engine import EngineContext, decide, dump_state, effects, evolve, load_state, run_status
+from processors.runtime import deadletter
+from processors.runtime.overlay import PartitionOverlay
+from schemas import Codec, DecodeError
+from topology.catalog import TopicNames
+
+Produce = Callable[..., None]
+_ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
+_CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
+
+
+@dataclass
+class TxnCounters:
+    """Per-transaction counts, applied to the metrics once after commit."""
+
+    records_in: dict[str, int] = field(default_factory=dict)
+    records_out: dict[str, int] = field(default_factory=dict)
+    dead: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    status_moves: dict[str, int] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected,
+                  self.status_moves):
+            d.clear()
+
+
+def _inc(d: dict[str, int], k: str, n: int = 1) -> None:
+    d[k] = d.get(k, 0) + n
+
+
+class Folder:
+    def __init__(self, ctx: EngineContext, codec: Codec, topics: TopicNames, produce: Produce,
+                 on_event_delivery: Callable[[Any, Any], None], now_ms: Callable[[], int]) -> None:
+        self.ctx = ctx
+        self.topics = topics
+        self._produce = produce
+        self._on_event_delivery = on_event_delivery
+        self._now_ms = now_ms
+        self._decode = {topics.commands: codec.decoder("commands"), topics.receipts: codec.decoder("receipts")}
+        self._decode_event = codec.decoder("run_events")
+        self._enc_event = codec.encoder("run_events")
+        self._enc_activation = codec.encoder("activations")
+        self._enc_child = codec.encoder("child_activations")
+        self._enc_snapshot = codec.encoder("run_state")
+        self._enc_dead = codec.encoder("dead_letters")
+        self._activation_topics: dict[str, str] = {}
+        self.run_events = topics.run_events
+        self.run_state = topics.run_state
+        self.child_activations = topics.child_activations
+        self.dead_letters = topics.dead_letters
+
+    def activation_topic(self, queue: str) -> str:
+        t = self._activation_topics.get(queue)
+        if t is None:
+            t = self._activation_topics[queue] = self.topics.activations(queue)
+        return t
+
+    # ---- the hot path ----------------------------------------------------------------------
+    def fold_input(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
+                   offset: int, key: bytes | None, value: bytes | None) -> None:
+        _inc(counters.records_in, topic)
+        if value is None:
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.NULL_VALUE,
+                             "record has no value (null)")
+            return
+        try:
+            msg = self._decode[topic](value)
+        except DecodeError as e:
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
+                             f"cannot decode {topic}: {e.reason}")
+            return
+        run_id: str = msg["run_id"]
+        if key is None or key != run_id.encode():
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.KEY_MISMATCH,
+                             f"record key {key!r} is not the run_id {run_id!r} of its value")
+            return
+        try:
+            outputs = self._decide(overlay, counters, msg, run_id)
+        except Exception as e:  # an engine defect must not stop the partition: park the record
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.PROCESSING_ERROR,
+                             f"{type(e).__name__} while folding {msg.get('type')}: {e}")
+            return
+        if msg["type"] == "TimerFired":
+            # The timer came back as input: it is done whatever the decision (no refire).
+            overlay.clear_timer(run_id, msg["timer_id"])
+        if outputs is not None:
+            self._emit(overlay, counters, partition, key, run_id, *outputs)
+
+    def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
+                run_id: str) -> tuple[Any, Any, int, list[tuple[int, bytes]], list[tuple[str, bytes]],
+                                      list[Any], list[str]] | None:
+        state = before = overlay.state(run_id, load_state)
+        decision = decide(state, msg, self.ctx)
+        if decision.dropped:
+            _inc(counters.dropped, decision.dropped)
+        if not decision.events:
+            return None
+        events: list[tuple[int, bytes]] = []
+        messages: list[tuple[str, bytes]] = []
+        set_timers: list[Any] = []
+        clear_timers: list[str] = []
+        for ev in decision.events:
+            state = evolve(state, ev)
+            events.append((ev["sequence"], self._enc_event(ev)))
+            if ev["type"] == "RunRejected":
+                _inc(counters.rejected, ev["code"])
+            if state is None:
+                continue
+            fx = effects(state, ev)
+            for m in fx.messages:
+                messages.append(self._route(m))
+            set_timers.extend(fx.set_timers)
+            clear_timers.extend(fx.clear_timers)
+        return before, state, decision.events[-1]["ts_ms"], events, messages, set_timers, clear_timers
+
+    def _route(self, m: dict[str, Any]) -> tuple[str, bytes]:
+        kind = m["type"]
+        if kind in _ACTIVATIONS:
+            return self.activation_topic(m["queue"]), self._enc_activation(m)
+        if kind in _CHILD:
+            return self.child_activations, self._enc_child(m)
+        raise ValueError(f"engine effect of unknown type {kind!r}")
+
+    def _emit(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
+              run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]], messages: list[tuple[str, bytes]],
+              set_timers: list[Any], clear_timers: list[str]) -> None:
+        produce = self._produce
+        for sequence, raw in events:
+            produce(self.run_events, raw, key, partition=partition, on_delivery=self._on_event_delivery)
+            overlay.add_event(run_id, sequence, raw)
+        _inc(counters.records_out, self.run_events, len(events))
+        for topic, raw in messages:
+            produce(topic, raw, key)
+            _inc(counters.records_out, topic)
+        for tid in clear_timers:
+            overlay.clear_timer(run_id, tid)
+        for body in set_timers:
+            body = {**body, "run_id": run_id}
+            overlay.set_timer(run_id, body, orjson.dumps(body))
+        old = run_status(before) if before is not None else None
+        new = run_status(state) if state is not None else None
+        if old != new:
+            if old is not None:
+                _inc(counters.status_moves, old, -1)
+            if new is not None:
+                _inc(counters.status_moves, new)
+        if state is not None or run_id in overlay.states:
+            overlay.states[run_id] = state
+            overlay.event_ts[run_id] = ts_ms
+
+    def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
+                    key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
+        record = deadletter.dead_letter(topic, partition, offset, key, value, error, self._now_ms())
+        self._produce(self.dead_letters, self._enc_dead(record), key)
+        _inc(counters.dead, reason)
+        _inc(counters.records_out, self.dead_letters)
+
+    # ---- commit time -----------------------------------------------------------------------
+    def snapshots(self, overlay: PartitionOverlay, partition: int, counters: TxnCounters) -> None:
+        """One RunStateSnapshot per run touched in this transaction (compacted topic)."""
+        n = 0
+        for run_id, state in overlay.states.items():
+            if state is None:
+                continue
+            raw = dump_state(state)
+            overlay.dumped[run_id] = raw
+            snapshot = {
+                "run_id": run_id,
+                "sequence": state["sequence"],
+                "ts_ms": overlay.event_ts.get(run_id) or self._now_ms(),
+                "status": run_status(state),
+                "definition_id": state["definition_id"],
+                "revision": state["revision"],
+                "state_digest": hashlib.sha256(raw).hexdigest(),
+                "state": orjson.Fragment(raw),  # already canonical JSON: no re-serialisation
+            }
+            self._produce(self.run_state, self._enc_snapshot(snapshot), run_id.encode(), partition=partition)
+            n += 1
+        if n:
+            _inc(counters.records_out, self.run_state, n)
+
+    # ---- restore ---------------------------------------------------------------------------
+    def fold_committed(self, overlay: PartitionOverlay, value: bytes) -> None:
+        """Fold one committed run event (restore): state, event log, timers; no output."""
+        ev = self._decode_event(value)
+        run_id: str = ev["run_id"]
+        state = evolve(overlay.state(run_id, load_state), ev)
+        overlay.add_event(run_id, ev["sequence"], value)
+        if state is not None:
+            fx = effects(state, ev)
+            for tid in fx.clear_timers:
+                overlay.clear_timer(run_id, tid)
+            for body in fx.set_timers:
+                body = {**body, "run_id": run_id}
+                overlay.set_timer(run_id, body, orjson.dumps(body))
+        if state is not None or run_id in overlay.states:
+            overlay.states[run_id] = state
+
+    @staticmethod
+    def dump_all(overlay: PartitionOverlay) -> None:
+        for run_id, state in overlay.states.items():
+            if state is not None:
+                overlay.dumped[run_id] = dump_state(state)

@@ -1,0 +1,472 @@
+"""The transaction loop: consume → fold → produce → commit, exactly once (KIP-447).
+
+One iteration: take what input is buffered (blocking only when no transaction is
+open), fold each record into the write overlay, fire due timers, and commit when
+the input is drained, the batch is full, or `commit_interval_ms` has passed. A
+commit is: one run-state snapshot per touched run → `send_offsets_to_transaction`
+with the consumer's group metadata → `commit_transaction` → only then the overlay
+goes to RocksDB, with the run-events offsets the delivery reports gave.
+
+Any error before the commit completes aborts the transaction, drops the overlay and
+seeks the input back to the transaction's first offsets. A fenced or fatal producer
+ends the loop with a non-zero exit code and a message saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processors.engine import Catalog, Ceilings, EngineContext
+from processors.runtime import logs
+from processors.runtime.assignment import Partitions
+from processors.runtime.definitions import DefinitionsReader
+from processors.runtime.fold import Folder, TxnCounters
+from processors.runtime.metrics import ProcessorMetrics
+from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.settings import ProcessorSettings
+from processors.runtime.timers import TimerFirer
+from schemas import Codec
+
+EXIT_OK = 0
+EXIT_FATAL = 2
+EXIT_FENCED = 3
+_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+_KAFKA_TIMEOUT_S = 30.0
+_LAG_EVERY_S = 5.0
+
+
+class ProcessorStopped(Exception):
+    """The loop cannot go on (fenced, fatal Kafka error, bad topology, store failure)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Txn:
+    open: bool = False
+    deadline: float = 0.0
+    records: int = 0
+    overlays: dict[int, PartitionOverlay] = field(default_factory=dict)
+    start: dict[tuple[str, int], int] = field(default_factory=dict)  # first offset per input partition
+    next: dict[tuple[str, int], int] = field(default_factory=dict)  # offset to commit per input partition
+    event_offsets: dict[int, int] = field(default_factory=dict)  # max run-events offset per partition
+    counters: TxnCounters = field(default_factory=TxnCounters)
+
+    def reset(self) -> None:
+        self.open = False
+        self.records = 0
+        self.overlays.clear()
+        self.start.clear()
+        self.next.clear()
+        self.event_offsets.clear()
+        self.counters.clear()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Processor:
+    def __init__(self, settings: ProcessorSettings, stop: threading.Event | None = None,
+                 ceilings: Ceilings | None = None, codec: Codec | None = None) -> None:
+        self.settings = settings
+        self.stop_event = stop or threading.Event()
+        self.log = logs.get_logger()
+        self.metrics = ProcessorMetrics()
+        self.codec = codec or Codec.default()
+        self.topics = settings.topics
+        self.catalog = Catalog(ceilings)
+        self.ctx = EngineContext(catalog=self.catalog, ceilings=ceilings or Ceilings(),
+                                 queues=frozenset(settings.activation_queues))
+        self.txn = _Txn()
+        self._fatal: ProcessorStopped | None = None
+        self._aborts_in_a_row = 0
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self.partitions: Partitions | None = None
+        self._definitions: DefinitionsReader | None = None
+        self._query: Any = None
+        self.partition_count = 0
+        self.metrics_port: int | None = None
+        self.query_port: int | None = None
+        self.ready = threading.Event()  # set once definitions are loaded and the group joined
+        self._next_lag = 0.0
+        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, _now_ms)
+        self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
+                                 settings.timers_per_transaction)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until `stop_event` is set; returns the process exit code."""
+        code = EXIT_OK
+        try:
+            self._start()
+            while not self.stop_event.is_set():
+                self._iterate()
+                if self._fatal is not None:
+                    raise self._fatal
+            if self._fatal is not None:
+                raise self._fatal
+            if self.txn.open:
+                self._commit()
+        except ProcessorStopped as e:
+            self._fatal = e
+            code = e.code
+            self.log.error("processor stopped", extra={"reason": str(e), "exit_code": code})
+        except Exception as e:
+            self._fatal = ProcessorStopped(EXIT_FATAL, f"{type(e).__name__}: {e}")
+            code = EXIT_FATAL
+            self.log.exception("processor crashed", extra={"exit_code": code})
+        finally:
+            self._shutdown()
+        return code
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _start(self) -> None:
+        s = self.settings
+        self.log.info("processor starting", extra={"settings": s.redacted(),
+                                                   "transactional_id": s.transactional_id})
+        self._consumer = Consumer({**s.input_consumer_config(), "error_cb": self._on_client_error})
+        partitions = self.partition_count = self._check_topology()
+        self._producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
+        try:
+            self._producer.init_transactions(_KAFKA_TIMEOUT_S)
+        except KafkaException as e:
+            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
+                                               f"{e.args[0].str()}") from e
+        self.partitions = Partitions(s, self.folder, self.metrics, self.log)
+        self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
+                                              self.catalog, self.codec, self.metrics, self.log)
+        n = self._definitions.catch_up(_KAFKA_TIMEOUT_S)
+        if s.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
+        if s.query_port is not None:
+            from processors.runtime.query import QueryServer
+
+            self._query = QueryServer(self, s.http_host, s.query_port)
+            self.query_port = self._query.port
+        self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.log.info("processor started", extra={
+            "definitions": n, "partitions": partitions, "group": s.group,
+            "metrics_port": self.metrics_port, "query_port": self.query_port})
+        self.ready.set()
+
+    def _check_topology(self) -> int:
+        """commands, receipts, run-events and run-state must exist with one partition count."""
+        assert self._consumer is not None
+        t = self.topics
+        names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
+                 t.child_activations, *(t.activations(q) for q in self.settings.activation_queues)]
+        meta = self._consumer.list_topics(timeout=_KAFKA_TIMEOUT_S)
+        missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
+        if missing:
+            raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
+                                               f"with topic prefix {self.settings.topic_prefix!r}")
+        counts = {n: len(meta.topics[n].partitions) for n in (t.commands, t.receipts, t.run_events, t.run_state)}
+        if len(set(counts.values())) != 1:
+            raise ProcessorStopped(EXIT_FATAL, f"topics are not co-partitioned (partition counts {counts}); "
+                                               "commands, receipts, run-events and run-state must match")
+        return counts[t.commands]
+
+    def _shutdown(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()  # runs on_revoke: commits or drops what is open, closes stores
+            except Exception as e:
+                self.log.warning("consumer close failed", extra={"error": str(e)})
+        if self.partitions is not None:
+            self.partitions.close_all()
+            self.partitions.close_readers()
+        if self._producer is not None and self._fatal is None:
+            self._producer.flush(5)
+        if self._definitions is not None:
+            self._definitions.close()
+        if self._query is not None:
+            self._query.close()
+        self.metrics.close()
+        self.log.info("processor stopped cleanly" if self._fatal is None else "processor shut down",
+                      extra={"transactional_id": self.settings.transactional_id})
+
+    # ---- one iteration ---------------------------------------------------------------------
+    def _iterate(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None and self._definitions is not None and self.partitions is not None
+        self._definitions.poll()
+        if self.partitions.restoring:
+            self.partitions.restore_step(consumer, 0.0 if self.txn.open else 0.01)
+        txn = self.txn
+        batch = self.settings.batch_size
+        if txn.open:
+            msgs = consumer.consume(batch - txn.records, 0)
+        else:
+            first = consumer.poll(self._idle_timeout())
+            msgs = [first] if first is not None else []
+            if first is not None:
+                msgs.extend(consumer.consume(batch - 1, 0))
+        if msgs:
+            self._fold(msgs)
+        now = _now_ms()
+        for store in self.partitions.ready():
+            if TimerFirer.any_due(store, now):
+                self._begin()
+                self.timers.fire_due(store, self._overlay(store.partition, store), now)
+        if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
+            self._commit()
+        if time.monotonic() >= self._next_lag:
+            self._report_lag()
+
+    def _idle_timeout(self) -> float:
+        assert self.partitions is not None
+        timeout = self.settings.idle_poll_ms / 1000.0
+        if self.partitions.restoring:
+            return 0.0
+        now = _now_ms()
+        for store in self.partitions.ready():
+            if store.next_due_ms is not None:
+                timeout = min(timeout, max(0.0, (store.next_due_ms - now) / 1000.0))
+        return timeout
+
+    def _overlay(self, partition: int, store: Any) -> PartitionOverlay:
+        ov = self.txn.overlays.get(partition)
+        if ov is None:
+            ov = self.txn.overlays[partition] = PartitionOverlay(store)
+        return ov
+
+    def _fold(self, msgs: list[Any]) -> None:
+        assert self.partitions is not None
+        self._begin()
+        txn = self.txn
+        overlays = txn.overlays
+        fold = self.folder.fold_input
+        counters = txn.counters
+        not_ready: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is not None:
+                self._on_consume_error(m)
+                continue
+            topic = m.topic()
+            p = m.partition()
+            ov = overlays.get(p)
+            tp = (topic, p)
+            if ov is None:
+                store = self.partitions.ready_store(p)
+                if store is None:  # fetched before it was paused: give it back untouched
+                    not_ready.setdefault(tp, m.offset())
+                    continue
+                ov = overlays[p] = PartitionOverlay(store)
+            off = m.offset()
+            if tp not in txn.start:
+                txn.start[tp] = off
+            txn.next[tp] = off + 1
+            fold(ov, counters, topic, p, off, m.key(), m.value())
+        txn.records += len(msgs)
+        if not_ready:
+            self._give_back(not_ready)
+
+    def _give_back(self, offsets: dict[tuple[str, int], int]) -> None:
+        assert self._consumer is not None
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        for tp in tps:
+            self._consumer.seek(tp)
+        self._consumer.pause(tps)
+
+    # ---- transactions ----------------------------------------------------------------------
+    def _produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
+        assert self._producer is not None
+        try:
+            self._producer.produce(topic, value, key, **kw)
+        except BufferError:
+            # Local queue full: let deliveries drain, then try once more (raises if still full).
+            self._producer.poll(0.5)
+            self._producer.produce(topic, value, key, **kw)
+
+    def _on_event_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            offsets = self.txn.event_offsets
+            p = msg.partition()
+            off = msg.offset()
+            if off > offsets.get(p, -1):
+                offsets[p] = off
+
+    def _begin(self) -> None:
+        txn = self.txn
+        if txn.open:
+            return
+        assert self._producer is not None
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:  # only fatal or state errors can happen here
+            self._fatal = ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {e.args[0].str()}")
+            raise self._fatal from e
+        txn.open = True
+        txn.deadline = time.monotonic() + self.settings.commit_interval_ms / 1000.0
+
+    def _commit(self) -> None:
+        txn = self.txn
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        t0 = time.perf_counter()
+        try:
+            for p, ov in txn.overlays.items():
+                self.folder.snapshots(ov, p, txn.counters)
+            if txn.next:
+                offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
+                producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
+                                                     _KAFKA_TIMEOUT_S)
+            self._commit_transaction(producer)
+        except KafkaException as e:
+            self._txn_failed(e, "commit")
+            return
+        except BufferError as e:
+            self._abort(f"producer queue full: {e}")
+            return
+        self.metrics.commit_latency.observe(time.perf_counter() - t0)
+        self.metrics.transactions.labels("committed").inc()
+        try:
+            for p, ov in txn.overlays.items():
+                ov.write(txn.event_offsets.get(p))
+        except Exception as e:
+            # Kafka has the transaction; the store is now behind and restore will catch it up.
+            raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
+        c = txn.counters
+        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, c.status_moves,
+                                 txn.records)
+        self._aborts_in_a_row = 0
+        txn.reset()
+
+    def _commit_transaction(self, producer: Producer) -> None:
+        for attempt in range(5):
+            try:
+                producer.commit_transaction(_KAFKA_TIMEOUT_S)
+                return
+            except KafkaException as e:
+                err = e.args[0]
+                if err.retriable() and not err.txn_requires_abort() and not err.fatal() and attempt < 4:
+                    continue
+                raise
+
+    def _txn_failed(self, e: KafkaException, stage: str) -> None:
+        err: KafkaError = e.args[0]
+        if err.code() in _FENCED_CODES:
+            raise ProcessorStopped(EXIT_FENCED, (
+                f"fenced at {stage}: another processor with transactional.id "
+                f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
+                f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
+        if err.fatal():
+            raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
+        self._abort(f"{stage}: {err.str()}")
+
+    def _abort(self, reason: str) -> None:
+        txn = self.txn
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        if txn.open:
+            try:
+                producer.abort_transaction(_KAFKA_TIMEOUT_S)
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() in _FENCED_CODES or err.fatal():
+                    self._txn_failed(e, "abort")
+                raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
+        for (t, p), off in txn.start.items():
+            # A partition no longer assigned raises: its next owner starts from the committed offset.
+            with contextlib.suppress(KafkaException):
+                consumer.seek(TopicPartition(t, p, off))
+        self.metrics.transactions.labels("aborted").inc()
+        self._aborts_in_a_row += 1
+        self.log.warning("transaction aborted", extra={
+            "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
+        txn.reset()
+        # Back off when something keeps failing (broker down, topic deleted): no tight loop.
+        self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
+
+    # ---- rebalance callbacks (run inside consumer.poll/consume/close) -------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self.partitions is not None
+        by_topic: dict[str, set[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        cmds = by_topic.get(self.topics.commands, set())
+        rcps = by_topic.get(self.topics.receipts, set())
+        consumer.assign(partitions)
+        consumer.pause(partitions)
+        if cmds != rcps:
+            self._fatal = ProcessorStopped(EXIT_FATAL, (
+                f"assignment does not co-locate commands {sorted(cmds)} and receipts {sorted(rcps)}: "
+                "the group must use partition.assignment.strategy=range and equal partition counts"))
+            self.stop_event.set()
+            return
+        self.partitions.open(sorted(cmds))
+        self.log.info("partitions assigned", extra={"partitions": sorted(cmds),
+                                                    "owned": self.partitions.owned()})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self.partitions is not None
+        if self.txn.open:
+            if self._fatal is None:
+                try:
+                    self._commit()
+                except ProcessorStopped as e:
+                    self._fatal = e
+                    self.stop_event.set()
+            else:
+                self.txn.reset()
+        revoked = sorted({tp.partition for tp in partitions})
+        self.partitions.close(revoked)
+        self.log.info("partitions revoked", extra={"partitions": revoked})
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self.partitions is not None
+        if self.txn.open and self._fatal is None:
+            try:
+                self._abort("partitions lost (session timed out)")
+            except ProcessorStopped as e:
+                self._fatal = e
+                self.stop_event.set()
+        lost = sorted({tp.partition for tp in partitions})
+        self.partitions.close(lost)
+        self.log.warning("partitions lost", extra={"partitions": lost})
+
+    # ---- errors and lag --------------------------------------------------------------------
+    def _on_client_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = ProcessorStopped(EXIT_FENCED if err.code() in _FENCED_CODES else EXIT_FATAL,
+                                           f"fatal Kafka client error: {err.str()}")
+            self.stop_event.set()
+        else:
+            self.log.warning("kafka client error", extra={"error": err.str()})
+
+    def _on_consume_error(self, m: Any) -> None:
+        err = m.error()
+        if err.fatal():
+            raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
+        self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
+                                                 "partition": m.partition()})
+
+    def _report_lag(self) -> None:
+        self._next_lag = time.monotonic() + _LAG_EVERY_S
+        consumer = self._consumer
+        assert consumer is not None and self.partitions is not None
+        tps = [TopicPartition(t, p) for p in self.partitions.owned()
+               for t in (self.topics.commands, self.topics.receipts)]
+        if not tps:
+            return
+        try:
+            for tp in consumer.position(tps):
+                _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+        except KafkaException:
+            pass

@@ -1,0 +1,110 @@
+"""The write overlay: one open transaction's changes to one partition's store.
+
+Records of the same run can arrive several times in one batch; each sees the
+state the previous one left in the overlay. Nothing here touches RocksDB until
+`to_batch` is called after the Kafka transaction committed; an abort simply
+drops the overlay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rocksdict import WriteBatch
+
+from processors.runtime.store import PartitionStore, event_key, timer_key, timer_ref_key
+
+RunState = dict[str, Any]
+
+
+class PartitionOverlay:
+    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "states", "stats", "store", "timer_dels",
+                 "timer_puts")
+
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+        self.states: dict[str, RunState | None] = {}
+        self.event_ts: dict[str, int] = {}  # run_id -> ts_ms of its last event in this transaction
+        self.dumped: dict[str, bytes] = {}  # run_id -> dump_state bytes, filled at commit time
+        self.events: list[tuple[bytes, bytes]] = []  # (event key, Avro bytes)
+        self.timer_puts: dict[bytes, tuple[bytes, bytes]] = {}  # ref key -> (t-key, body)
+        self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
+        self.min_new_due: int | None = None
+        self.stats: dict[str, int] = {}
+
+    # ---- run states ------------------------------------------------------------------------
+    def state(self, run_id: str, load: Any) -> RunState | None:
+        """The run's latest state: this transaction's, else the committed one."""
+        if run_id in self.states:
+            return self.states[run_id]
+        cache = self.store.cache
+        state = cache.get(run_id)
+        if state is None:
+            raw = self.store.state_bytes(run_id)
+            if raw is not None:
+                state = load(raw)
+                cache[run_id] = state
+        return state
+
+    def add_event(self, run_id: str, sequence: int, value: bytes) -> None:
+        if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
+            self.events.append((event_key(run_id, sequence), value))
+
+    # ---- timers ----------------------------------------------------------------------------
+    def _stored_tkey(self, rkey: bytes) -> bytes | None:
+        if rkey in self.timer_dels:
+            return self.timer_dels[rkey]
+        return self.store.get(rkey)
+
+    def set_timer(self, run_id: str, body: dict[str, Any], encoded: bytes) -> None:
+        due = int(body["due_ms"])
+        timer_id = str(body["timer_id"])
+        rkey = timer_ref_key(run_id, timer_id)
+        tkey = timer_key(due, run_id, timer_id)
+        stored = self._stored_tkey(rkey)
+        if stored is not None and stored != tkey:
+            self.timer_dels[rkey] = stored
+        self.timer_puts[rkey] = (tkey, encoded)
+        if self.min_new_due is None or due < self.min_new_due:
+            self.min_new_due = due
+
+    def clear_timer(self, run_id: str, timer_id: str) -> None:
+        rkey = timer_ref_key(run_id, timer_id)
+        self.timer_puts.pop(rkey, None)
+        stored = self._stored_tkey(rkey)
+        if stored is not None:
+            self.timer_dels[rkey] = stored
+
+    def timer_pending(self, rkey: bytes, tkey: bytes) -> bool:
+        """False when a stored timer was cleared or fired in this transaction."""
+        put = self.timer_puts.get(rkey)
+        if put is not None:
+            return put[0] == tkey
+        return self.timer_dels.get(rkey) != tkey
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + n
+
+    # ---- commit ----------------------------------------------------------------------------
+    def is_empty(self) -> bool:
+        return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats)
+
+    def to_batch(self) -> WriteBatch:
+        batch = WriteBatch(raw_mode=True)
+        for rkey, tkey in self.timer_dels.items():
+            batch.delete(tkey)
+            batch.delete(rkey)
+        for rkey, (tkey, body) in self.timer_puts.items():
+            batch.put(tkey, body)
+            batch.put(rkey, tkey)
+        for key, value in self.events:
+            batch.put(key, value)
+        for run_id, raw in self.dumped.items():
+            batch.put(b"s" + run_id.encode(), raw)
+        return batch
+
+    def write(self, applied_offset: int | None) -> None:
+        """Write this overlay to the store (only after the transaction committed)."""
+        states = {run_id: self.states[run_id] for run_id in self.dumped}
+        self.store.write(self.to_batch(), states, self.min_new_due, bool(self.timer_dels),
+                         applied_offset, self.stats)

@@ -1,0 +1,132 @@
+"""Settings of the run processor: the shared Kafka settings plus the processor's own.
+
+Sources (later wins): defaults < config file (`RUNFOLD_CONFIG`: its `kafka` table, then
+its `processor` table) < environment (`RUNFOLD_<FIELD>`, e.g. `RUNFOLD_INSTANCE_ID`,
+`RUNFOLD_BATCH_SIZE`; librdkafka pass-through `RUNFOLD_CLIENT_<PROPERTY>`) < arguments.
+
+`instance_id` names the transactional producer (`<prefix>-processor-<instance_id>`), so it
+must be stable across restarts of the same process slot (a restart then fences its own
+zombie and aborts its open transaction at once) and distinct between processes that run
+at the same time (two processes with one id fence each other: the older one exits).
+Default: `RUNFOLD_INSTANCE_ID`, else the host name — set it explicitly when several
+processors share a host.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from topology.catalog import TopicNames
+from topology.settings import (
+    KafkaSettings,
+    consumer_config,
+    read_config_file,
+    redact,
+    transactional_producer_config,
+)
+
+from .partitioning import PARTITIONER
+
+
+class _ProcessorFileSource(PydanticBaseSettingsSource):
+    """The `processor` table of the config file (only when the file has one)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        data = read_config_file(None)
+        table = data.get("processor") if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            return {}
+        known = set(self.settings_cls.model_fields)
+        return {k: v for k, v in table.items() if k in known}
+
+
+class ProcessorSettings(KafkaSettings):
+    group_id: str = ""  # default "<topic_prefix>-processor"
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    state_dir: Path = Path(".runfold/state")
+    batch_size: int = Field(default=500, ge=1, le=100_000)
+    # Longest a transaction stays open while input keeps arriving; it commits earlier
+    # when the consumer has nothing more buffered (low latency at low load).
+    commit_interval_ms: int = Field(default=50, ge=1, le=60_000)
+    transaction_timeout_ms: int = Field(default=10_000, ge=1_000, le=900_000)
+    # Bound on records per restore chunk and on timers fired per transaction.
+    restore_chunk: int = Field(default=2_000, ge=1)
+    timers_per_transaction: int = Field(default=1_000, ge=1)
+    idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # None = no endpoint, 0 = ephemeral
+    query_port: int | None = Field(default=None, ge=0, le=65_535)
+    http_host: str = "0.0.0.0"
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        base = super().settings_customise_sources(
+            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings)
+        return (*base[:-1], _ProcessorFileSource(settings_cls), base[-1])
+
+    # ---- derived --------------------------------------------------------------------------
+    @property
+    def group(self) -> str:
+        return self.group_id or f"{self.topic_prefix}-processor"
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.topic_prefix}-processor-{self.instance_id}"
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+    def store_root(self) -> Path:
+        return self.state_dir / self.topic_prefix / self.group
+
+    def input_consumer_config(self) -> dict[str, Any]:
+        return consumer_config(
+            self, self.group,
+            client_id=f"{self.transactional_id}",
+            # Whole-batch fetches; range co-locates partition N of commands and receipts.
+            partition_assignment_strategy="range",
+            enable_partition_eof=False,
+        )
+
+    def side_consumer_config(self, purpose: str) -> dict[str, Any]:
+        """A group-less reader (restore, definitions): assigned partitions, no commits."""
+        return consumer_config(
+            self, f"{self.group}-{purpose}",
+            client_id=f"{self.transactional_id}-{purpose}",
+            enable_partition_eof=True,
+        )
+
+    def producer_config(self) -> dict[str, Any]:
+        return transactional_producer_config(
+            self, self.transactional_id,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            partitioner=PARTITIONER,
+            linger_ms=2,
+        )
+
+    def redacted(self) -> dict[str, Any]:
+        data = super().redacted()
+        data["state_dir"] = str(self.state_dir)
+        data["client_overrides"] = redact(self.client_overrides)
+        return data
+
+
+def load_processor_settings(**overrides: Any) -> ProcessorSettings:
+    return ProcessorSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,199 @@
+"""The local state of one input partition: a RocksDB database (rocksdict, raw mode).
+
+One database per assigned partition, at `<state_dir>/<prefix>/<group>/p<N>`.
+It only ever holds the fold of *committed* run events: the loop writes it after
+the Kafka transaction commits, in one write batch that also records the offset
+of the last run event it reflects (so restore knows where to catch up from).
+
+Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
+
+    s<run_id>                               run state (engine `dump_state` bytes)
+    e<len:2><run_id><sequence:8>            run event (the Avro bytes from <p>.run-events)
+    t<due_ms:8><run_id>\\x1f<timer_id>       pending timer (TimerFired body, JSON)
+    r<run_id>\\x1f<timer_id>                 reverse index: the timer's t-key (O(1) clear)
+    m:offset                                last applied <p>.run-events offset (8 bytes)
+    m:stats                                 cumulative counters (JSON)
+
+Big-endian integers keep the t-keys ordered by due time, so due timers are a
+prefix scan that stops at `now`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rocksdict import Options, Rdict, WriteBatch
+
+OFFSET_KEY = b"m:offset"
+STATS_KEY = b"m:stats"
+NO_OFFSET = -1
+_SEP = b"\x1f"
+_CACHE_LIMIT = 20_000
+
+
+def state_key(run_id: str) -> bytes:
+    return b"s" + run_id.encode()
+
+
+def event_prefix(run_id: str) -> bytes:
+    raw = run_id.encode()
+    return b"e" + len(raw).to_bytes(2, "big") + raw
+
+
+def event_key(run_id: str, sequence: int) -> bytes:
+    return event_prefix(run_id) + sequence.to_bytes(8, "big")
+
+
+def timer_key(due_ms: int, run_id: str, timer_id: str) -> bytes:
+    return b"t" + max(due_ms, 0).to_bytes(8, "big") + run_id.encode() + _SEP + timer_id.encode()
+
+
+def timer_ref_key(run_id: str, timer_id: str) -> bytes:
+    return b"r" + run_id.encode() + _SEP + timer_id.encode()
+
+
+def due_of(tkey: bytes) -> int:
+    return int.from_bytes(tkey[1:9], "big")
+
+
+class PartitionStore:
+    """Committed state of one partition. Reads are thread-safe (the query server reads
+    from its own threads); `write` and `close` are called by the loop thread only."""
+
+    def __init__(self, path: Path, partition: int) -> None:
+        self.path = path
+        self.partition = partition
+        path.parent.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db: Rdict | None = Rdict(str(path), options)
+        self._lock = threading.RLock()
+        # Decoded committed states of recently used runs: saves load_state per record.
+        # Engine states are never mutated in place, so sharing the objects is safe.
+        self.cache: dict[str, Any] = {}
+        raw = self._db.get(OFFSET_KEY)
+        self.applied_offset: int = int.from_bytes(raw, "big", signed=True) if raw else NO_OFFSET
+        stats = self._db.get(STATS_KEY)
+        self.stats: dict[str, int] = orjson.loads(stats) if stats else {}
+        # Lower bound of every stored timer's due time (None: no timers). Keeps the idle
+        # "anything due?" check O(1) and lets scans seek past old tombstones.
+        self.next_due_ms: int | None = self._first_due(0)
+
+    @property
+    def db(self) -> Rdict:
+        if self._db is None:
+            raise StoreClosed(f"store of partition {self.partition} is closed")
+        return self._db
+
+    # ---- reads -----------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            value: bytes | None = self.db.get(key)
+            return value
+
+    def state_bytes(self, run_id: str) -> bytes | None:
+        return self.get(state_key(run_id))
+
+    def events(self, run_id: str, since: int = 0, limit: int = 10_000) -> list[bytes]:
+        """Stored run-event bytes of `run_id` with sequence > since, in order."""
+        prefix = event_prefix(run_id)
+        out: list[bytes] = []
+        with self._lock:
+            it = self.db.iter()
+            it.seek(prefix + (since + 1).to_bytes(8, "big"))
+            while it.valid() and len(out) < limit:
+                key = it.key()
+                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                    break
+                out.append(it.value())
+                it.next()
+        return out
+
+    def due_timers(self, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` stored timers with due_ms <= now_ms, earliest first. Cost is
+        proportional to the due timers (plus tombstones of recently fired ones)."""
+        if self.next_due_ms is None or self.next_due_ms > now_ms:
+            return []
+        out: list[tuple[bytes, bytes]] = []
+        with self._lock:
+            it = self.db.iter()
+            it.seek(b"t" + self.next_due_ms.to_bytes(8, "big"))
+            while it.valid():
+                key = it.key()
+                if key[:1] != b"t":
+                    break
+                if due_of(key) > now_ms or len(out) >= limit:
+                    break
+                out.append((key, it.value()))
+                it.next()
+        return out
+
+    def _first_due(self, from_ms: int) -> int | None:
+        with self._lock:
+            it = self.db.iter()
+            it.seek(b"t" + from_ms.to_bytes(8, "big"))
+            if it.valid() and it.key()[:1] == b"t":
+                return due_of(it.key())
+        return None
+
+    def pending_timers(self) -> int:
+        """Number of stored timers (a full scan: for tests and benchmarks, not the loop)."""
+        count = 0
+        with self._lock:
+            it = self.db.iter()
+            it.seek(b"t")
+            while it.valid() and it.key()[:1] == b"t":
+                count += 1
+                it.next()
+        return count
+
+    # ---- writes (loop thread) --------------------------------------------------------------
+    def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
+              timers_deleted: bool, applied_offset: int | None, stats: dict[str, int]) -> None:
+        """Apply one committed transaction's changes (`batch` holds every key)."""
+        if applied_offset is not None and applied_offset > self.applied_offset:
+            batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
+            self.applied_offset = applied_offset
+        if stats:
+            for name, value in stats.items():
+                self.stats[name] = self.stats.get(name, 0) + value
+            batch.put(STATS_KEY, orjson.dumps(self.stats))
+        with self._lock:
+            self.db.write(batch)
+        if len(self.cache) + len(states) > _CACHE_LIMIT:
+            self.cache.clear()
+        for run_id, state in states.items():
+            if state is None:
+                self.cache.pop(run_id, None)
+            else:
+                self.cache[run_id] = state
+        if timers_deleted and self.next_due_ms is not None:
+            # The earliest timer may be gone; re-seek from the old bound (skips only the
+            # tombstones just written, not the whole history).
+            self.next_due_ms = self._first_due(self.next_due_ms)
+        if min_new_due is not None and (self.next_due_ms is None or min_new_due < self.next_due_ms):
+            self.next_due_ms = min_new_due
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.flush()
+                self._db.close()
+                self._db = None
+        self.cache.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    @staticmethod
+    def destroy(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class StoreClosed(RuntimeError):
+    """The partition's store was closed (partition revoked) while being read."""
