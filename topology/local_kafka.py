@@ -371,6 +371,13 @@ def _wait_ready(cfg: LocalKafkaConfig, pid: int, timeout: float) -> None:
 
 def up(cfg: LocalKafkaConfig, timeout: float = 90.0) -> BrokerStatus:
     """Start the broker (fetching jars and formatting storage first if needed); no-op if it runs."""
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    with open(cfg.data_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` on the same data dir waits, then sees ours
+        return _up_locked(cfg, timeout)
+
+
+def _up_locked(cfg: LocalKafkaConfig, timeout: float) -> BrokerStatus:
     t0 = time.monotonic()
     pid = _live_pid(cfg)
     if pid is not None:
@@ -386,7 +393,6 @@ def up(cfg: LocalKafkaConfig, timeout: float = 90.0) -> BrokerStatus:
             )
     java = require_tool("java", "run the local Kafka broker")
     libs = ensure_jars(cfg)
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
     props = cfg.data_dir / "server.properties"
     props.write_text(server_properties(cfg))
     log4j = cfg.data_dir / "log4j2.properties"
