@@ -1,7 +1,7 @@
 """A deterministic local agent provider: no network, same prompt -> same answer.
 
 With an output schema it returns an instance of the schema built by a RNG seeded with
-sha256(model, messages), with strings made of the prompt's own words; without one, a short
+sha256(model, messages), with strings made of the user prompt's own words; without one, a short
 sentence of prompt words. Usage counts words (prompt words in, answer words out); cost
 comes from a price table (micros per 1000 tokens)."""
 
@@ -31,7 +31,8 @@ class LocalProvider:
             orjson.dumps([request.model, request.messages], option=orjson.OPT_SORT_KEYS)
         ).digest()
         rng = random.Random(int.from_bytes(digest[:8], "big"))
-        words = prompt_words(prompt_text)
+        # strings come from what the user wrote, not from the schema instructions
+        words = prompt_words("\n".join(m["content"] for m in request.messages if m["role"] == "user"))
         value = None
         if request.output_schema is not None:
             value = build_instance(request.output_schema, rng, words)

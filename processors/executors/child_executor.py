@@ -1,0 +1,211 @@
+"""The child-run executor: child activations become commands, child outcomes become receipts.
+
+Inputs (one consumer, `read_committed`, group `<prefix>-child-executor`):
+- `<p>.child-activations`: `ChildRunActivation` -> `StartRun` for `child_run_id` (the pinned
+  bundle, the parent ref, the input); `ChildRunCancel` -> `CancelRun` for the child.
+- `<p>.run-events`: a child's `RunSucceeded` / `RunFailed` / `RunCancelled` -> a
+  `ChildRunFinished` receipt keyed by the parent run id (a `RunRejected` of a child's
+  `StartRun`, e.g. depth or input, -> `ChildRunFinished` failed, so the parent never hangs).
+
+Each polled batch is one Kafka transaction: the produced commands/receipts and the consumed
+offsets commit together, so a crash neither loses nor duplicates an outcome.
+
+Which runs are children, and whose: a child's `RunAccepted` carries its `ParentRef`; the
+executor keeps child_run_id -> parent step in memory from those events (both live in the
+child's run-events partition, so the instance that sees a child's terminal event also saw its
+`RunAccepted`, unless it restarted or the partition moved in between). For a run it has no
+entry for, it derives the parent step from the child run id itself, whose format is fixed by
+the contract (`{parent}/{node}[{lineage}]#{attempt}`); the parent's dispatch id is recomputed
+from it. So a restart needs no rebuild. A root run whose client-chosen id happens to match
+that format would yield a receipt the processor drops as stale (no such step).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from processors.engine.ids import dispatch_id
+from schemas import Codec, DecodeError
+from topology.catalog import TopicNames
+from topology.settings import KafkaSettings, consumer_config, load_settings, transactional_producer_config
+
+log = logging.getLogger("runfold.child_executor")
+CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
+TERMINAL_STATUS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
+    """The parent step identity encoded in a child run id, or None if it is not one."""
+    m = CHILD_ID.match(child_run_id)
+    if m is None:
+        return None
+    parent, node, lineage = m["parent"], m["node"], m["lineage"] or ""
+    attempt = int(m["attempt"] or 1)
+    return {"run_id": parent, "node": node, "lineage": lineage, "attempt": attempt,
+            "dispatch_id": dispatch_id(parent, node, lineage, attempt)}
+
+
+def parent_step_from_ref(child_run_id: str, parent: dict[str, Any]) -> dict[str, Any]:
+    derived = parent_step_from_id(child_run_id)
+    attempt = derived["attempt"] if derived else 1
+    return {"run_id": parent["parent_run_id"], "node": parent["parent_node"],
+            "lineage": parent.get("parent_lineage") or "", "attempt": attempt,
+            "dispatch_id": parent["parent_dispatch_id"]}
+
+
+def start_command(act: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+    child = act["child_run_id"]
+    return {"type": "StartRun", "run_id": child, "ts_ms": ts_ms, "record_id": f"start:{child}",
+            "definition_id": act["definition_id"], "revision": act.get("revision"), "input": act.get("input"),
+            "parent": act["parent"], "bundle": act.get("bundle"), "budgets": None, "labels": {}}
+
+
+def cancel_command(cancel: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+    child = cancel["child_run_id"]
+    return {"type": "CancelRun", "run_id": child, "ts_ms": ts_ms,
+            "record_id": f"cancel:{child}:{cancel['dispatch_id']}", "reason": cancel.get("reason") or "parent cancelled"}
+
+
+def finished_receipt(step: dict[str, Any], child_run_id: str, event: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+    """ChildRunFinished for a terminal (or rejected-start) event of the child."""
+    kind = event["type"]
+    output = failure = None
+    if kind == "RunSucceeded":
+        status, output = "succeeded", event.get("output")
+    elif kind == "RunFailed":
+        status, failure = "failed", event.get("failure")
+    elif kind == "RunCancelled":
+        status = "cancelled"
+        failure = {"code": "Cancelled", "message": event.get("reason") or "child run cancelled", "retryable": False,
+                   "node": None, "lineage": None}
+    else:  # RunRejected of the child's StartRun
+        status = "failed"
+        failure = {"code": event.get("code") or "InvalidInput", "message": event.get("reason") or "child rejected",
+                   "retryable": False, "node": None, "lineage": None}
+    return {"type": "ChildRunFinished", "run_id": step["run_id"], "ts_ms": ts_ms,
+            "record_id": f"finished:{child_run_id}:{event.get('sequence', 0)}",
+            "node": step["node"], "lineage": step["lineage"], "attempt": step["attempt"],
+            "dispatch_id": step["dispatch_id"], "child_run_id": child_run_id, "status": status,
+            "output": output, "failure": failure, "usage": event.get("usage") or dict(ZERO_USAGE)}
+
+
+class ChildExecutor:
+    def __init__(self, kafka: KafkaSettings | None = None, topic_prefix: str | None = None,
+                 instance_id: str = "0", batch: int = 500) -> None:
+        self.kafka = kafka or load_settings()
+        prefix = topic_prefix or self.kafka.topic_prefix
+        self.names = TopicNames(prefix)
+        self.codec = Codec.default()
+        self.batch = batch
+        self.parents: dict[str, dict[str, Any]] = {}  # child_run_id -> parent step
+        self.stopping = False
+        self.counts = {"started": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
+        self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
+        self.producer = Producer(transactional_producer_config(
+            self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2))
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        self.producer.init_transactions(30)
+        self.consumer.subscribe([self.names.child_activations, self.names.run_events])
+        log.info("child executor consuming %s, %s", self.names.child_activations, self.names.run_events)
+        try:
+            while not self.stopping:
+                msgs = self.consumer.consume(num_messages=self.batch, timeout=0.1)
+                if msgs:
+                    self._transact(msgs)
+        except KafkaException as exc:
+            log.error("child executor stopped: %s", exc)
+            return 1
+        finally:
+            self.consumer.close()
+        return 0
+
+    def _transact(self, msgs: list[Message]) -> None:
+        finished: list[str] = []
+        self.producer.begin_transaction()
+        try:
+            for msg in msgs:
+                if msg.error() is not None:
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("consumer error: %s", msg.error())
+                    continue
+                self._handle(msg, finished)
+            positions = self._positions(msgs)
+            self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
+            self.producer.commit_transaction(30)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
+                raise
+            self.counts["aborts"] += 1
+            log.warning("transaction aborted (%s); rewinding to the committed offsets", err)
+            self.producer.abort_transaction(30)
+            self._rewind()
+            return
+        for child in finished:  # only once committed: an aborted batch is re-read and needs them
+            self.parents.pop(child, None)
+
+    def _positions(self, msgs: list[Message]) -> list[TopicPartition]:
+        last: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is None:
+                last[(m.topic(), m.partition())] = m.offset()
+        return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
+
+    def _rewind(self) -> None:
+        assignment = self.consumer.assignment()
+        for tp in self.consumer.committed(assignment, timeout=10):
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
+
+    def _produce(self, topic: str, kind: str, msg: dict[str, Any]) -> None:
+        self.producer.produce(topic, self.codec.encode(kind, msg), key=msg["run_id"].encode())
+
+    def _handle(self, msg: Message, finished: list[str]) -> None:
+        kind = "child_activations" if msg.topic() == self.names.child_activations else "run_events"
+        try:
+            record = self.codec.decode(kind, msg.value())
+        except DecodeError as exc:
+            if kind == "child_activations":  # run-events are the processor's; a foreign record is not ours to judge
+                self._dead_letter(msg, str(exc))
+            return
+        now = int(time.time() * 1000)
+        rtype = record["type"]
+        if rtype == "ChildRunActivation":
+            self._produce(self.names.commands, "commands", start_command(record, now))
+            self.counts["started"] += 1
+        elif rtype == "ChildRunCancel":
+            self._produce(self.names.commands, "commands", cancel_command(record, now))
+            self.counts["cancelled"] += 1
+        elif rtype == "RunAccepted" and record.get("parent"):
+            self.parents[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
+        elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"
+                                          and record.get("code") != "Conflict"):
+            child = record["run_id"]
+            step = self.parents.get(child) or parent_step_from_id(child)
+            if step is None:
+                return
+            self._produce(self.names.receipts, "receipts", finished_receipt(step, child, record, now))
+            self.counts["finished"] += 1
+            finished.append(child)
+
+    def _dead_letter(self, msg: Message, error: str) -> None:
+        self.counts["dead_letters"] += 1
+        log.error("undecodable child activation at %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), error)
+        self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", {
+            "record_id": f"{msg.topic()}:{msg.partition()}:{msg.offset()}", "ts_ms": int(time.time() * 1000),
+            "source_topic": msg.topic(), "source_partition": msg.partition(), "source_offset": msg.offset(),
+            "key": msg.key(), "error": error[:2000], "original": msg.value() or b"", "producer": "child-executor",
+        }), key=msg.key())

@@ -1,0 +1,92 @@
+"""`runfold worker` and `runfold child-executor`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from processors.executors.sdk import Worker
+from processors.executors.settings import WorkerSettings
+
+
+def load_module(spec: str) -> Any:
+    """Import user actions: a dotted module name (cwd is importable) or a path to a .py file.
+
+    The module registers its handlers with `@action("name")` decorators on the module-level
+    registry (`from processors.executors import action`), or defines `register(worker)`."""
+    if spec.endswith(".py") or os.sep in spec:
+        path = Path(spec).resolve()
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise typer.BadParameter(f"cannot load actions from {spec}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        mod_spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(spec)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def worker_command(
+    module: Annotated[list[str], typer.Option("--module", "-m", help="module (or .py file) with actions; repeatable")] = [],  # noqa: B006
+    queue: Annotated[list[str], typer.Option("--queue", "-q", help="activation queue to serve; repeatable")] = [],  # noqa: B006
+    name: Annotated[str | None, typer.Option(help="worker name (in worker ids)")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="handlers running at once")] = None,
+    allow_host: Annotated[list[str], typer.Option("--allow-host", help="host http.request may call; repeatable")] = [],  # noqa: B006
+    config: Annotated[str | None, typer.Option(help="YAML file with WorkerSettings (agents, hosts, ...)")] = None,
+    topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
+) -> None:
+    """Run an action worker: consume activations, run handlers, send receipts. SIGTERM drains."""
+    _logging(log_level)
+    overrides: dict[str, Any] = {"name": name, "concurrency": concurrency, "queues": list(queue) or None,
+                                 "http_allowed_hosts": list(allow_host) or None}
+    settings = WorkerSettings.from_file(config, **overrides) if config else WorkerSettings(
+        **{k: v for k, v in overrides.items() if v is not None})
+    modules = [load_module(m) for m in module]
+    worker = Worker(settings=settings)
+    for mod in modules:
+        register = getattr(mod, "register", None)
+        if callable(register):
+            register(worker)
+    code = worker.run(topic_prefix=topic_prefix)
+    # A sync handler that ignored cancellation still owns a pool thread; do not wait for it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def child_executor_command(
+    instance_id: Annotated[str, typer.Option(help="stable id of this instance (transactional id suffix)")] = "0",
+    topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
+) -> None:
+    """Run the child-run executor: child activations -> StartRun/CancelRun, child outcomes -> receipts."""
+    from processors.executors.child_executor import ChildExecutor
+
+    _logging(log_level)
+    raise typer.Exit(ChildExecutor(topic_prefix=topic_prefix, instance_id=instance_id).run())
+
+
+def mount(app: typer.Typer) -> None:
+    """Add `worker` and `child-executor` to the root `runfold` app."""
+    app.command("worker")(worker_command)
+    app.command("child-executor")(child_executor_command)
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(pretty_exceptions_enable=False)
+    mount(_app)
+    _app()
