@@ -20,6 +20,8 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(topology_app, name="topology")
 executors_cli.mount(app)  # `runfold worker`, `runfold child-executor`
 app.command("processor")(runtime_cli.processor)  # `runfold processor`
+app.add_typer(__import__("processors.cli_defs").cli_defs.defs_app, name="defs")  # client tooling
+app.add_typer(__import__("processors.cli_runs").cli_runs.runs_app, name="runs")  # client tooling
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 
