@@ -24,6 +24,7 @@ __all__ = [
     "effects",
     "evolve",
     "load_definition",
+    "load_state",
     "run_status",
     "state_digest",
 ]

@@ -29,10 +29,7 @@ def handle_receipt(state: RunState | None, msg: Message, em: Emitter) -> Decisio
         return Decision([], "unknown run")
     if state["status"] in TERMINAL_STATUSES:
         return Decision([], "run finished")
-    if msg["type"] == "TimerFired":
-        dropped = _timer(em, msg)
-    else:
-        dropped = _step_receipt(em, msg)
+    dropped = _timer(em, msg) if msg["type"] == "TimerFired" else _step_receipt(em, msg)
     if dropped is None and em.state["status"] == "running":
         progress(em)
     return Decision(em.events, dropped)
@@ -65,7 +62,7 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     name, lineage = step["node"], step["lineage"]
     rtype = msg["type"]
     if rtype == "ActivationFailed":
-        code = msg.get("code") if msg.get("code") in FAILURE_CODES else "ExecutionFailed"
+        code = str(msg["code"]) if msg.get("code") in FAILURE_CODES else "ExecutionFailed"
         return "failed", failure(code, str(msg.get("message", "")), retryable=bool(msg.get("retryable")),
                                  node=name, lineage=lineage), usage  # fmt: skip
     if rtype == "ChildRunFinished":

@@ -147,8 +147,10 @@ def _settle_instantly(em: Emitter, name: str, node: Node, lineage: str) -> None:
 def retry_attempt(em: Emitter, step: dict[str, Any]) -> None:
     """The next attempt after a backoff: same input (the snapshot has not changed)."""
     name = step["node"]
-    schedule(em, name, em.pinned.node(name), step["lineage"], step["attempt"] + 1, step["input"])
-    _settle_instantly(em, name, em.pinned.node(name), step["lineage"])
+    node = em.pinned.node(name)
+    schedule(em, name, node, step["lineage"], step["attempt"] + 1, step["input"])
+    if node.kind in ("state", "wait"):
+        _settle_instantly(em, name, node, step["lineage"])
 
 
 def fail_attempt(em: Emitter, step: dict[str, Any], problem: dict[str, Any], usage: dict[str, int]) -> None:
@@ -202,9 +204,9 @@ def node_failure(em: Emitter, name: str) -> dict[str, Any] | bool | None:
     if em.pinned.node(name).map is None:
         if own is None or not own_current or own["status"] in OPEN_STEP_STATUSES:
             return False
-        return own["failure"] if own["status"] == "failed" else None
+        return dict(own["failure"]) if own["status"] == "failed" else None
     if own is not None and own_current and own["status"] == "failed":
-        return own["failure"]  # the map source itself did not resolve to an array
+        return dict(own["failure"])  # the map source itself did not resolve to an array
     items = [steps[f"{name}[{i}]"] for i in range(state["maps"].get(name, 0))]
     if any(item["status"] in OPEN_STEP_STATUSES for item in items):
         return False

@@ -1,0 +1,159 @@
+"""Cancel, wait/signals, sleep, child workflows, budgets, pause and resume."""
+
+from __future__ import annotations
+
+from engine_harness import RunHarness, definition
+
+
+def act(**extra: object) -> dict:
+    return {"kind": "action", "action": "do", **extra}
+
+
+WAIT = {"kind": "wait", "signal": "approval", "writes": {"approved": {"from": "signal", "pointer": "/ok"}}}
+
+
+def test_cancel_is_idempotent_and_cascades() -> None:
+    d = definition({"a": act(), "b": act()}, entry=["a", "b"])
+    h = RunHarness(d).start({}).accept("a").cancel("user asked")
+    assert h.types == ["StepCancelled", "StepCancelled", "RunCancelled"]
+    assert [m["type"] for m in h.messages[-2:]] == ["CancelActivation", "CancelActivation"]
+    assert h.status == "cancelled"
+    h.cancel()
+    assert h.types == [] and h.last.dropped == "duplicate cancel"
+    h.complete("a", 1)
+    assert h.last.dropped == "run finished"
+
+
+def test_cancel_of_a_finished_run_answers_without_reopening() -> None:
+    h = RunHarness(definition({"a": act()})).start({}).complete("a", 1).cancel()
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
+    assert h.last.dropped == "run already finished" and h.status == "succeeded"
+
+
+def test_wait_and_signal() -> None:
+    d = definition(
+        {"review": dict(WAIT), "after": act()}, routes={"review": ["after"]}, state={"approved": False}
+    )
+    h = RunHarness(d).start({})
+    assert h.types[-1] == "RunWaiting" and h.status == "waiting"
+    h.signal("approval", {"ok": True})
+    assert h.types[:3] == ["SignalReceived", "StepSucceeded", "SuperstepCommitted"]
+    assert h.last.events[0]["node"] == "review" and h.state["state"]["approved"] is True
+
+
+def test_early_signal_is_buffered_then_consumed() -> None:
+    d = definition({"a": act(), "review": dict(WAIT)}, routes={"a": ["review"]}, state={"approved": False})
+    h = RunHarness(d).start({}).signal("approval", {"ok": True})
+    assert h.types == ["SignalReceived"] and h.last.events[0]["node"] is None and len(h.state["signals"]) == 1
+    h.complete("a", 1)
+    assert "RunWaiting" not in h.types and h.status == "succeeded"
+    assert h.state["signals"] == [] and h.state["state"]["approved"] is True
+
+
+def test_unknown_signal_is_rejected() -> None:
+    h = RunHarness(definition({"review": dict(WAIT)}, state={"approved": False})).start({}).signal("nope", 1)
+    assert h.types == ["RunRejected"] and h.last.dropped == "unknown signal"
+
+
+def test_wait_timeout() -> None:
+    h = RunHarness(definition({"review": {**WAIT, "timeout_ms": 1000}}, state={"approved": False})).start({})
+    assert h.last.events[-1]["due_ms"] == h.now + 1000
+    h.fire("wait_timeout", "review")
+    assert h.state["failure"]["code"] == "Timeout"
+
+
+def test_sleep_node() -> None:
+    d = definition({"nap": {"kind": "sleep", "duration_ms": 5000}, "after": act()}, routes={"nap": ["after"]})
+    h = RunHarness(d).start({})
+    timer = next(t for t in h.timers.values() if t["timer_kind"] == "sleep")
+    assert timer["due_ms"] == h.now + 5000
+    h.fire("sleep", "nap")
+    assert h.types[:2] == ["StepSucceeded", "SuperstepCommitted"] and h.state["frontier"] == ["after"]
+
+
+CHILD = definition({"c": act()}, id="child")
+
+
+def test_child_workflow_step() -> None:
+    parent = definition({"sub": {"kind": "workflow", "workflow": "child", "revision": 1,
+                                 "writes": {"out": {"from": "output"}}}}, state={"out": None})  # fmt: skip
+    h = RunHarness(CHILD, parent, run_id="p-1")
+    h.root_id = "wf"
+    h.start({"x": 1})
+    activation = h.messages[-1]
+    assert activation["type"] == "ChildRunActivation" and activation["child_run_id"] == "p-1/sub"
+    assert activation["bundle"]["root"] == "child@1" and activation["parent"]["depth"] == 1
+    assert activation["parent"]["root_run_id"] == "p-1"
+    h.child_finished(
+        "sub", output={"r": 1}, usage={"prompt_tokens": 3, "completion_tokens": 0, "cost_micros": 5}
+    )
+    assert h.status == "succeeded" and h.state["state"]["out"] == {"r": 1}
+    assert h.state["usage"]["prompt_tokens"] == 3  # the child's usage joins the parent's ledger
+
+
+def test_child_failure_is_child_failed_and_cancel_cascades() -> None:
+    parent = definition({"sub": {"kind": "workflow", "workflow": "child", "revision": 1}})
+    h = RunHarness(CHILD, parent)
+    h.root_id = "wf"
+    h.start({}).child_finished("sub", status="failed")
+    assert h.state["failure"]["code"] == "ChildFailed"
+    h2 = RunHarness(CHILD, parent, run_id="p-2")
+    h2.root_id = "wf"
+    h2.start({}).cancel()
+    assert h2.messages[-1]["type"] == "ChildRunCancel" and h2.messages[-1]["child_run_id"] == "p-2/sub"
+
+
+def test_token_budget_warns_once_then_pauses_and_resume_continues() -> None:
+    d = definition(
+        {"a": act(), "b": act()}, routes={"a": ["b"]}, budgets={"max_tokens": 100, "warn_at_percent": 50}
+    )
+    h = RunHarness(d).start({}).complete("a", 1, usage={"prompt_tokens": 60})
+    assert "BudgetWarning" in h.types and h.status == "running"
+    h.complete("b", 1, usage={"prompt_tokens": 50})
+    assert h.types[-2:] == ["BudgetExhausted", "RunPaused"] and h.status == "paused"
+    assert h.types.count("BudgetWarning") == 0
+    h.resume({"max_tokens": 1000})
+    assert h.types[0] == "RunResumed" and h.status == "succeeded"
+
+
+def test_pause_cancels_in_flight_and_resume_reactivates() -> None:
+    d = definition({"a": act(), "b": act()}, entry=["a", "b"], budgets={"max_cost_micros": 10})
+    h = RunHarness(d).start({}).accept("b").complete("a", 1, usage={"cost_micros": 11})
+    assert h.types[-3:] == ["BudgetExhausted", "StepCancelled", "RunPaused"]
+    assert h.messages[-1]["type"] == "CancelActivation"
+    h.complete("b", 1)
+    assert h.last.dropped == "step already cancelled"
+    h.resume({"max_cost_micros": 100})
+    assert h.types == ["RunResumed", "StepScheduled"] and h.step("b")["attempt"] == 2
+    h.complete("b", 1)
+    assert h.status == "succeeded"
+
+
+def test_wall_time_budget_pauses() -> None:
+    h = RunHarness(definition({"a": act()}, budgets={"wall_time_ms": 1000})).start({})
+    h.fire("wall_time")
+    assert h.types[-1] == "RunPaused" and h.state["pause"]["reason"] == "workflow wall-time budget exceeded"
+    h.resume({"wall_time_ms": 100_000})
+    assert h.status == "running" and any(t["timer_kind"] == "wall_time" for t in h.timers.values())
+
+
+def test_resume_of_a_failed_run_reactivates_the_failed_node() -> None:
+    h = (
+        RunHarness(definition({"a": act(), "b": act()}, routes={"a": ["b"]}))
+        .start({})
+        .complete("a", 1)
+        .fail("b")
+    )
+    assert h.status == "failed"
+    h.resume()
+    assert h.types == ["RunResumed", "StepScheduled"] and h.step("b")["attempt"] == 2
+    h.complete("b", 2)
+    assert h.status == "succeeded"
+
+
+def test_resume_of_a_succeeded_or_running_run_is_rejected() -> None:
+    h = RunHarness(definition({"a": act()})).start({})
+    h.resume()
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
+    h.complete("a", 1).resume()
+    assert h.types == ["RunRejected"]

@@ -1,0 +1,181 @@
+"""Receipts, retries, node timeouts, leases and failure policies."""
+
+from __future__ import annotations
+
+from engine_harness import RunHarness, definition
+
+from processors.engine.ids import dispatch_id
+
+
+def act(**extra: object) -> dict:
+    return {"kind": "action", "action": "do", **extra}
+
+
+RETRY = {"max_attempts": 3, "backoff_ms": 100, "multiplier": 2, "max_backoff_ms": 150}
+
+
+def test_accept_heartbeat_and_lease_timer() -> None:
+    h = RunHarness(definition({"a": act()})).start({}).accept("a", lease_ms=1000)
+    assert h.types == ["StepStarted"] and h.step("a")["lease_expires_ms"] == h.now + 1000
+    lease = next(t for t in h.timers.values() if t["timer_kind"] == "lease_expiry")
+    h.heartbeat("a", lease_ms=1000)
+    assert h.types == ["StepLeaseExtended"]
+    moved = next(t for t in h.timers.values() if t["timer_kind"] == "lease_expiry")
+    assert moved["timer_id"] == lease["timer_id"] and moved["due_ms"] > lease["due_ms"]
+    h.send(dict(lease), advance=0)  # the old due: stale
+    assert h.last.dropped == "stale timer"
+
+
+def test_lease_expiry_fails_the_attempt_retryably_and_cancels_it() -> None:
+    h = RunHarness(definition({"a": act(retry=RETRY)})).start({}).accept("a", lease_ms=1000)
+    h.fire("lease_expiry", "a")
+    assert h.types == ["StepFailed", "StepRetryScheduled"]
+    assert "lease expired" in h.last.events[0]["failure"]["message"]
+    assert h.messages[-1]["type"] == "CancelActivation"
+    h.fire("retry_backoff", "a")
+    assert h.types == ["StepScheduled"] and h.last.events[0]["attempt"] == 2
+    assert h.last.events[0]["dispatch_id"] == dispatch_id("r-1", "a", "", 2)
+
+
+def test_retry_backoff_and_exhaustion() -> None:
+    h = RunHarness(definition({"a": act(retry=RETRY)})).start({})
+    h.fail("a", retryable=True)
+    retry = h.last.events[1]
+    assert retry["next_attempt"] == 2 and retry["due_ms"] == h.now + 100
+    h.fire("retry_backoff", "a").fail("a", retryable=True)
+    assert h.last.events[1]["due_ms"] == h.now + 150  # 100 * 2 capped at 150
+    h.fire("retry_backoff", "a").fail("a", retryable=True)
+    assert h.types == ["StepFailed", "RunFailed"] and h.state["failure"]["code"] == "RetryExhausted"
+    assert h.state["usage"]["retries"] == 2
+
+
+def test_non_retryable_failure_is_not_retried() -> None:
+    h = RunHarness(definition({"a": act(retry=RETRY)})).start({}).fail("a", retryable=False)
+    assert h.types == ["StepFailed", "RunFailed"] and h.state["failure"]["code"] == "ExecutionFailed"
+
+
+def test_run_retry_budget_is_reserved_before_retrying() -> None:
+    h = RunHarness(definition({"a": act(retry=RETRY)}, budgets={"max_retries": 1})).start({})
+    h.fail("a", retryable=True).fire("retry_backoff", "a").fail("a", retryable=True)
+    assert h.state["failure"]["code"] == "RetryExhausted" and "retry budget" in h.state["failure"]["message"]
+
+
+def test_node_timeout_fails_retryably() -> None:
+    h = RunHarness(definition({"a": act(timeout_ms=500, retry=RETRY)})).start({})
+    assert h.messages[-1]["deadline_ms"] == h.now + 500
+    h.fire("node_timeout", "a")
+    assert (
+        h.types == ["StepFailed", "StepRetryScheduled"] and h.last.events[0]["failure"]["code"] == "Timeout"
+    )
+
+
+def test_output_schema_violation_is_invalid_output() -> None:
+    h = RunHarness(definition({"a": act(output_schema={"type": "object", "required": ["k"]})})).start({})
+    h.complete("a", {"nope": 1})
+    assert h.state["failure"]["code"] == "InvalidOutput"
+
+
+def test_usage_is_recorded() -> None:
+    h = (
+        RunHarness(definition({"a": act()}))
+        .start({})
+        .complete("a", 1, usage={"prompt_tokens": 5, "completion_tokens": 7, "cost_micros": 9})
+    )
+    assert h.state["output"] is not None or h.status == "succeeded"
+    assert h.last.events[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "cost_micros": 9}
+
+
+def test_first_receipt_wins_duplicates_and_conflicts() -> None:
+    d = definition({"a": act(), "b": act()}, entry=["a", "b"])
+    h = RunHarness(d).start({}).complete("a", {"v": 1})
+    h.complete("a", {"v": 1})
+    assert h.types == [] and h.last.dropped == "duplicate receipt"
+    h.complete("a", {"v": 2})
+    assert h.types == ["ReceiptConflict"] and h.step("a")["output"] == {"v": 1}
+    h.fail("a")
+    assert h.types == ["ReceiptConflict"]
+    h.accept("b").accept("b")
+    assert h.last.dropped == "duplicate receipt"
+    h.accept("b", worker="w2")
+    assert h.types == ["ReceiptConflict"]
+
+
+def test_stale_unknown_and_finished_receipts_are_dropped() -> None:
+    h = (
+        RunHarness(definition({"a": act(retry=RETRY)}))
+        .start({})
+        .fail("a", retryable=True)
+        .fire("retry_backoff", "a")
+    )
+    h.complete("a", 1, attempt=1)
+    assert h.last.dropped == "stale attempt"
+    h.send({"type": "ActivationCompleted", "node": "zzz", "lineage": "", "attempt": 1, "dispatch_id": "x",
+            "worker_id": "w", "output": 1, "usage": {}})  # fmt: skip
+    assert h.last.dropped == "unknown dispatch id"
+    h.complete("a", 1)
+    assert h.status == "succeeded"
+    h.complete("a", 1)
+    assert h.last.dropped == "run finished"
+
+
+def test_fail_fast_cancels_siblings_in_flight() -> None:
+    d = definition({"a": act(), "b": act(), "c": act()}, entry=["a", "b", "c"])
+    h = RunHarness(d).start({}).accept("c").complete("a", 1).fail("b", message="b broke")
+    assert h.types == ["StepFailed", "StepCancelled", "RunFailed"]
+    assert h.state["failure"]["node"] == "b" and h.step("c")["status"] == "cancelled"
+    assert h.messages[-1]["type"] == "CancelActivation" and h.messages[-1]["node"] == "c"
+    h.complete("c", 1)
+    assert h.last.dropped == "run finished"
+
+
+def test_continue_policy_keeps_going_with_error_value() -> None:
+    d = definition(
+        {"a": act(on_failure="continue", writes={"x": {"from": "output"}}), "b": act()},
+        routes={"a": [{"to": "b", "when": "has(output.error)"}]}, state={"x": None},
+    )  # fmt: skip
+    h = RunHarness(d).start({}).fail("a")
+    assert (
+        h.state["frontier"] == ["b"] and h.step("a")["status"] == "failed" and h.state["state"]["x"] is None
+    )
+    h.complete("b", 1)
+    assert h.status == "succeeded"
+
+
+def test_skip_dependents_skips_downstream_and_still_fails_at_the_end() -> None:
+    d = definition(
+        {"a": act(on_failure="skip_dependents"), "b": act(), "other": act(), "after": act()},
+        entry=["a", "other"], routes={"a": ["b"], "other": ["after"]},
+    )  # fmt: skip
+    h = RunHarness(d).start({}).fail("a", message="a broke").complete("other", 1)
+    assert "StepSkipped" in h.types and h.step("b")["status"] == "skipped"
+    assert h.state["frontier"] == ["after"]
+    h.complete("after", 1)
+    assert h.types[-1] == "RunFailed" and h.state["failure"]["node"] == "a"
+
+
+def test_deterministic_failure_selection_lowest_node() -> None:
+    d = definition(
+        {"b": act(on_failure="skip_dependents"), "a": act(on_failure="skip_dependents")}, entry=["a", "b"]
+    )
+    h1 = RunHarness(d).start({}).fail("b").fail("a")
+    h2 = RunHarness(d).start({}).fail("a").fail("b")
+    assert h1.state["failure"]["node"] == h2.state["failure"]["node"] == "a"
+
+
+def test_activation_cancelled_by_executor_is_a_retryable_failure() -> None:
+    h = RunHarness(definition({"a": act(retry=RETRY)})).start({})
+    h.send({"type": "ActivationCancelled", **h.ident("a"), "worker_id": "w1", "reason": "shutdown"})
+    assert h.types == ["StepFailed", "StepRetryScheduled"]
+
+
+def test_agent_activation_carries_spec_and_reserves_agent_budget() -> None:
+    d = definition({"plan": {"kind": "agent", "agent": "planner", "model": "small",
+                             "prompt": {"topic": {"from": "input", "pointer": "/topic"}}}})  # fmt: skip
+    h = RunHarness(d).start({"topic": "kafka"})
+    message = h.messages[-1]
+    assert message["kind"] == "agent" and message["queue"] == "agents"
+    assert message["agent"]["prompt"] == {"topic": "kafka"} and message["agent"]["model"] == "small"
+    assert h.state["usage"]["agents"] == 1
+    over = RunHarness(definition({"plan": d["nodes"]["plan"]}, budgets={"max_agents": 1}), run_id="r-2")
+    over.ctx = h.ctx.__class__(catalog=over.catalog, ceilings=over.ctx.ceilings, queues=over.ctx.queues)
+    assert over.start({"topic": "x"}).status == "running"

@@ -1,0 +1,120 @@
+"""StartRun: acceptance, rejections (no run left), idempotent and conflicting starts."""
+
+from __future__ import annotations
+
+from engine_harness import RunHarness, definition
+
+from processors.engine import Ceilings, evolve
+from processors.engine.catalog import Catalog
+
+ACTION = {"kind": "action", "action": "do", "writes": {"out": {"from": "output"}}}
+
+
+def simple(**extra: object) -> dict:
+    return definition({"a": dict(ACTION)}, state={"out": None}, **extra)
+
+
+def test_start_emits_accepted_started_and_first_superstep() -> None:
+    h = RunHarness(simple()).start({"topic": "kafka"})
+    assert h.types == ["RunAccepted", "RunStarted", "StepScheduled"]
+    assert [e["sequence"] for e in h.last.events] == [1, 2, 3]
+    assert [e["record_id"] for e in h.last.events] == ["r-1:1", "r-1:2", "r-1:3"]
+    accepted = h.last.events[0]
+    assert accepted["definition_id"] == "wf" and accepted["revision"] == 1
+    assert accepted["bundle"]["hash"] == accepted["bundle_hash"]
+    assert h.status == "running"
+    assert h.messages[0]["type"] == "ActionActivation" and h.messages[0]["queue"] == "default"
+
+
+def test_rejected_start_leaves_no_run() -> None:
+    h = RunHarness(simple(input_schema={"type": "object", "required": ["topic"]})).start({"nope": 1})
+    assert h.types == ["RunRejected"]
+    event = h.last.events[0]
+    assert event["sequence"] == 0 and event["code"] == "InvalidInput" and "required" in event["reason"]
+    assert h.state is None
+    assert evolve(None, event) is None
+
+
+def test_unknown_definition_is_not_found() -> None:
+    h = RunHarness(simple())
+    h.send({"type": "StartRun", "definition_id": "missing", "input": {}})
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "NotFound"
+
+
+def test_secret_in_input_is_rejected_without_echoing_it() -> None:
+    h = RunHarness(simple()).start({"api_key": "hunter2-very-secret"})
+    event = h.last.events[0]
+    assert event["type"] == "RunRejected" and event["code"] == "InvalidInput"
+    assert "hunter2" not in event["reason"] and "input.api_key" in event["reason"]
+
+
+def test_budget_override_may_only_lower() -> None:
+    h = RunHarness(simple(budgets={"max_steps": 10})).start({}, budgets={"max_steps": 11})
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Limit"
+    h2 = RunHarness(simple(budgets={"max_steps": 10})).start({}, budgets={"max_steps": 5})
+    assert h2.types[0] == "RunAccepted" and h2.state["budgets"]["max_steps"] == 5
+
+
+def test_budget_above_ceiling_is_rejected() -> None:
+    h = RunHarness(simple())
+    h.ctx = type(h.ctx)(catalog=h.catalog, ceilings=Ceilings(max_steps=5), queues=h.ctx.queues)
+    h.start({}, budgets={"max_steps": 6})
+    assert h.types == ["RunRejected"] and "ceiling" in h.last.events[0]["reason"]
+
+
+def test_depth_limit() -> None:
+    parent = {"parent_run_id": "p", "parent_node": "n", "parent_lineage": "", "parent_dispatch_id": "d",
+              "root_run_id": "p", "depth": 5}  # fmt: skip
+    h = RunHarness(simple()).start({}, parent=parent)
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "BudgetExceeded"
+    ok = RunHarness(simple()).start({}, parent={**parent, "depth": 4})
+    assert ok.types[0] == "RunAccepted" and ok.state["depth"] == 4 and ok.state["root_run_id"] == "p"
+
+
+def test_unknown_queue_is_rejected() -> None:
+    h = RunHarness(definition({"a": {**ACTION, "queue": "gpu"}}, state={"out": None})).start({})
+    assert h.types == ["RunRejected"] and "unknown queue 'gpu'" in h.last.events[0]["reason"]
+
+
+def test_idempotent_start_and_conflict() -> None:
+    h = RunHarness(simple()).start({"x": 1})
+    before = h.state
+    h.start({"x": 1})
+    assert h.types == [] and h.last.dropped == "duplicate start"
+    h.start({"x": 2})
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
+    assert h.state is before  # the existing run is untouched
+
+
+def test_child_start_uses_the_bundle_and_verifies_its_hash() -> None:
+    cat = Catalog()
+    cat.register(simple(id="child"))
+    bundle = cat.pin_bundle("child", 1).to_json()
+    h = RunHarness()
+    h.send({"type": "StartRun", "definition_id": "child", "input": {}, "bundle": bundle})
+    assert h.types[0] == "RunAccepted" and h.state["bundle_hash"] == bundle["hash"]
+    tampered = {**bundle, "hash": "0" * 64}
+    h2 = RunHarness(run_id="r-2")
+    h2.send({"type": "StartRun", "definition_id": "child", "input": {}, "bundle": tampered})
+    assert h2.types == ["RunRejected"] and "hash" in h2.last.events[0]["reason"]
+
+
+def test_commands_for_unknown_runs_are_not_found() -> None:
+    for msg in (
+        {"type": "CancelRun"},
+        {"type": "SignalRun", "signal": "s", "payload": 1},
+        {"type": "ResumeRun"},
+    ):
+        h = RunHarness(simple()).send(msg)
+        assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "NotFound"
+    h = RunHarness(simple()).send({"type": "ActivationCompleted", "node": "a", "lineage": "", "attempt": 1,
+                                   "dispatch_id": "x", "worker_id": "w", "output": 1, "usage": {}})  # fmt: skip
+    assert h.types == [] and h.last.dropped == "unknown run"
+
+
+def test_malformed_messages_are_dropped_with_a_reason() -> None:
+    h = RunHarness(simple()).start({})
+    h.send({"type": "Bogus"})
+    assert h.last.dropped == "unknown message type 'Bogus'"
+    h.send({"type": "ActivationCompleted", "node": "a"})
+    assert h.last.dropped is not None and "lineage" in h.last.dropped
