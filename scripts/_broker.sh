@@ -25,7 +25,7 @@ ensure_broker() {
     return 0
   fi
   local out
-  if ! out=$(.venv/bin/runfold kafka up --json); then
+  if ! out=$(.venv/bin/python -m topology kafka up --json); then
     echo "$out" >&2
     return 1
   fi
@@ -43,6 +43,6 @@ ensure_broker() {
 
 stop_broker_if_started() {
   if [ "$RUNFOLD_STARTED_BROKER" = "1" ]; then
-    env -u KAFKA_BOOTSTRAP_SERVERS .venv/bin/runfold kafka down >&2 || true
+    env -u KAFKA_BOOTSTRAP_SERVERS .venv/bin/python -m topology kafka down >&2 || true
   fi
 }
