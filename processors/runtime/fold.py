@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from processors.engine import EngineContext, decide, dump_state, effects, evolve, load_state, run_status
+from processors.engine.ids import instance_key
 from processors.runtime import deadletter
 from processors.runtime.overlay import PartitionOverlay
 from schemas import Codec, DecodeError
@@ -129,15 +130,18 @@ class Folder:
                 continue
             fx = effects(state, ev)
             for m in fx.messages:
-                messages.append(self._route(m))
+                messages.append(self._route(m, state))
             set_timers.extend(fx.set_timers)
             clear_timers.extend(fx.clear_timers)
         return before, state, decision.events[-1]["ts_ms"], events, messages, set_timers, clear_timers
 
-    def _route(self, m: dict[str, Any]) -> tuple[str, bytes]:
+    def _route(self, m: dict[str, Any], state: Any) -> tuple[str, bytes]:
         kind = m["type"]
         if kind in _ACTIVATIONS:
-            return self.activation_topic(m["queue"]), self._enc_activation(m)
+            queue = m.get("queue")
+            if queue is None:  # CancelActivation: to the queue its activation went to
+                queue = state["steps"][instance_key(m["node"], m["lineage"])]["queue"]
+            return self.activation_topic(queue), self._enc_activation(m)
         if kind in _CHILD:
             return self.child_activations, self._enc_child(m)
         raise ValueError(f"engine effect of unknown type {kind!r}")

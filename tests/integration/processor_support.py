@@ -1,0 +1,231 @@
+"""Test support for the processor integration tests: a processor in a thread, test code
+acting as executors (real Kafka traffic, Avro via the codec), and read_committed readers.
+
+Imported by tests/integration/test_processor*.py (no tests here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+
+from processors.engine import Catalog
+from processors.engine.catalog import content_hash
+from processors.runtime.loop import Processor
+from processors.runtime.settings import ProcessorSettings
+from schemas import Codec
+from topology.admin import create_topology
+from topology.settings import consumer_config, producer_config
+
+CODEC = Codec.default()
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+TERMINAL = frozenset({"RunSucceeded", "RunFailed", "RunCancelled"})
+
+
+def action(name: str = "do", **extra: Any) -> dict[str, Any]:
+    return {"kind": "action", "action": name, "writes": {name: {"from": "output"}}, **extra}
+
+
+def workflow(wid: str, nodes: dict[str, Any], routes: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"schema": "runfold.workflow/v1", "id": wid, "revision": 1, "entry": [next(iter(nodes))],
+            "nodes": nodes, "routes": routes or {}, "state": {n: None for n in nodes}, **extra}
+
+
+DEFINITIONS = [
+    workflow("one", {"a": action("a")}),
+    workflow("three", {"a": action("a"), "b": action("b"), "c": action("c")}, {"a": ["b"], "b": ["c"]}),
+    workflow("retry", {"a": action("a", retry={"max_attempts": 3, "backoff_ms": 300})}),
+    workflow("sleepy", {"a": action("a"), "s": {"kind": "sleep", "duration_ms": 400}, "b": action("b")},
+             {"a": ["s"], "s": ["b"]}),
+]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def make_settings(bootstrap: str, prefix: str, state_dir: Path, **kw: Any) -> ProcessorSettings:
+    base: dict[str, Any] = {"bootstrap_servers": bootstrap, "topic_prefix": prefix, "partitions": 2,
+                            "state_dir": state_dir, "commit_interval_ms": 20, "instance_id": "p1",
+                            "transaction_timeout_ms": 10_000, "activation_queues": ("default", "agents")}
+    base.update(kw)
+    return ProcessorSettings(**base)
+
+
+def setup_topology(settings: ProcessorSettings, definitions: list[dict[str, Any]] | None = None) -> None:
+    create_topology(settings)
+    producer = Producer(producer_config(settings))
+    catalog = Catalog()
+    for raw in definitions if definitions is not None else DEFINITIONS:
+        defn = catalog.register(raw)
+        record = {"definition_id": defn.id, "revision": defn.revision, "content_hash": content_hash(defn),
+                  "definition": raw, "registered_ms": now_ms()}
+        producer.produce(settings.topics.definitions, CODEC.encode("definitions", record),
+                         f"{defn.id}@{defn.revision}".encode())
+    producer.flush(10)
+
+
+class ProcessorThread:
+    """A processor running in a thread of the test process, stopped by an event."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.processor = Processor(settings)
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, name=f"processor-{settings.instance_id}", daemon=True)
+
+    def _run(self) -> None:
+        self.exit_code = self.processor.run()
+
+    def start(self, timeout: float = 30) -> ProcessorThread:
+        self.thread.start()
+        if not self.processor.ready.wait(timeout):
+            raise AssertionError("processor did not become ready")
+        return self
+
+    def stop(self, timeout: float = 30) -> int | None:
+        self.processor.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "processor thread did not stop"
+        return self.exit_code
+
+    def wait_owned(self, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            parts = self.processor.partitions
+            if parts is not None and len(parts.owned()) == n and not parts.restoring:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"processor did not own {n} ready partitions in {timeout}s")
+
+
+@contextlib.contextmanager
+def running(settings: ProcessorSettings, partitions: int | None = 2) -> Iterator[ProcessorThread]:
+    pt = ProcessorThread(settings).start()
+    try:
+        if partitions:
+            pt.wait_owned(partitions)
+        yield pt
+    finally:
+        pt.stop()
+
+
+class Commands:
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.settings = settings
+        self.producer = Producer(producer_config(settings, linger_ms=0))
+        self.topics = settings.topics
+
+    def send(self, kind: str, run_id: str, body: dict[str, Any], topic: str | None = None) -> None:
+        msg = {"run_id": run_id, "ts_ms": now_ms(), "record_id": uuid.uuid4().hex, **body}
+        target = topic or (self.topics.commands if kind == "commands" else self.topics.receipts)
+        self.producer.produce(target, CODEC.encode(kind, msg), run_id.encode())
+        self.producer.poll(0)
+
+    def start(self, run_id: str, definition_id: str, input: Any = None) -> None:
+        self.send("commands", run_id, {"type": "StartRun", "definition_id": definition_id, "revision": None,
+                                       "input": input or {}})
+
+    def cancel(self, run_id: str, reason: str = "test") -> None:
+        self.send("commands", run_id, {"type": "CancelRun", "reason": reason})
+
+    def receipt(self, act: dict[str, Any], rtype: str, **fields: Any) -> None:
+        ident = {k: act[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
+        self.send("receipts", act["run_id"], {"type": rtype, **ident, "worker_id": "test-worker", **fields})
+
+    def complete(self, act: dict[str, Any], output: Any = None) -> None:
+        self.receipt(act, "ActivationCompleted", output=output if output is not None else {"ok": True},
+                     usage=ZERO_USAGE)
+
+    def fail(self, act: dict[str, Any], retryable: bool) -> None:
+        self.receipt(act, "ActivationFailed", code="ExecutionFailed", message="boom", retryable=retryable,
+                     usage=ZERO_USAGE)
+
+    def raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        self.producer.produce(topic, value, key)
+
+    def flush(self) -> None:
+        self.producer.flush(10)
+
+
+class Reader:
+    """A read_committed reader of one or more topics (from the beginning), decoding as `kind`."""
+
+    def __init__(self, settings: ProcessorSettings, topics: list[str], kind: str) -> None:
+        self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
+        self.consumer.subscribe(topics)
+        self.kind = kind
+        self.records: list[dict[str, Any]] = []
+        self.raw: list[Any] = []
+
+    def poll(self, timeout: float = 0.2) -> list[dict[str, Any]]:
+        new = []
+        for m in self.consumer.consume(500, timeout):
+            if m.error() is not None:
+                continue
+            rec = CODEC.decode(self.kind, m.value())
+            rec["_topic"], rec["_partition"], rec["_offset"] = m.topic(), m.partition(), m.offset()
+            new.append(rec)
+        self.records.extend(new)
+        return new
+
+    def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30,
+                 what: str = "condition") -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            if pred(self.records):
+                return self.records
+        raise AssertionError(f"timed out waiting for {what}; saw {len(self.records)} records: "
+                             f"{[(r.get('type'), r.get('run_id')) for r in self.records[-20:]]}")
+
+    def of(self, run_id: str, rtype: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("run_id") == run_id and (rtype is None or r["type"] == rtype)]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def terminal_of(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["run_id"] == run_id and e["type"] in TERMINAL]
+
+
+class Responder:
+    """Test code acting as an action executor: answers each activation with `handler`."""
+
+    def __init__(self, settings: ProcessorSettings, handler: Callable[[Commands, dict[str, Any]], None],
+                 queue: str = "default") -> None:
+        self.reader = Reader(settings, [settings.topics.activations(queue)], "activations")
+        self.commands = Commands(settings)
+        self.handler = handler
+        self.seen: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for act in self.reader.poll(0.05):
+                self.seen.append(act)
+                self.handler(self.commands, act)
+            self.commands.producer.poll(0)
+
+    def __enter__(self) -> Responder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self.thread.join(10)
+        self.commands.flush()
+        self.reader.close()
+
+
+def complete_all(commands: Commands, act: dict[str, Any]) -> None:
+    if act["type"] == "ActionActivation":
+        commands.complete(act, {"node": act["node"]})

@@ -1,0 +1,163 @@
+"""The run processor against a real broker: test code acts as the executors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from processor_support import (
+    Commands,
+    Reader,
+    Responder,
+    complete_all,
+    make_settings,
+    running,
+    setup_topology,
+    terminal_of,
+)
+
+from processors.runtime.settings import ProcessorSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+    # kafka_settings is requested for its cleanup: it deletes the prefix's topics afterwards.
+    s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0, metrics_port=0)
+    setup_topology(s)
+    return s
+
+
+def test_start_to_succeeded_with_snapshot_query_and_metrics(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    snapshots = Reader(settings, [settings.topics.run_state], "run_state")
+    cmd = Commands(settings)
+    with running(settings) as pt, Responder(settings, complete_all) as responder:
+        for i in range(6):
+            cmd.start(f"run-{i}", "three", {"i": i})
+        cmd.flush()
+        events.wait_for(lambda evs: all(terminal_of(evs, f"run-{i}") for i in range(6)), what="6 terminal runs")
+        # each run's events: gap-free sequence, one terminal event, three steps in order
+        for i in range(6):
+            mine = events.of(f"run-{i}")
+            assert [e["sequence"] for e in mine] == list(range(1, len(mine) + 1))
+            assert [e["type"] for e in terminal_of(mine, f"run-{i}")] == ["RunSucceeded"]
+            assert [e["node"] for e in mine if e["type"] == "StepSucceeded"] == ["a", "b", "c"]
+            # run-events partition == partition of the run's commands (co-partitioning)
+        assert len(responder.seen) == 18
+        # snapshots: the latest one per run is terminal and matches the last event's sequence
+        snapshots.wait_for(lambda s: {r["run_id"] for r in s if r["status"] == "succeeded"} >= {
+            f"run-{i}" for i in range(6)}, what="succeeded snapshots")
+        last = {r["run_id"]: r for r in snapshots.records}
+        assert last["run-0"]["sequence"] == events.of("run-0")[-1]["sequence"]
+        # query: the owner answers with the committed state and events
+        base = f"http://127.0.0.1:{pt.processor.query_port}"
+        body = httpx.get(f"{base}/runs/run-0", timeout=5).json()
+        assert body["status"] == "succeeded" and body["sequence"] == last["run-0"]["sequence"]
+        evs = httpx.get(f"{base}/runs/run-0/events", params={"since": 2}, timeout=5).json()["events"]
+        assert [e["sequence"] for e in evs] == list(range(3, body["sequence"] + 1))
+        assert httpx.get(f"{base}/runs/nope", timeout=5).status_code == 404
+        metrics = httpx.get(f"http://127.0.0.1:{pt.processor.metrics_port}/metrics", timeout=5).text
+        assert 'runfold_processor_transactions_total{outcome="committed"}' in metrics
+        assert 'runfold_processor_runs{status="succeeded"} 6.0' in metrics
+    events.close()
+    snapshots.close()
+
+
+def test_cancel_mid_run(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    cancels: list[dict] = []
+
+    def handler(c: Commands, act: dict) -> None:
+        if act["type"] == "ActionActivation":
+            c.cancel(act["run_id"], "user asked")  # never completes: cancel while in flight
+        else:
+            cancels.append(act)
+            c.receipt(act, "ActivationCancelled", reason="stopped")
+
+    with running(settings), Responder(settings, handler):
+        cmd.start("c-1", "one")
+        cmd.flush()
+        events.wait_for(lambda evs: terminal_of(evs, "c-1"), what="terminal event of c-1")
+    assert [e["type"] for e in terminal_of(events.records, "c-1")] == ["RunCancelled"]
+    assert cancels and cancels[0]["type"] == "CancelActivation"
+    events.close()
+
+
+def test_retryable_failure_is_retried_after_backoff_timer(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    seen_at: dict[int, float] = {}
+
+    def handler(c: Commands, act: dict) -> None:
+        seen_at[act["attempt"]] = time.monotonic()
+        if act["attempt"] == 1:
+            c.fail(act, retryable=True)
+        else:
+            c.complete(act)
+
+    with running(settings), Responder(settings, handler):
+        cmd.start("rt-1", "retry")
+        cmd.flush()
+        events.wait_for(lambda evs: terminal_of(evs, "rt-1"), what="terminal event of rt-1")
+    types = [e["type"] for e in events.of("rt-1")]
+    assert "StepRetryScheduled" in types and types[-1] == "RunSucceeded"
+    assert seen_at[2] - seen_at[1] >= 0.25  # backoff 300 ms, fired by the durable timer
+    events.close()
+
+
+def test_sleep_node(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    with running(settings), Responder(settings, complete_all):
+        cmd.start("s-1", "sleepy")
+        cmd.flush()
+        events.wait_for(lambda evs: terminal_of(evs, "s-1"), what="terminal event of s-1")
+    mine = events.of("s-1")
+    assert mine[-1]["type"] == "RunSucceeded"
+    sleep = next(e for e in mine if e["type"] == "StepScheduled" and e["node"] == "s")
+    woke = next(e for e in mine if e["type"] == "StepSucceeded" and e["node"] == "s")
+    assert woke["ts_ms"] - sleep["ts_ms"] >= 400
+    events.close()
+
+
+def test_garbage_goes_to_dead_letters_and_processing_continues(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    dead = Reader(settings, [settings.topics.dead_letters], "dead_letters")
+    cmd = Commands(settings)
+    t = settings.topics
+    with running(settings) as pt, Responder(settings, complete_all):
+        cmd.raw(t.commands, b"g-1", b"\x00not avro at all")
+        cmd.raw(t.receipts, b"g-1", b"\xc3\x01garbage")
+        cmd.raw(t.commands, b"g-1", None)
+        cmd.send("commands", "g-2", {"type": "StartRun", "definition_id": "one", "revision": None, "input": {}},
+                 topic=None)
+        # a valid command under the wrong key
+        cmd.producer.produce(t.commands, __import__("processor_support").CODEC.encode("commands", {
+            "type": "CancelRun", "run_id": "g-2", "ts_ms": 1, "record_id": "x", "reason": ""}), b"other-key")
+        cmd.start("g-3", "one")
+        cmd.start("g-4", "no-such-definition")
+        cmd.flush()
+        dead.wait_for(lambda d: len(d) >= 4, what="4 dead letters")
+        events.wait_for(lambda evs: terminal_of(evs, "g-3") and events.of("g-4", "RunRejected"),
+                        what="g-3 terminal and g-4 rejected")
+        metrics = pt.processor.metrics
+        assert metrics.dead_letters.labels("undecodable")._value.get() == 2
+        assert metrics.dead_letters.labels("null_value")._value.get() == 1
+        assert metrics.dead_letters.labels("key_mismatch")._value.get() == 1
+        assert metrics.rejected.labels("NotFound")._value.get() == 1
+    by_topic = {(d["source_topic"], d["error"].split(":")[0]) for d in dead.records}
+    assert (t.commands, "cannot decode " + t.commands) in by_topic
+    assert (t.receipts, "cannot decode " + t.receipts) in by_topic
+    for d in dead.records:
+        assert d["producer"] == "processor" and d["source_offset"] >= 0 and d["source_partition"] in (0, 1)
+        assert d["key"] in (b"g-1", b"other-key")
+    garbage = next(d for d in dead.records if d["source_topic"] == t.receipts)
+    assert garbage["original"] == b"\xc3\x01garbage"
+    assert events.of("g-4", "RunRejected")[0]["code"] == "NotFound"
+    events.close()
+    dead.close()
