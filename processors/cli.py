@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from processors import cli_defs, cli_runs
 from processors.executors import cli as executors_cli
 from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
@@ -20,8 +21,8 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(topology_app, name="topology")
 executors_cli.mount(app)  # `runfold worker`, `runfold child-executor`
 app.command("processor")(runtime_cli.processor)  # `runfold processor`
-app.add_typer(__import__("processors.cli_defs").cli_defs.defs_app, name="defs")  # client tooling
-app.add_typer(__import__("processors.cli_runs").cli_runs.runs_app, name="runs")  # client tooling
+app.add_typer(cli_defs.defs_app, name="defs")  # `runfold defs register|list|show`
+app.add_typer(cli_runs.runs_app, name="runs")  # `runfold runs start|cancel|signal|resume|get|list|watch|events`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from processors.client.errors import (
     RunNotFound,
     RunRejected,
 )
-from processors.client.reader import PartitionReader, broker_error
+from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
 from processors.runtime.partitioning import partition_for
 from schemas import Codec
@@ -94,6 +94,7 @@ class RunClient:
         if self._producer is None:
             cfg = producer_config(self.settings, linger_ms=0, message_timeout_ms=int(self.timeout_s * 1000))
             cfg["error_cb"] = self._broker_errors.append
+            cfg["logger"] = KAFKA_LOGGER
             self._producer = Producer(cfg)
         return self._producer
 

@@ -10,6 +10,7 @@ the tail are never delivered, so "offset == high watermark - 1" would not work).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,10 @@ from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTim
 from topology.settings import KafkaSettings, consumer_config
 
 _BATCH = 1000
+# librdkafka's own log lines (connection refused, ...) go through logging, not raw to stderr:
+# the client reports broker trouble as typed errors; apps that configure logging still see them.
+KAFKA_LOGGER = logging.getLogger("runfold.client.kafka")
+KAFKA_LOGGER.addHandler(logging.NullHandler())
 _BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 
 
@@ -46,6 +51,7 @@ class PartitionReader:
         self.timeout_s = timeout_s
         cfg = consumer_config(settings, f"runfold-client-{uuid.uuid4().hex[:12]}",
                               enable_partition_eof=True, fetch_wait_max_ms=20, **overrides)
+        cfg["logger"] = KAFKA_LOGGER
         self._consumer = Consumer(cfg)
         self._partitions: dict[str, int] = {}
 

@@ -1,0 +1,271 @@
+"""`runfold runs start|cancel|signal|resume|get|list|watch|events`: runs through the client SDK."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from processors.cli_common import (
+    EXIT_FAILED,
+    BootstrapOpt,
+    JsonOpt,
+    PrefixOpt,
+    TimeoutOpt,
+    cli_errors,
+    console,
+    dumps,
+    echo_json,
+    make_client,
+    parse_json_arg,
+    parse_pairs,
+)
+from processors.client import RunView
+from processors.client.progress import StepBoard
+
+runs_app = typer.Typer(no_args_is_help=True, help="Start, control and inspect workflow runs.")
+
+_STATUS_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "rejected": "red",
+                 "waiting": "cyan", "paused": "magenta", "running": "blue", "retry_wait": "magenta",
+                 "skipped": "dim"}
+
+
+def _styled(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def _print_view(view: RunView, show_state: bool) -> None:
+    console.print(f"[bold]{view.run_id}[/]  ", _styled(view.status),
+                  f"  {view.definition_id}@{view.revision}  seq {view.sequence}  [dim](from {view.source})[/]",
+                  highlight=False)
+    if view.output is not None:
+        console.print(f"output: {dumps(view.output)}", highlight=False)
+    if view.failure:
+        console.print(f"[red]failure:[/] {view.failure.get('code')}: {view.failure.get('message')}", highlight=False)
+    if view.usage:
+        console.print("usage: " + ", ".join(f"{k}={v}" for k, v in view.usage.items()), highlight=False)
+    steps = view.steps()
+    if steps:
+        table = Table("step", "status", "attempt")
+        for key in sorted(steps):
+            step = steps[key]
+            table.add_row(key, _styled(str(step.get("status", "?"))), str(step.get("attempt", "")))
+        console.print(table)
+    if show_state and view.state is not None:
+        console.print_json(dumps(view.state))
+
+
+@runs_app.command("start")
+def start(
+    definition: Annotated[str, typer.Argument(help="Definition id (or id@revision).")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Run input as JSON, or @file.json.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Your run id (idempotent); default: generated.")] = None,
+    revision: Annotated[int | None, typer.Option("--revision", "-r", help="Revision (default: latest).")] = None,
+    label: Annotated[list[str], typer.Option("--label", "-l", help="key=value label; repeatable.")] = [],  # noqa: B006
+    budget: Annotated[list[str], typer.Option("--budget", help="Lower a budget: max_steps=50; repeatable.")] = [],  # noqa: B006
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the outcome; exit 1 unless it succeeded.")] = False,
+    timeout: TimeoutOpt = 120.0,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Start a run of a registered definition and print its run id.
+
+    Example: `runfold runs start one-step --input '{"text": "hi"}' --wait`
+    """
+    def_id, sep, rev = definition.rpartition("@")
+    if sep and rev.isdigit():
+        definition, revision = def_id, int(rev)
+    payload = parse_json_arg(input, "--input")
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        rid = client.start(definition, payload, run_id=run_id, revision=revision,
+                           labels=parse_pairs(label, "--label"), budgets=parse_pairs(budget, "--budget", as_int=True))
+        if not wait:
+            if as_json:
+                echo_json({"ok": True, "run_id": rid})
+            else:
+                console.print(f"started [bold]{rid}[/]", highlight=False)
+            return
+        view = client.wait(rid, timeout=timeout)
+    if as_json:
+        echo_json({"ok": view.status == "succeeded", **view.to_dict()})
+    else:
+        _print_view(view, show_state=False)
+    if view.status != "succeeded":
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _ack(as_json: bool, what: str, run_id: str) -> None:
+    if as_json:
+        echo_json({"ok": True, "run_id": run_id, "command": what})
+    else:
+        console.print(f"{what} sent to [bold]{run_id}[/]", highlight=False)
+
+
+@runs_app.command("cancel")
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in RunCancelled).")] = "",
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Cancel a run (idempotent; cascades to in-flight steps and child runs).
+
+    Example: `runfold runs cancel run-1 --reason "no longer needed"`
+    """
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        client.cancel(run_id, reason)
+    _ack(as_json, "CancelRun", run_id)
+
+
+@runs_app.command("signal")
+def signal(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    name: Annotated[str, typer.Argument(help="Signal name (the wait node's `signal`).")],
+    payload: Annotated[str | None, typer.Option("--payload", "-p", help="JSON payload, or @file.json.")] = None,
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Send a named signal to a run (e.g. a human approval).
+
+    Example: `runfold runs signal run-1 approval --payload '{"approved": true}'`
+    """
+    value = parse_json_arg(payload, "--payload")
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        client.signal(run_id, name, value)
+    _ack(as_json, "SignalRun", run_id)
+
+
+@runs_app.command("resume")
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    budget: Annotated[list[str], typer.Option("--budget", help="New limit: max_tokens=400000; repeatable.")] = [],  # noqa: B006
+    reason: Annotated[str, typer.Option(help="Why (recorded in RunResumed).")] = "",
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Resume a failed, paused or budget-blocked run, optionally with new budgets.
+
+    Example: `runfold runs resume run-1 --budget max_cost_micros=9000000`
+    """
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        client.resume(run_id, parse_pairs(budget, "--budget", as_int=True) or None, reason)
+    _ack(as_json, "ResumeRun", run_id)
+
+
+@runs_app.command("get")
+def get(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    state: Annotated[bool, typer.Option("--state", help="Also print the full run state.")] = False,
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Show a run: status, output or failure, usage, steps (from the owning processor or the run-state topic).
+
+    Example: `runfold runs get run-1 --json`
+    """
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        view = client.get(run_id)
+    if as_json:
+        echo_json(view.to_dict(with_state=state))
+    else:
+        _print_view(view, show_state=state)
+
+
+@runs_app.command("list")
+def list_runs(
+    status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
+    definition: Annotated[str | None, typer.Option(help="Only runs of this definition id.")] = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many (most recent first).")] = 50,
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """List runs from the compacted run-state topic, most recent first, with counts by status.
+
+    Example: `runfold runs list --status failed`
+    """
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        views = client.runs()
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.status] = counts.get(v.status, 0) + 1
+    views = [v for v in views if (status is None or v.status == status)
+             and (definition is None or v.definition_id == definition)]
+    views.sort(key=lambda v: v.ts_ms or 0, reverse=True)
+    if as_json:
+        for v in views[:limit]:
+            echo_json(v.to_dict())
+        return
+    table = Table(title=f"runs ({len(views)} shown of {sum(counts.values())}: "
+                  + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")")
+    for col in ("run id", "definition", "status", "seq", "updated"):
+        table.add_column(col)
+    for v in views[:limit]:
+        when = time.strftime("%H:%M:%S", time.localtime((v.ts_ms or 0) / 1000))
+        table.add_row(v.run_id, f"{v.definition_id}@{v.revision}", _styled(v.status), str(v.sequence), when)
+    console.print(table)
+
+
+def _board_table(board: StepBoard) -> Group:
+    head = Text.assemble((board.run_id, "bold"), "  ", _styled(board.status),
+                         f"  {board.definition}  seq {board.sequence}  superstep {board.superstep}")
+    table = Table("step", "kind", "status", "attempt", "worker", "ms", "detail")
+    for row in board.rows():
+        table.add_row(row.label, row.kind, _styled(row.status), str(row.attempt), row.worker[-24:],
+                      "" if row.duration_ms is None else str(row.duration_ms), row.detail)
+    notes = Text("\n".join(board.notes[-6:]), style="dim")
+    return Group(head, table, notes)
+
+
+@runs_app.command("watch")
+def watch(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    timeout: TimeoutOpt = 600.0,
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Follow a run live: a table of its steps, updated from committed run events, until it ends.
+
+    With --json, prints each event as one JSON line instead. Exit 1 unless the run succeeded.
+
+    Example: `runfold runs watch run-1`
+    """
+    board = StepBoard(run_id)
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        events = client.events(run_id, follow=True, timeout=timeout)
+        if as_json:
+            for ev in events:
+                board.apply(ev)
+                echo_json(ev)
+        else:
+            with Live(_board_table(board), console=console, refresh_per_second=8) as live:
+                for ev in events:
+                    board.apply(ev)
+                    live.update(_board_table(board))
+    if board.status != "succeeded":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@runs_app.command("events")
+def events(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following until the run ends.")] = False,
+    since: Annotated[int, typer.Option(help="Only events with a sequence above this.")] = 0,
+    timeout: TimeoutOpt = 600.0,
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Print a run's committed events in order (the system of record).
+
+    Example: `runfold runs events run-1 --json`
+    """
+    with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        for ev in client.events(run_id, follow=follow, after_sequence=since, timeout=timeout if follow else None):
+            if as_json:
+                echo_json(ev)
+            else:
+                console.print(_event_line(ev), highlight=False)
+
+
+def _event_line(ev: dict[str, Any]) -> Text:
+    skip = {"type", "run_id", "record_id", "ts_ms", "sequence", "bundle"}
+    fields = " ".join(f"{k}={dumps(v)}" for k, v in ev.items() if k not in skip and v not in (None, "", {}, []))
+    return Text.assemble(f"{ev['sequence']:>4} ", (ev["type"], "bold"), " ", (fields[:200], "dim"))
