@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer
 
@@ -210,7 +211,7 @@ class RunClient:
         import httpx
 
         try:
-            resp = httpx.get(f"{self.query_url}/runs/{run_id}", timeout=self.timeout_s)
+            resp = httpx.get(f"{self.query_url}/runs/{quote(run_id, safe='')}", timeout=self.timeout_s)
         except httpx.HTTPError:
             return None  # the owner may be restarting: the snapshot topic still answers
         if resp.status_code != 200:
