@@ -1,0 +1,163 @@
+"""Processor lifecycle against a real broker: rebalance between two instances, restart from
+the store, rebuild from run-events, and fencing of a second instance with the same id."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from processor_support import (
+    Commands,
+    ProcessorThread,
+    Reader,
+    Responder,
+    complete_all,
+    make_settings,
+    running,
+    setup_topology,
+    terminal_of,
+)
+
+from processors.runtime.loop import EXIT_FENCED
+from processors.runtime.partitioning import partition_for
+from processors.runtime.settings import ProcessorSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+    s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "a")
+    setup_topology(s)
+    return s
+
+
+def _one_activation_each(acts: list[dict]) -> None:
+    ids = [a["dispatch_id"] for a in acts if a["type"] == "ActionActivation"]
+    assert len(ids) == len(set(ids)), "an activation was emitted twice"
+
+
+def test_two_instances_split_partitions_and_runs_complete_across_rebalance(
+        settings: ProcessorSettings, tmp_path: Path) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    acts = Reader(settings, [settings.topics.activations("default")], "activations")
+    cmd = Commands(settings)
+    runs = [f"rb-{i}" for i in range(12)]
+    assert {partition_for(r, 2) for r in runs} == {0, 1}
+    second = settings.model_copy(update={"instance_id": "p2", "state_dir": tmp_path / "b", "query_port": 0})
+    first = settings.model_copy(update={"query_port": 0})
+    with running(first) as a:
+        for r in runs:
+            cmd.start(r, "three")
+        cmd.flush()
+        # every run has its first activation before the second instance joins
+        acts.wait_for(lambda xs: {x["run_id"] for x in xs} >= set(runs), what="first activations")
+        b = ProcessorThread(second).start()
+        try:
+            a.wait_owned(1)
+            b.wait_owned(1)
+            assert set(a.processor.partitions.owned()) | set(b.processor.partitions.owned()) == {0, 1}
+            # a run owned by the other instance: 421 naming the partition and the owner
+            theirs = next(r for r in runs if partition_for(r, 2) in b.processor.partitions.owned())
+            resp = httpx.get(f"http://127.0.0.1:{a.processor.query_port}/runs/{theirs}", timeout=10)
+            assert resp.status_code == 421
+            body = resp.json()
+            assert body["partition"] == partition_for(theirs, 2) and body["owner"]["instance_id"] == "p2"
+            with Responder(settings, complete_all):
+                events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60,
+                                what="all runs terminal across the rebalance")
+            owner_b = httpx.get(f"http://127.0.0.1:{b.processor.query_port}/runs/{theirs}", timeout=10).json()
+            assert owner_b["status"] == "succeeded"
+        finally:
+            assert b.stop() == 0
+    for r in runs:
+        assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
+        mine = events.of(r)
+        assert [e["sequence"] for e in mine] == list(range(1, len(mine) + 1))
+    acts.poll(1.0)
+    _one_activation_each(acts.records)
+    events.close()
+    acts.close()
+
+
+def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: ProcessorSettings) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    acts = Reader(settings, [settings.topics.activations("default")], "activations")
+    cmd = Commands(settings)
+    runs = [f"rs-{i}" for i in range(8)]
+    with running(settings):
+        for r in runs:
+            cmd.start(r, "three")
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= len(runs), what="first activations")
+    # restart with the same store: nothing to restore, no activation re-emitted
+    with running(settings) as pt:
+        time.sleep(1.0)
+        assert pt.processor.metrics.events_restored._value.get() == 0
+        acts.poll(0.5)
+        assert len(acts.records) == len(runs)
+        for act in list(acts.records):
+            cmd.complete(act)  # step a of every run
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= 2 * len(runs), what="second activations")
+    # lose the store entirely: restart rebuilds it from run-events, then finishes the runs
+    shutil.rmtree(settings.state_dir)
+    with running(settings) as pt:
+        assert pt.processor.metrics.events_restored._value.get() > 0
+        with Responder(settings, complete_all):
+            # the second activations were emitted already; answer them (the responder reads from the start)
+            events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60,
+                            what="all runs terminal after rebuild")
+    for r in runs:
+        assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
+    acts.poll(1.0)
+    _one_activation_each(acts.records)
+    assert len([a for a in acts.records if a["type"] == "ActionActivation"]) == 3 * len(runs)
+    events.close()
+    acts.close()
+
+
+def test_second_instance_with_same_id_fences_the_first(settings: ProcessorSettings, tmp_path: Path) -> None:
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    first = ProcessorThread(settings).start()
+    first.wait_owned(2)
+    twin = ProcessorThread(settings.model_copy(update={"state_dir": tmp_path / "twin"})).start()
+    try:
+        runs = [f"f-{i}" for i in range(10)]
+        with Responder(settings, complete_all):
+            # keep input flowing until the zombie notices it was fenced and exits
+            deadline = time.monotonic() + 60
+            i = 0
+            while first.thread.is_alive() and time.monotonic() < deadline:
+                cmd.start(runs[i % len(runs)], "one")
+                cmd.flush()
+                i += 1
+                time.sleep(0.1)
+            first.thread.join(30)
+            assert first.exit_code == EXIT_FENCED
+            twin.wait_owned(2, timeout=60)
+            events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs[: min(i, len(runs))]),
+                            timeout=60, what="runs completed by the surviving instance")
+        for r in runs[: min(i, len(runs))]:
+            assert len(terminal_of(events.records, r)) == 1
+    finally:
+        if first.thread.is_alive():
+            first.stop()
+        assert twin.stop() == 0
+        events.close()
+
+
+def test_stop_event_commits_and_exits_zero(settings: ProcessorSettings) -> None:
+    # A processor idling with no input stops promptly and cleanly.
+    pt = ProcessorThread(settings).start()
+    pt.wait_owned(2)
+    t0 = time.monotonic()
+    stopper = threading.Timer(0.2, pt.processor.stop)
+    stopper.start()
+    pt.thread.join(20)
+    assert pt.exit_code == 0 and time.monotonic() - t0 < 15
