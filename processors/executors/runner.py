@@ -4,10 +4,11 @@ One asyncio loop owns all state (no locks): it polls the consumer without blocki
 starts handlers (async ones as tasks on this loop, sync ones in a thread pool), sends
 receipts with an idempotent producer, and commits offsets.
 
-- Admission: at most `concurrency` handlers run; up to as many more activations wait in a
+- Admission: at most `concurrency` handlers run; up to `backlog` more activations wait in a
   local backlog (so a CancelActivation behind them is still read, and a waiting one is
-  cancelled without running). With running + waiting == 2 x concurrency the assigned
-  partitions are paused; below that they are resumed.
+  cancelled without running). With running + waiting == concurrency + backlog the assigned
+  partitions are paused; below that they are resumed. (While paused, a cancel notice waits
+  in Kafka like any record: it reaches its handler once a slot frees.)
 - A slot is held until the terminal receipt is acknowledged by the broker; only then is
   the activation's offset marked done. Offsets commit at the per-partition low watermark
   (`offsets.OffsetTracker`), so a crash re-delivers every activation whose receipt might
@@ -88,7 +89,7 @@ class WorkerRunner:
         self.encode_receipt = self.codec.encoder("receipts")
         self.router = ProviderRouter(self.settings.agents.model_copy(deep=True), worker.secrets)
         self.concurrency = self.settings.concurrency
-        self.admission = 2 * self.concurrency
+        self.admission = self.concurrency + self.settings.backlog
         self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
         self.running: dict[str, Entry] = {}  # dispatch_id -> started, not yet acknowledged
         self.backlog: OrderedDict[str, Entry] = OrderedDict()  # dispatch_id -> waiting for a slot

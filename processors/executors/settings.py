@@ -41,6 +41,10 @@ class WorkerSettings(BaseSettings):
     name: str = "worker"
     queues: list[str] = Field(default_factory=lambda: ["default", "agents"])
     concurrency: int = Field(default=64, ge=1)
+    # activations read ahead beyond `concurrency`, waiting for a slot; the partitions pause when
+    # running + waiting reaches concurrency + backlog. Read-ahead is what lets a CancelActivation
+    # behind busy slots reach its handler (or cancel a waiting activation before it runs).
+    backlog: int = Field(default=128, ge=0)
     # how long SIGTERM waits for in-flight handlers before cancelling them
     drain_timeout_ms: int = Field(default=30_000, ge=0)
     # after a cancel/deadline signal, how long an async handler has before its task is cancelled
