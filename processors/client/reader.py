@@ -13,19 +13,22 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTimeout
 from topology.settings import KafkaSettings, consumer_config
 
+T = TypeVar("T")
 _BATCH = 1000
 # librdkafka's own log lines (connection refused, ...) go through logging, not raw to stderr:
 # the client reports broker trouble as typed errors; apps that configure logging still see them.
 KAFKA_LOGGER = logging.getLogger("runfold.client.kafka")
 KAFKA_LOGGER.addHandler(logging.NullHandler())
+# a topic created a moment ago answers these until its leader is elected
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
 _BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 
 
@@ -74,20 +77,30 @@ class PartitionReader:
         n = self._partitions[topic] = len(tmd.partitions)
         return n
 
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Retry retriable broker errors (a new topic's leader not elected yet, ...) until the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return call()
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                retriable = isinstance(err, KafkaError) and err.code() not in _BROKER_DOWN and (
+                    err.retriable() or err.code() in _SETTLING)
+                if not retriable or time.monotonic() > deadline:
+                    raise broker_error(e, what, self.settings.bootstrap_servers) from None
+                time.sleep(0.1)
+
     def end_offset(self, topic: str, partition: int) -> int:
-        try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                           timeout=self.timeout_s, cached=False)
-        except KafkaException as e:
-            raise broker_error(e, f"reading offsets of {topic}[{partition}]", self.settings.bootstrap_servers) from None
+        tp = TopicPartition(topic, partition)
+        _, high = self._retrying(f"reading offsets of {topic}[{partition}]", lambda: self._consumer.get_watermark_offsets(
+            tp, timeout=self.timeout_s, cached=False))
         return int(high)
 
     def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:
-        """The first offset with a record timestamp >= ts_ms (or the end: -1 maps to OFFSET_END)."""
-        try:
-            [tp] = self._consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s)
-        except KafkaException as e:
-            raise broker_error(e, f"looking up offsets of {topic}[{partition}]", self.settings.bootstrap_servers) from None
+        """The first offset with a record timestamp >= ts_ms (the end offset if there is none)."""
+        [tp] = self._retrying(f"looking up offsets of {topic}[{partition}]", lambda: self._consumer.offsets_for_times(
+            [TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s))
         return int(tp.offset) if tp.offset >= 0 else self.end_offset(topic, partition)
 
     def read(self, starts: dict[tuple[str, int], int], *, follow: bool = False,
