@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from processors import cli_defs, cli_runs
+from processors import cli_defs, cli_replay, cli_runs
 from processors.executors import cli as executors_cli
 from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
@@ -22,7 +22,8 @@ app.add_typer(topology_app, name="topology")
 executors_cli.mount(app)  # `runfold worker`, `runfold child-executor`
 app.command("processor")(runtime_cli.processor)  # `runfold processor`
 app.add_typer(cli_defs.defs_app, name="defs")  # `runfold defs register|list|show`
-app.add_typer(cli_runs.runs_app, name="runs")  # `runfold runs start|cancel|signal|resume|get|list|watch|events`
+app.add_typer(cli_runs.runs_app, name="runs")  # `runfold runs start|cancel|...|watch|events`
+app.command("replay")(cli_replay.replay)  # `runfold replay --verify | --rebuild`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

@@ -127,7 +127,7 @@ def test_typed_errors(client: RunClient, settings: ProcessorSettings) -> None:
     bad = {**APPROVAL, "id": "bad", "entry": ["missing"]}
     with pytest.raises(InvalidDefinition, match=r"entry\[0\].*unknown_node"):
         client.register(bad)
-    with pytest.raises(InvalidDefinition, match="broken.yaml"):
+    with pytest.raises(InvalidDefinition, match=r"broken\.yaml"):
         path = Path(settings.state_dir).parent / "broken.yaml"
         path.write_text("schema: runfold.workflow/v1\nid: broken\nrevision: 0\nentry: []\nnodes: {}\n")
         client.register(path)
@@ -140,9 +140,9 @@ def test_typed_errors(client: RunClient, settings: ProcessorSettings) -> None:
     run_id = client.start("one-step", {"text": "x"})
     with pytest.raises(RunfoldTimeout, match=run_id):
         client.wait(run_id, timeout=1.5)
-    with RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="x"), timeout_s=2) as down:
-        with pytest.raises(BrokerUnavailable, match="127.0.0.1:1"):
-            down.start("one-step", {})
+    with (RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="x"), timeout_s=2) as down,
+          pytest.raises(BrokerUnavailable, match=r"127\.0\.0\.1:1")):
+        down.start("one-step", {})
 
 
 def test_rejected_start_raises(client: RunClient, system: None) -> None:
