@@ -30,6 +30,15 @@ def processor(
     log_level: Annotated[str | None, typer.Option(help="Log level (INFO, DEBUG, ...).")] = None,
 ) -> None:
     """Run the run processor: fold commands and receipts into run state, exactly once."""
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        logs.get_logger().info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    # First thing: a SIGTERM during start-up must also stop cleanly.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     from processors.runtime.loop import Processor
     from processors.runtime.settings import load_processor_settings
 
@@ -38,14 +47,6 @@ def processor(
         group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
         metrics_port=metrics_port, query_port=query_port, log_level=log_level)
     logs.configure(settings.log_level)
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        logs.get_logger().info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     code = Processor(settings, stop=stop).run()
     raise typer.Exit(code)
 

@@ -37,7 +37,7 @@ EXIT_OK = 0
 EXIT_FATAL = 2
 EXIT_FENCED = 3
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+                           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
 _KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
 
@@ -442,8 +442,12 @@ class Processor:
     # ---- errors and lag --------------------------------------------------------------------
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
-            self._fatal = ProcessorStopped(EXIT_FENCED if err.code() in _FENCED_CODES else EXIT_FATAL,
-                                           f"fatal Kafka client error: {err.str()}")
+            if err.code() in _FENCED_CODES:
+                self._fatal = ProcessorStopped(EXIT_FENCED, (
+                    f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
+                    f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
+            else:
+                self._fatal = ProcessorStopped(EXIT_FATAL, f"fatal Kafka client error: {err.str()}")
             self.stop_event.set()
         else:
             self.log.warning("kafka client error", extra={"error": err.str()})

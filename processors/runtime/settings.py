@@ -62,6 +62,12 @@ class ProcessorSettings(KafkaSettings):
     restore_chunk: int = Field(default=2_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
+    # Static group membership (group.instance.id = the transactional id): a restarted instance
+    # takes its partitions back at once instead of waiting for its dead predecessor's session
+    # to expire. The price: a cleanly stopped instance's partitions move only after
+    # session_timeout_ms (librdkafka cannot leave a group as a static member).
+    static_membership: bool = True
+    session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # None = no endpoint, 0 = ephemeral
     query_port: int | None = Field(default=None, ge=0, le=65_535)
     http_host: str = "0.0.0.0"
@@ -97,13 +103,17 @@ class ProcessorSettings(KafkaSettings):
         return self.state_dir / self.topic_prefix / self.group
 
     def input_consumer_config(self) -> dict[str, Any]:
-        return consumer_config(
+        cfg = consumer_config(
             self, self.group,
-            client_id=f"{self.transactional_id}",
-            # Whole-batch fetches; range co-locates partition N of commands and receipts.
+            client_id=self.transactional_id,
+            # range co-locates partition N of commands and receipts (equal partition counts)
             partition_assignment_strategy="range",
             enable_partition_eof=False,
+            session_timeout_ms=self.session_timeout_ms,
         )
+        if self.static_membership:
+            cfg["group.instance.id"] = self.transactional_id
+        return cfg
 
     def side_consumer_config(self, purpose: str) -> dict[str, Any]:
         """A group-less reader (restore, definitions): assigned partitions, no commits."""

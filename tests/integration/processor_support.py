@@ -175,6 +175,12 @@ class Reader:
         self.records.extend(new)
         return new
 
+    def drain(self, quiet: float = 0.5) -> list[dict[str, Any]]:
+        """Read until nothing new arrives for `quiet` seconds."""
+        while self.poll(quiet):
+            pass
+        return self.records
+
     def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30,
                  what: str = "condition") -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout

@@ -78,7 +78,7 @@ def test_two_instances_split_partitions_and_runs_complete_across_rebalance(
         assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
         mine = events.of(r)
         assert [e["sequence"] for e in mine] == list(range(1, len(mine) + 1))
-    acts.poll(1.0)
+    acts.drain()
     _one_activation_each(acts.records)
     events.close()
     acts.close()
@@ -114,7 +114,7 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
                             what="all runs terminal after rebuild")
     for r in runs:
         assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
-    acts.poll(1.0)
+    acts.drain()
     _one_activation_each(acts.records)
     assert len([a for a in acts.records if a["type"] == "ActionActivation"]) == 3 * len(runs)
     events.close()
