@@ -45,7 +45,9 @@ class ActionContext:
         self.capabilities: frozenset[str] = frozenset(activation.get("capabilities") or ())
         self.secrets = secrets
         self.worker_id = worker_id
-        self.cancelled = threading.Event()
+        self._is_cancelled = False
+        self._cancelled_event: threading.Event | None = None  # made on first use: Events are costly
+        self._lock = threading.Lock()
         self.cancel_reason = ""
         # why the handler was asked to stop: "cancel" (a CancelActivation notice),
         # "deadline" (deadline_ms passed) or "shutdown" (the worker is draining)
@@ -90,14 +92,28 @@ class ActionContext:
         if self._request_heartbeat is not None:
             self._request_heartbeat()
 
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set once the activation is cancelled; a sync handler can `ctx.cancelled.wait(timeout)`."""
+        with self._lock:
+            if self._cancelled_event is None:
+                self._cancelled_event = threading.Event()
+                if self._is_cancelled:
+                    self._cancelled_event.set()
+            return self._cancelled_event
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled
+
     def check_cancelled(self) -> None:
         """Raise `Cancelled` if the activation was cancelled (or its deadline passed)."""
-        if self.cancelled.is_set():
+        if self._is_cancelled:
             raise Cancelled(self.cancel_reason or "cancelled")
 
     async def wait_cancelled(self) -> None:
         """Return once the activation is cancelled. Only from an async handler (worker loop)."""
-        if self.cancelled.is_set():
+        if self._is_cancelled:
             return
         if self._async_cancelled is None:
             self._async_cancelled = asyncio.Event()
@@ -105,10 +121,13 @@ class ActionContext:
 
     def signal_cancel(self, reason: str, kind: str = "cancel") -> None:
         """Called by the runner on the worker loop thread; the first reason wins."""
-        if self.cancelled.is_set():
+        if self._is_cancelled:
             return
         self.cancel_reason = reason
         self.cancel_kind = kind
-        self.cancelled.set()
+        with self._lock:
+            self._is_cancelled = True
+            if self._cancelled_event is not None:
+                self._cancelled_event.set()
         if self._async_cancelled is not None:
             self._async_cancelled.set()

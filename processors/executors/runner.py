@@ -6,8 +6,9 @@ receipts with an idempotent producer, and commits offsets.
 
 - Admission: at most `concurrency` handlers run; up to `backlog` more activations wait in a
   local backlog (so a CancelActivation behind them is still read, and a waiting one is
-  cancelled without running). With running + waiting == concurrency + backlog the assigned
-  partitions are paused; below that they are resumed. (While paused, a cancel notice waits
+  cancelled without running). With running + waiting == concurrency + backlog the worker
+  stops taking records; if that lasts PAUSE_AFTER_S the assigned partitions are paused
+  (so the client stops prefetching); below it they are resumed. (While paused, a cancel notice waits
   in Kafka like any record: it reaches its handler once a slot frees.)
 - A slot is held until the terminal receipt is acknowledged by the broker; only then is
   the activation's offset marked done. Offsets commit at the per-partition low watermark
@@ -53,6 +54,7 @@ from topology.settings import KafkaSettings, consumer_config, load_settings, pro
 log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
 TICK_S = 0.02
+PAUSE_AFTER_S = 0.5
 
 
 def now_ms() -> int:
@@ -92,10 +94,13 @@ class WorkerRunner:
         self.admission = self.concurrency + self.settings.backlog
         self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
         self.running: dict[str, Entry] = {}  # dispatch_id -> started, not yet acknowledged
+        self.executing = 0  # handlers running now (<= concurrency)
+        self.unacked = 0  # terminal receipts produced, delivery not yet reported
         self.backlog: OrderedDict[str, Entry] = OrderedDict()  # dispatch_id -> waiting for a slot
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently settled dispatch ids
         self.tracker = OffsetTracker()
         self.paused = False
+        self._full_since: float | None = None
         self.stopping = False
         self.counts = {"activations": 0, "completed": 0, "failed": 0, "cancelled": 0, "dead_letters": 0}
         self._last_commit_ms = 0
@@ -125,7 +130,8 @@ class WorkerRunner:
                 self._commit(force=False)
                 self._backpressure()
                 idle = 0 if busy else min(idle + 1, 5)
-                await asyncio.sleep(0 if busy else 0.001 * (2 ** idle))
+                # Waiting for delivery reports: poll again soon; otherwise back off to ~30 ms.
+                await asyncio.sleep(0 if busy else 0.001 if self.unacked else 0.001 * (2 ** idle))
             await self._drain()
         finally:
             await self._close()
@@ -179,8 +185,9 @@ class WorkerRunner:
 
     def _poll(self) -> bool:
         room = self.admission - self._load()
-        if self.stopping:
-            return False
+        if self.stopping or (room <= 0 and not self.paused):
+            return False  # records wait in the client's fetch queue until there is room
+        # While paused, a 1-record poll still serves rebalance callbacks and the poll interval.
         msgs = self.consumer.consume(num_messages=max(1, min(self.settings.poll_batch, room)), timeout=0)
         for msg in msgs:
             self._on_record(msg)
@@ -246,7 +253,7 @@ class WorkerRunner:
 
     def _start_backlog(self) -> bool:
         started = False
-        while self.backlog and len(self.running) < self.concurrency and not self.stopping:
+        while self.backlog and self.executing < self.concurrency and not self.stopping:
             dispatch, entry = self.backlog.popitem(last=False)
             self.running[dispatch] = entry
             self._start(entry)
@@ -282,6 +289,7 @@ class WorkerRunner:
         self._produce(act, receipts.accepted(act, self.worker_id))
         entry.next_heartbeat_ms = now_ms() + int(act.get("heartbeat_ms") or 5000)
         assert self._loop is not None
+        self.executing += 1
         entry.task = self._loop.create_task(self._run_handler(entry, action))
 
     async def _run_handler(self, entry: Entry, action: Action | None) -> None:
@@ -299,10 +307,12 @@ class WorkerRunner:
             receipt = receipts.terminal_receipt(ctx, error=ActionError("Cancelled", "handler task cancelled", True))
         except Exception as exc:
             receipt = receipts.terminal_receipt(ctx, error=exc)
+        # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
+        self.executing -= 1
         self._send_terminal(entry, receipt)
 
     def _signal(self, entry: Entry, reason: str, kind: str) -> None:
-        if entry.ctx is None or entry.ctx.cancelled.is_set():
+        if entry.ctx is None or entry.ctx.is_cancelled:
             return
         entry.ctx.signal_cancel(reason, kind)
         if entry.is_async and entry.task is not None:
@@ -360,13 +370,16 @@ class WorkerRunner:
         kind = receipt["type"]
         self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
         entry.delivery_attempts += 1
+        self.unacked += 1
         self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
 
     def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
+        self.unacked -= 1
         if err is not None:
             if entry.delivery_attempts < 3 and not err.fatal():
                 log.warning("receipt %s not delivered (%s); retrying", receipt["type"], err)
                 entry.delivery_attempts += 1
+                self.unacked += 1
                 self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
                 return
             # The processor's lease expiry retries the step; holding the offset would stall the partition.
@@ -396,13 +409,22 @@ class WorkerRunner:
             log.warning("offset commit failed: %s", exc)
 
     def _backpressure(self) -> None:
-        load = self._load()
-        if not self.paused and load >= self.admission:
-            self.consumer.pause(self.consumer.assignment())
-            self.paused = True
-        elif self.paused and load < self.admission:
-            self.consumer.resume(self.consumer.assignment())
-            self.paused = False
+        """Pause the partitions after admission has been full for PAUSE_AFTER_S; resume below it.
+
+        A short burst never pauses: pausing makes the client drop its prefetched records and
+        fetch them again on resume, which costs more than it saves when slots free quickly."""
+        if self._load() >= self.admission:
+            mono = time.monotonic()
+            if self._full_since is None:
+                self._full_since = mono
+            elif not self.paused and mono - self._full_since >= PAUSE_AFTER_S:
+                self.consumer.pause(self.consumer.assignment())
+                self.paused = True
+        else:
+            self._full_since = None
+            if self.paused:
+                self.consumer.resume(self.consumer.assignment())
+                self.paused = False
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.paused = False
