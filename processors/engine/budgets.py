@@ -118,18 +118,19 @@ def enforce(em: Emitter) -> bool:
     """Warn once per dimension at warn_at_percent; pause when recorded usage overran a
     limit. True if the run was paused."""
     state = em.state
-    percent = int(state["budgets"].get("warn_at_percent") or 80)
-    warned = state["warned"]
-    for dimension in DIMENSIONS:
-        cap = limit(state, dimension)
+    limits = state["budgets"]
+    percent = int(limits.get("warn_at_percent") or 80)
+    for dimension, limit_key in DIMENSIONS.items():
+        cap = limits.get(limit_key) or 0
         if cap <= 0:
             continue
         amount = used(state, dimension, em.ts)
+        if amount * 100 < cap * percent:
+            continue
         if dimension in RECORDED_AFTER and amount > cap:
             pause_for(em, dimension, f"workflow {dimension.replace('_', ' ')} budget exhausted")
             return True
-        if dimension not in warned and amount * 100 >= cap * percent:
+        if dimension not in state["warned"]:
             em.emit("BudgetWarning", dimension=dimension, used=amount, limit=cap)
             state = em.state
-            warned = state["warned"]
     return False

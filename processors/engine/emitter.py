@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processors.engine.definition import Ceilings
-from processors.engine.evolve import evolve
+from processors.engine.evolve import fold, forget_folds, remember_fold
 from processors.engine.ids import event_record_id, rejection_record_id
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.state import RunState, usage_of
@@ -26,6 +26,11 @@ FAILURE_CODES = frozenset(
         "Conflict", "NotFound", "PermissionDenied", "Limit",
     }
 )  # fmt: skip
+
+
+_USAGE_EVENTS = frozenset(
+    {"StepScheduled", "StepSucceeded", "StepFailed", "StepRetryScheduled", "RunResumed"}
+)
 
 
 @dataclass(frozen=True)
@@ -69,15 +74,17 @@ def rejection(msg: Message, code: str, reason: str, *, definition_id: str | None
 class Emitter:
     """Builds the events of one decision, folding each into `state` as it goes."""
 
-    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "state", "ts")
+    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "state", "ts", "usage_changed")
 
     def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
+        forget_folds()
         self.state: RunState = state  # type: ignore[assignment]  # None only until RunAccepted
         self.events: list[Event] = []
         self.ts: int = msg["ts_ms"]
         self.run_id: str = msg["run_id"]
         self.ctx = ctx
-        self.failed_any = False
+        self.failed_any = False  # a StepFailed was emitted: check fail_fast
+        self.usage_changed = False  # the ledger moved: check budgets
         self._pinned: Pinned | None = None
 
     @property
@@ -96,12 +103,15 @@ class Emitter:
             "sequence": sequence,
             **fields,
         }
-        new_state = evolve(self.state, event)
+        new_state = fold(self.state, event)
         assert new_state is not None  # only RunRejected folds to None, and it is never emitted here
+        remember_fold(self.state, event, new_state)
         self.state = new_state
         self.events.append(event)
-        if etype == "StepFailed":
-            self.failed_any = True
+        if etype in _USAGE_EVENTS:
+            self.usage_changed = True
+            if etype == "StepFailed":
+                self.failed_any = True
         return event
 
     def emit_step(self, etype: str, step: dict[str, Any], **fields: Any) -> Event:

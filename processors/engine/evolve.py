@@ -20,7 +20,30 @@ Event = dict[str, Any]
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 
 
+# The runtime folds exactly the events `decide` just folded into its working state, from
+# the same state object. `decide` remembers those folds (keyed by the event object's
+# identity, checked against the state's identity) so the second fold is a lookup. Only
+# the latest decision is kept; the values are what `evolve` computes anyway.
+_LAST_FOLDS: dict[int, tuple[RunState | None, Event, RunState]] = {}
+
+
+def remember_fold(before: RunState | None, event: Event, after: RunState) -> None:
+    _LAST_FOLDS[id(event)] = (before, event, after)
+
+
+def forget_folds() -> None:
+    _LAST_FOLDS.clear()
+
+
 def evolve(state: RunState | None, event: Event) -> RunState | None:
+    memo = _LAST_FOLDS.get(id(event))
+    if memo is not None and memo[1] is event and memo[0] is state:
+        return memo[2]
+    return fold(state, event)
+
+
+def fold(state: RunState | None, event: Event) -> RunState | None:
+    """`evolve` without the memo of the latest decision."""
     etype = event["type"]
     if etype == "RunRejected":
         return state  # sequence 0: belongs to no run, changes nothing

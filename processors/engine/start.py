@@ -7,6 +7,7 @@ run id again with the same content is a no-op; with different content it is reje
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from processors.engine import budgets
@@ -101,11 +102,35 @@ def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
                     f"bundle root {bundle.root} is not the requested {definition_id}@{revision}",
                 )
         else:
-            bundle = ctx.catalog.pin_bundle(definition_id, revision)
+            bundle = _pin_cached(ctx.catalog, definition_id, revision)
     except DefinitionError as exc:
         not_found = any(issue.rule == "not_found" for issue in exc.errors)
         return ("NotFound" if not_found else "InvalidInput"), str(exc)
     return remember(bundle)
+
+
+# Pinned bundles per catalog: revisions are immutable, so (id, revision) pins the same
+# bundle for the catalog's lifetime. Only successes are cached (a missing child may be
+# registered later).
+_PINS: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], Bundle]] = weakref.WeakKeyDictionary()
+
+
+def _pin_cached(catalog: Any, definition_id: str, revision: int | None) -> Bundle:
+    if revision is None:
+        latest = catalog.get(definition_id)
+        if latest is None:
+            bundle: Bundle = catalog.pin_bundle(definition_id, None)  # raises the NotFound error
+            return bundle
+        revision = latest.revision
+    assert revision is not None
+    try:
+        pins = _PINS.setdefault(catalog, {})
+    except TypeError:  # a catalog that cannot be weakly referenced: no cache
+        return catalog.pin_bundle(definition_id, revision)  # type: ignore[no-any-return]
+    found = pins.get((definition_id, revision))
+    if found is None:
+        found = pins[(definition_id, revision)] = catalog.pin_bundle(definition_id, revision)
+    return found
 
 
 def _check_parent(parent: Any) -> str:

@@ -31,8 +31,10 @@ def progress(em: Emitter) -> None:
             if found is not None:
                 fail_run(em, found, f"run failed: {found['node']} failed (fail_fast)")
                 return
-        if budgets.enforce(em):
-            return
+        if em.usage_changed:
+            em.usage_changed = False
+            if budgets.enforce(em):
+                return
         if em.state["open"] > 0 or not em.state["frontier"]:
             return
         commit_superstep(em)

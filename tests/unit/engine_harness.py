@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from processors.engine import (
     Catalog,
     Ceilings,
@@ -92,8 +94,8 @@ class RunHarness:
 
     def refold(self) -> bytes:
         state = None
-        for event in self.log:
-            state = evolve(state, event)
+        for event in self.log:  # decoded copies, as read back from the event topic
+            state = evolve(state, orjson.loads(orjson.dumps(event)))
         assert state is not None
         return dump_state(state)
 
