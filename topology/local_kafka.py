@@ -27,6 +27,7 @@ import base64
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -398,14 +399,16 @@ def _up_locked(cfg: LocalKafkaConfig, timeout: float) -> BrokerStatus:
     log4j = cfg.data_dir / "log4j2.properties"
     log4j.write_text(log4j2_properties(cfg))
     _format_storage(cfg, java, libs, props)
-    cmd = [java, f"-Xmx{cfg.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    cds_flags, cds_pending = _class_data_sharing(cfg, java)
+    cmd = [java, f"-Xmx{cfg.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *cds_flags,
            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
            f"-Dkafka.logs.dir={cfg.data_dir}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
     with open(cfg.log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     state = {"pid": proc.pid, "port": cfg.port, "controller_port": cfg.controller_port,
-             "bootstrap": cfg.bootstrap, "started_at": time.time(), "kafka_version": KAFKA_VERSION}
+             "bootstrap": cfg.bootstrap, "started_at": time.time(), "kafka_version": KAFKA_VERSION,
+             "cds_pending": cds_pending}
     cfg.state_file.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
     try:
         _wait_ready(cfg, proc.pid, timeout)
@@ -438,7 +441,42 @@ def down(cfg: LocalKafkaConfig, grace: float = 30.0) -> BrokerStatus:
     """Stop the broker recorded in the data dir; a no-op when none runs. Returns the status before."""
     pid = _live_pid(cfg)
     before = _status(cfg, pid)
+    state = _read_state(cfg) or {}
     if pid is not None:
         _terminate(pid, grace)
+        _publish_archive(state.get("cds_pending"))
     cfg.state_file.unlink(missing_ok=True)
     return before
+
+
+def _class_data_sharing(cfg: LocalKafkaConfig, java: str) -> tuple[list[str], str | None]:
+    """JVM flags for a class-data-sharing archive of the broker's classes (starts ~2x faster).
+
+    The first broker records the archive as it exits (to a temporary name `down` publishes);
+    later brokers map it. The archive is tied to the JVM binary, so its name hashes it.
+    RUNFOLD_KAFKA_CDS=0 turns this off.
+    """
+    if os.environ.get("RUNFOLD_KAFKA_CDS", "1") == "0":
+        return [], None
+    real = os.path.realpath(java)
+    st = os.stat(real)
+    key = hashlib.sha256(f"{real}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    archive = cfg.libs_dir.parent / f"broker-{key}.jsa"
+    if archive.exists():
+        return [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=error"], None
+    for stale in archive.parent.glob(f"{archive.name}.tmp-*"):
+        if time.time() - stale.stat().st_mtime > 3600:  # left by a broker that was SIGKILLed
+            stale.unlink(missing_ok=True)
+    pending = archive.with_name(f"{archive.name}.tmp-{uuid.uuid4().hex[:8]}")
+    return [f"-XX:ArchiveClassesAtExit={pending}", "-Xlog:cds*=error"], str(pending)
+
+
+def _publish_archive(pending: object) -> None:
+    if not isinstance(pending, str) or not pending:
+        return
+    tmp = Path(pending)
+    final = tmp.with_name(tmp.name.split(".tmp-")[0])
+    if tmp.exists() and tmp.stat().st_size > 0 and not final.exists():
+        os.replace(tmp, final)
+    else:
+        tmp.unlink(missing_ok=True)
