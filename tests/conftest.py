@@ -26,9 +26,12 @@ from topology.settings import KafkaSettings
 
 def _testcontainers_kafka() -> Iterator[str]:
     try:
-        from testcontainers.kafka import KafkaContainer
-    except ImportError as e:  # pragma: no cover - testcontainers is a test dependency
-        raise RuntimeError("a Docker engine runs but testcontainers[kafka] is not installed") from e
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:
+        try:
+            from testcontainers.kafka import KafkaContainer  # testcontainers < 4.14
+        except ImportError as e:
+            raise RuntimeError("a Docker engine runs but testcontainers[kafka] is not installed") from e
     with KafkaContainer().with_kraft() as kafka:
         yield kafka.get_bootstrap_server()
 
