@@ -3,7 +3,8 @@
 `terminal_receipt` is the one place that decides which receipt ends an activation:
 a cancel notice -> ActivationCancelled; the deadline -> ActivationFailed Timeout (retryable);
 a handler that stops with an error on worker shutdown -> ActivationFailed Cancelled (retryable: another worker can run it); an exception -> ActivationFailed with its classification; an output that is not JSON or
-that echoes a resolved secret -> ActivationFailed InvalidOutput; otherwise ActivationCompleted.
+that echoes a resolved secret or holds a secret literal (processors.engine.secrets)
+-> ActivationFailed InvalidOutput; otherwise ActivationCompleted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from processors.engine.secrets import find_secret_literals
 from processors.executors.context import ActionContext
 from processors.executors.errors import classify, redact
 from processors.executors.secrets import contains_any
@@ -87,4 +89,8 @@ def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseExceptio
         return failed(activation, worker_id, "InvalidOutput", f"output is not JSON: {redact(str(exc), secrets)}", False, usage)
     if contains_any(output, secrets):
         return failed(activation, worker_id, "InvalidOutput", "output contains a resolved secret", False, usage)
+    literals = find_secret_literals(output)
+    if literals:  # paths only: the values never leave the worker
+        return failed(activation, worker_id, "InvalidOutput",
+                      f"output holds secret-looking values at {', '.join(literals[:5])}", False, usage)
     return completed(activation, worker_id, output, usage)

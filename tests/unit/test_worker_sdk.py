@@ -116,6 +116,10 @@ def test_terminal_receipt_outcomes() -> None:
     leak = terminal_receipt(ctx, output={"echo": f"Bearer {secret}"})
     assert leak["code"] == "InvalidOutput" and secret not in str(leak)
 
+    literal = terminal_receipt(_ctx(), output={"auth": {"api_key": "abc123"}, "ok": "Bearer xyz"})
+    assert literal["code"] == "InvalidOutput" and "abc123" not in literal["message"]
+    assert "/auth/api_key" in literal["message"] or "auth" in literal["message"]
+
     ctx = _ctx()
     ctx.signal_cancel("user asked", "cancel")
     ctx.signal_cancel("later reason", "deadline")  # first reason wins
