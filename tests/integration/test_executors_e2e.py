@@ -62,12 +62,15 @@ SLOW_LEASED = _one("e2e-slow", "test.slow", {"ms": 2500}, lease_ms=2000, heartbe
                    retry={"max_attempts": 3, "backoff_ms": 100})
 REJECT = _one("e2e-reject", "test.reject", {}, retry={"max_attempts": 3, "backoff_ms": 100})
 LONG = _one("e2e-long", "test.slow", {"ms": 60_000}, heartbeat_ms=2000, lease_ms=10_000)
+PARENT_OF_LONG = {"schema": WF, "id": "e2e-parent", "revision": 1, "state": {"out": None}, "entry": ["child"],
+                  "nodes": {"child": {"kind": "workflow", "workflow": "e2e-long", "revision": 1,
+                                      "writes": {"out": {"from": "output"}}}}}
 
 
 @pytest.fixture
 def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[ProcessorSettings]:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
-    setup_topology(s, [RESEARCH, SUMMARIZE, SLOW_LEASED, REJECT, LONG])
+    setup_topology(s, [RESEARCH, SUMMARIZE, SLOW_LEASED, REJECT, LONG, PARENT_OF_LONG])
     yield s
     from topology.admin import delete_topology
 
@@ -195,3 +198,21 @@ def test_cancel_run_reaches_the_handler_within_one_heartbeat(settings: Processor
     assert not events.of("cancel-1", "RunSucceeded")
     events.close()
     receipts.close()
+
+
+def test_cancelling_a_parent_cancels_its_running_child(settings: ProcessorSettings) -> None:
+    import actions_for_tests  # noqa: F401
+
+    events, commands = _events(settings), Commands(settings)
+    with running(settings), WorkerThread(Worker(name="e2e", queues=["default"]), settings), \
+            ChildExecutorThread(settings) as child:
+        commands.start("parent-1", "e2e-parent", {})
+        commands.flush()
+        events.wait_for(lambda r: bool(events.of("parent-1/child", "StepStarted")), 60, "child step started")
+        commands.cancel("parent-1", "stop everything")
+        commands.flush()
+        events.wait_for(lambda r: bool(events.of("parent-1", "RunCancelled") and events.of("parent-1/child", "RunCancelled")),
+                        30, "parent and child cancelled")
+    assert events.of("parent-1/child", "StepCancelled") or events.of("parent-1/child", "StepFailed")
+    assert child.counts["cancelled"] == 1 and not events.of("parent-1/child", "RunSucceeded")
+    events.close()
