@@ -93,7 +93,7 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
             return Decision([rejection(msg, "Limit", reason)], "invalid budgets")
         limits = {**limits, **{key: new_limits[key] for key in overrides}}
     em.emit("RunResumed", budgets=limits, reason=str(msg.get("reason") or ""))
-    plan_superstep(em)
+    plan_superstep(em, reactivate=True)
     progress(em)
     return Decision(em.events)
 

@@ -244,9 +244,14 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
         "cancel_in_flight": False,
     }
     _put_step(s, key, step, old)
-    if lineage:
+    _count_item(s, node, lineage)
+
+
+def _count_item(s: RunState, node: str, lineage: str) -> None:
+    """`maps[node]`: how many items of a mapped node this superstep has activated."""
+    if lineage and s["maps"].get(node, 0) <= int(lineage):
         maps = dict(s["maps"])
-        maps[node] = max(maps.get(node, 0), int(lineage) + 1)
+        maps[node] = int(lineage) + 1
         s["maps"] = maps
 
 
@@ -290,6 +295,7 @@ def _step_failed(s: RunState, ev: Event) -> None:
             "failure": ev["failure"], "usage": ev["usage"], "reason": None, "cancel_in_flight": False,
         }  # fmt: skip
         _put_step(s, key, step, old)
+        _count_item(s, ev["node"], ev["lineage"])
     else:
         _step_update(
             s, ev, status="failed", failure=ev["failure"], usage=ev["usage"], finished_ms=ev["ts_ms"]

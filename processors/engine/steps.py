@@ -15,7 +15,7 @@ from processors.engine.definition import Node
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import RefError
 from processors.engine.ids import dispatch_id, instance_key, order_key, step_timer_id
-from processors.engine.refs import ABSENT, Scope, input_hash, resolve
+from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
 from processors.engine.state import OPEN_STEP_STATUSES
 
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
@@ -24,14 +24,21 @@ NOT_SCHEDULED = ("failed", "cancelled", "skipped")  # statuses an instance is (r
 
 def map_items(em: Emitter, name: str, node: Node) -> tuple[list[Any] | None, dict[str, Any] | None]:
     """The items of a mapped node from the superstep's snapshot, or a failure."""
-    assert node.map is not None
+    ref = node.map
+    assert ref is not None
     state = em.state
-    try:
-        items = resolve(node.map, Scope(input=state["input"], state=state["state"]))
-    except RefError as exc:
-        return None, failure(
-            "UnknownReference", f"map source of {name}: {exc.message}", node=name, lineage=""
-        )
+    if ref.from_ in ("state", "input"):  # the common case, without building a template
+        try:
+            items = pointer_get(state[ref.from_], ref.pointer)
+        except KeyError as exc:
+            problem = f"map source of {name}: {ref.pointer} not found in {ref.from_}: {exc.args[0]}"
+            return None, failure("UnknownReference", problem, node=name, lineage="")
+    else:
+        try:
+            items = resolve(ref, Scope(input=state["input"], state=state["state"]))
+        except RefError as exc:
+            problem = f"map source of {name}: {exc.message}"
+            return None, failure("UnknownReference", problem, node=name, lineage="")
     if not isinstance(items, list):
         return None, failure(
             "InvalidInput", f"map source must be an array (node {name})", node=name, lineage=""
@@ -39,9 +46,11 @@ def map_items(em: Emitter, name: str, node: Node) -> tuple[list[Any] | None, dic
     return items, None
 
 
-def plan_superstep(em: Emitter) -> None:
-    """Activate every instance of the current superstep that is not settled successfully:
-    all of them at the start of a superstep, the failed or cancelled ones on resume."""
+def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
+    """Activate the instances of the current superstep that have not been activated yet
+    (all of them when the superstep starts; more as `max_concurrency` slots free up) and,
+    with `reactivate` (a resume), the failed or cancelled ones as new attempts. False if
+    there was nothing to activate."""
     state = em.state
     superstep = state["superstep"]
     steps = state["steps"]
@@ -55,9 +64,17 @@ def plan_superstep(em: Emitter) -> None:
         instances: list[tuple[str, Any]]
         if node.map is not None:
             mapped = True
+            own = steps.get(name)
+            if (
+                own is not None
+                and own["superstep"] == superstep
+                and own["status"] == "failed"
+                and not reactivate
+            ):
+                continue  # its map source already failed in this superstep
             items, problem = map_items(em, name, node)
             if problem is not None:
-                map_failures.append((name, problem, steps.get(name)))
+                map_failures.append((name, problem, own))
                 continue
             assert items is not None
             instances = [(str(index), item) for index, item in enumerate(items)]
@@ -66,24 +83,81 @@ def plan_superstep(em: Emitter) -> None:
         for lineage, item in instances:
             old = steps.get(instance_key(name, lineage))
             current = old is not None and old["superstep"] == superstep
-            if current and old is not None and old["status"] not in NOT_SCHEDULED:
+            if current and old is not None and (not reactivate or old["status"] not in NOT_SCHEDULED):
                 continue
             if not current:
                 fresh_steps += 1
                 fresh_agents += node.kind == "agent"
             plans.append((name, node, lineage, item, old))
+    if not plans and not map_failures:
+        return False
     if not budgets.reserve(em, fresh_steps, fresh_agents, mapped):
-        return
+        return True
     for name, problem, old in map_failures:
         attempt = _next_attempt(old)
         em.emit("StepFailed", node=name, lineage="", attempt=attempt,
                 dispatch_id=dispatch_id(em.run_id, name, "", attempt), failure=problem,
                 usage=dict(_ZERO_USAGE))  # fmt: skip
+    free = _free_slots(em)
     for name, node, lineage, item, old in plans:
+        if node.kind in DISPATCHED_KINDS:
+            if free <= 0:
+                continue  # dispatched when a slot frees up
+            free -= 1
         _activate(em, name, node, lineage, item, _next_attempt(old))
     for name, node, lineage, _item, _old in plans:
         if node.kind == "state" or node.kind == "wait":
             _settle_instantly(em, name, node, lineage)
+    return True
+
+
+DISPATCHED_KINDS = frozenset({"action", "agent", "workflow"})
+IN_FLIGHT_SLOTS = frozenset({"scheduled", "running", "retry_wait"})
+
+
+def _free_slots(em: Emitter) -> int:
+    """How many more executor or child activations `max_concurrency` allows now (wait,
+    sleep and state nodes do not take a slot)."""
+    cap = int(em.state["budgets"].get("max_concurrency") or 0)
+    if cap <= 0:
+        return 1 << 62
+    if em.state["open"] == 0:
+        return cap
+    superstep = em.state["superstep"]
+    busy = sum(
+        1
+        for step in em.state["steps"].values()
+        if step["superstep"] == superstep
+        and step["status"] in IN_FLIGHT_SLOTS
+        and step["kind"] in DISPATCHED_KINDS
+    )
+    return cap - busy
+
+
+def held_back(em: Emitter) -> bool:
+    """True when max_concurrency held back activations of the current superstep. Held-back
+    instances are always a suffix in (node, lineage) order, so a node is complete when its
+    dispatched count equals its item count."""
+    cap = int(em.state["budgets"].get("max_concurrency") or 0)
+    if cap <= 0 or (em.state["open"] >= cap and _free_slots(em) <= 0):
+        return False  # (open counts waits too, so only a full count says no slot is free)
+    state = em.state
+    superstep = state["superstep"]
+    for name in state["frontier"]:
+        node = em.pinned.node(name)
+        if node.kind not in DISPATCHED_KINDS:
+            continue
+        own = state["steps"].get(name)
+        if node.map is None:
+            if own is None or own["superstep"] != superstep:
+                return True
+            continue
+        if own is not None and own["superstep"] == superstep and own["status"] == "failed":
+            continue
+        items, _ = map_items(em, name, node)
+        if items is not None and state["maps"].get(name, 0) < len(items):
+            return True
+    return False
 
 
 def _next_attempt(old: dict[str, Any] | None) -> int:

@@ -18,7 +18,7 @@ from processors.engine.errors import ConditionError, ReducerConflict, ReducerTyp
 from processors.engine.ids import order_key
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
-from processors.engine.steps import cancel_open_steps, map_items, node_failure, plan_superstep
+from processors.engine.steps import cancel_open_steps, held_back, map_items, node_failure, plan_superstep
 
 
 def progress(em: Emitter) -> None:
@@ -35,7 +35,11 @@ def progress(em: Emitter) -> None:
             em.usage_changed = False
             if budgets.enforce(em):
                 return
-        if em.state["open"] > 0 or not em.state["frontier"]:
+        if not em.state["frontier"]:
+            return
+        if held_back(em) and plan_superstep(em):
+            continue  # a max_concurrency slot freed up
+        if em.state["open"] > 0:
             return
         commit_superstep(em)
 

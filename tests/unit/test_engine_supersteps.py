@@ -174,3 +174,23 @@ def test_required_key_null_fails_and_output_schema_checked() -> None:
     h2 = RunHarness(d2).start({}).complete("a", 42)
     assert h2.state["failure"]["code"] == "InvalidOutput" and "42" not in h2.state["failure"]["message"]
     assert RunHarness(d2).start({}).complete("a", "ok").state["output"] == "ok"
+
+
+def test_max_concurrency_holds_back_activations_until_slots_free() -> None:
+    d = definition(
+        {"m": act(map={"from": "input", "pointer": "/qs"}, writes={"n": {"from": "output"}}), "w": {"kind": "wait", "signal": "s"}},
+        entry=["m", "w"], state={"n": []}, reducers={"n": "append"}, budgets={"max_concurrency": 2},
+    )  # fmt: skip
+    h = RunHarness(d).start({"qs": [0, 1, 2, 3, 4]})
+    scheduled = [e["lineage"] for e in h.last.events if e["type"] == "StepScheduled" and e["node"] == "m"]
+    assert scheduled == ["0", "1"]  # the wait node takes no slot
+    assert h.state["usage"]["steps"] == 3
+    h.complete("m", "a", lineage="1")
+    assert [(e["type"], e["lineage"]) for e in h.last.events] == [
+        ("StepSucceeded", "1"),
+        ("StepScheduled", "2"),
+    ]
+    h.complete("m", "b", lineage="0").complete("m", "c", lineage="2").complete("m", "d", lineage="3")
+    assert h.state["maps"]["m"] == 5 and h.state["frontier"] == ["m", "w"]
+    h.complete("m", "e", lineage="4").signal("s", 1)
+    assert h.status == "succeeded" and h.state["state"]["n"] == ["b", "a", "c", "d", "e"]
