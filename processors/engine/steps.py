@@ -170,6 +170,8 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
     scope = Scope(input=state["input"], state=state["state"], item=item)
     try:
         node_input = state["input"] if node.input is None else resolve(node.input, scope)
+        if node.kind == "agent" and node.prompt is not None:
+            resolve(node.prompt, scope)  # effects resolve it again for the AgentSpec; fail here, not there
         if node.kind == "state":
             node_input = [
                 {"op": m.op, "target": m.target, "value": resolve(m.value, scope)} for m in node.mutations

@@ -179,3 +179,14 @@ def test_agent_activation_carries_spec_and_reserves_agent_budget() -> None:
     over = RunHarness(definition({"plan": d["nodes"]["plan"]}, budgets={"max_agents": 1}), run_id="r-2")
     over.ctx = h.ctx.__class__(catalog=over.catalog, ceilings=over.ctx.ceilings, queues=over.ctx.queues)
     assert over.start({"topic": "x"}).status == "running"
+
+
+def test_unresolvable_input_or_prompt_fails_unknown_reference() -> None:
+    d = definition({"a": act(input={"x": {"from": "input", "pointer": "/missing"}})})
+    h = RunHarness(d).start({})
+    assert h.types[-2:] == ["StepFailed", "RunFailed"] and h.state["failure"]["code"] == "UnknownReference"
+    d2 = definition(
+        {"p": {"kind": "agent", "agent": "a", "model": "m", "prompt": {"from": "state", "pointer": "/nope"}}}
+    )
+    h2 = RunHarness(d2).start({})
+    assert h2.state["failure"]["code"] == "UnknownReference" and h2.messages == []
