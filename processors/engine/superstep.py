@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from processors.engine import budgets
-from processors.engine.conditions import compile_condition
+from processors.engine.conditions import select_routes
 from processors.engine.definition import END
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError
@@ -120,19 +120,13 @@ def commit_superstep(em: Emitter) -> None:
     targets: set[str] = set()
     for name, value in values.items():
         try:
-            for route in definition.routes.get(name, ()):
-                if route.when is None or compile_condition(route.when).evaluate(
-                    state=merged, input=run_input, output=value
-                ):
-                    targets.add(route.to)
-        except ConditionError as exc:
-            fail_run(
-                em,
-                failure("Evaluation", f"routes of {name}: {exc.message}", node=name, lineage=""),
-                "run failed",
+            targets.update(
+                select_routes(definition.routes.get(name, ()), state=merged, input=run_input, output=value)
             )
+        except ConditionError as exc:
+            problem = failure("Evaluation", f"routes of {name}: {exc.message}", node=name, lineage="")
+            fail_run(em, problem, "run failed")
             return
-    targets.discard(END)
     next_frontier = sorted(targets)
     for name in sorted(blocked):
         for route in definition.routes.get(name, ()):

@@ -194,3 +194,15 @@ def test_max_concurrency_holds_back_activations_until_slots_free() -> None:
     assert h.state["maps"]["m"] == 5 and h.state["frontier"] == ["m", "w"]
     h.complete("m", "e", lineage="4").signal("s", 1)
     assert h.status == "succeeded" and h.state["state"]["n"] == ["b", "a", "c", "d", "e"]
+
+
+def test_unconditional_route_after_a_taken_condition_is_the_else() -> None:
+    d = definition(
+        {"review": act(), "count": act()},
+        routes={"review": [{"to": "end", "when": "output.approved"}, {"to": "count"}]},
+    )  # fmt: skip
+    assert RunHarness(d).start({}).complete("review", {"approved": True}).status == "succeeded"
+    h = RunHarness(d).start({}).complete("review", {"approved": False})
+    assert h.state["frontier"] == ["count"]
+    fan = definition({"a": act(), "b": act(), "c": act()}, routes={"a": ["b", "c"]})
+    assert RunHarness(fan).start({}).complete("a", 1).state["frontier"] == ["b", "c"]
