@@ -157,3 +157,27 @@ def test_resume_of_a_succeeded_or_running_run_is_rejected() -> None:
     assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
     h.complete("a", 1).resume()
     assert h.types == ["RunRejected"]
+
+
+def test_research_brief_example_end_to_end() -> None:
+    from pathlib import Path
+
+    from processors.engine.definition import read_source
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "definitions"
+    summarize, brief = read_source(examples / "summarize.yaml"), read_source(examples / "research-brief.yaml")
+    h = RunHarness(summarize, brief, run_id="rb-1")
+    h.root_id = "research-brief"
+    h.start({"topic": "kafka"})
+    assert h.messages[-1]["agent"]["prompt"]["user"] == "kafka"
+    h.complete("plan", {"queries": ["a", "b", "c", "d"]}, usage={"prompt_tokens": 100})
+    for i in range(4):
+        h.accept("search", lineage=str(i)).complete("search", f"note {i}", lineage=str(i))
+    assert (
+        h.messages[-1]["type"] == "ChildRunActivation" and h.messages[-1]["bundle"]["root"] == "summarize@2"
+    )
+    h.child_finished("write", output={"text": "brief"})
+    assert h.status == "waiting"
+    h.signal("approval", {"approved": True})
+    assert h.status == "succeeded" and h.state["output"] == {"text": "brief"}
+    assert h.refold() == __import__("processors.engine", fromlist=["dump_state"]).dump_state(h.state)
