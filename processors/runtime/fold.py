@@ -38,16 +38,28 @@ class TxnCounters:
     dead: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
-    status_moves: dict[str, int] = field(default_factory=dict)
 
     def clear(self) -> None:
-        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected,
-                  self.status_moves):
+        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected):
             d.clear()
 
 
 def _inc(d: dict[str, int], k: str, n: int = 1) -> None:
     d[k] = d.get(k, 0) + n
+
+
+STATUS_STAT = "status."
+
+
+def _count_status(overlay: PartitionOverlay, before: Any, after: Any) -> None:
+    """Runs per status are store stats (written with the state, rebuilt by restore)."""
+    old = run_status(before) if before is not None else None
+    new = run_status(after) if after is not None else None
+    if old != new:
+        if old is not None:
+            overlay.count(STATUS_STAT + old, -1)
+        if new is not None:
+            overlay.count(STATUS_STAT + new)
 
 
 class Folder:
@@ -162,13 +174,7 @@ class Folder:
         for body in set_timers:
             body = {**body, "run_id": run_id}
             overlay.set_timer(run_id, body, orjson.dumps(body))
-        old = run_status(before) if before is not None else None
-        new = run_status(state) if state is not None else None
-        if old != new:
-            if old is not None:
-                _inc(counters.status_moves, old, -1)
-            if new is not None:
-                _inc(counters.status_moves, new)
+        _count_status(overlay, before, state)
         if state is not None or run_id in overlay.states:
             overlay.states[run_id] = state
             overlay.event_ts[run_id] = ts_ms
@@ -209,7 +215,9 @@ class Folder:
         """Fold one committed run event (restore): state, event log, timers; no output."""
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
-        state = evolve(overlay.state(run_id, load_state), ev)
+        before = overlay.state(run_id, load_state)
+        state = evolve(before, ev)
+        _count_status(overlay, before, state)
         overlay.add_event(run_id, ev["sequence"], value)
         if state is not None:
             fx = effects(state, ev)

@@ -226,6 +226,7 @@ class Processor:
             self._commit()
         if time.monotonic() >= self._next_lag:
             self._report_lag()
+            self._refresh_statuses()
 
     def _idle_timeout(self) -> float:
         assert self.partitions is not None
@@ -341,8 +342,9 @@ class Processor:
             # Kafka has the transaction; the store is now behind and restore will catch it up.
             raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
         c = txn.counters
-        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, c.status_moves,
-                                 txn.records)
+        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records)
+        if txn.overlays:
+            self._refresh_statuses()
         self._aborts_in_a_row = 0
         txn.reset()
 
@@ -458,6 +460,10 @@ class Processor:
             raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
         self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
                                                  "partition": m.partition()})
+
+    def _refresh_statuses(self) -> None:
+        assert self.partitions is not None
+        self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
 
     def _report_lag(self) -> None:
         self._next_lag = time.monotonic() + _LAG_EVERY_S

@@ -26,7 +26,7 @@ class ProcessorMetrics:
                                         registry=r)
         self.batch_size = Histogram("runfold_processor_batch_records", "Input records per transaction",
                                     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
-        self.runs_by_status = Gauge("runfold_processor_runs", "Runs touched since start, by latest status",
+        self.runs_by_status = Gauge("runfold_processor_runs", "Runs in the owned partitions, by status",
                                     ["status"], registry=r)
         self.consumer_lag = Gauge("runfold_processor_consumer_lag", "High watermark - position",
                                   ["topic", "partition"], registry=r)
@@ -57,7 +57,7 @@ class ProcessorMetrics:
 
     def flush_batch(self, records_in: dict[str, int], records_out: dict[str, int],
                     dead: dict[str, int], dropped: dict[str, int], rejected: dict[str, int],
-                    status_moves: dict[str, int], batch_records: int) -> None:
+                    batch_records: int) -> None:
         for topic, n in records_in.items():
             self.records_in.labels(topic).inc(n)
         for topic, n in records_out.items():
@@ -68,9 +68,17 @@ class ProcessorMetrics:
             self.dropped.labels(reason).inc(n)
         for code, n in rejected.items():
             self.rejected.labels(code).inc(n)
-        for status, n in status_moves.items():
-            self.runs_by_status.labels(status).inc(n)
         self.batch_size.observe(batch_records)
+
+    def set_run_statuses(self, stats: list[dict[str, int]]) -> None:
+        """Runs per status summed over the owned partitions' store stats."""
+        totals: dict[str, int] = {}
+        for st in stats:
+            for name, value in st.items():
+                if name.startswith("status."):
+                    totals[name[7:]] = totals.get(name[7:], 0) + value
+        for status in ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled"):
+            self.runs_by_status.labels(status).set(totals.get(status, 0))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the /metrics HTTP endpoint; returns the bound port (port 0 = ephemeral)."""

@@ -112,6 +112,13 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
             # the second activations were emitted already; answer them (the responder reads from the start)
             events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60,
                             what="all runs terminal after rebuild")
+            # runs per status are store stats: rebuilt by restore, then moved by new events
+            deadline = time.monotonic() + 10
+            gauge = pt.processor.metrics.runs_by_status
+            while time.monotonic() < deadline and gauge.labels("succeeded")._value.get() != len(runs):
+                time.sleep(0.1)
+            assert gauge.labels("succeeded")._value.get() == len(runs)
+            assert gauge.labels("running")._value.get() == 0
     for r in runs:
         assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
     acts.drain()

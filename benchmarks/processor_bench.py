@@ -1,0 +1,319 @@
+"""Run processor benchmark on a real broker, with an instant executor (real Kafka traffic).
+
+    throughput: N StartRun for a 3-step no-op workflow are preloaded; a processor subprocess
+                (`python -m processors.runtime`) folds them while a responder subprocess
+                answers every activation at once. Reports completed runs/s and input
+                records/s (1 command + 3 receipts per run) from the processor's metrics.
+    latency:    a 1-step workflow started at a fixed rate (default: 25% of the throughput
+                just measured, in runs/s); start → RunSucceeded latency per run, measured
+                from the StartRun send time to the committed terminal event reaching a
+                read_committed reader. Reports p50/p90/p99.
+
+    .venv/bin/python benchmarks/processor_bench.py [--runs 3000] [--latency-seconds 15] [--rate R]
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, Producer
+
+from processors.engine import Catalog
+from processors.engine.catalog import content_hash
+from processors.runtime.settings import ProcessorSettings
+from schemas import Codec
+from topology.admin import create_topology, delete_topology
+from topology.settings import consumer_config, producer_config
+
+CODEC = Codec.default()
+ZERO = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+def _action(name: str) -> dict[str, Any]:
+    return {"kind": "action", "action": name, "writes": {name: {"from": "output"}}}
+
+
+DEFINITIONS = [
+    {"schema": "runfold.workflow/v1", "id": "bench3", "revision": 1, "entry": ["a"],
+     "nodes": {"a": _action("a"), "b": _action("b"), "c": _action("c")}, "routes": {"a": ["b"], "b": ["c"]},
+     "state": {"a": None, "b": None, "c": None}},
+    {"schema": "runfold.workflow/v1", "id": "bench1", "revision": 1, "entry": ["a"],
+     "nodes": {"a": _action("a")}, "routes": {}, "state": {"a": None}},
+    {"schema": "runfold.workflow/v1", "id": "benchsleep", "revision": 1, "entry": ["s"],
+     "nodes": {"s": {"kind": "sleep", "duration_ms": 500}}, "routes": {}, "state": {}},
+]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def register(settings: ProcessorSettings) -> None:
+    p = Producer(producer_config(settings))
+    cat = Catalog()
+    for raw in DEFINITIONS:
+        d = cat.register(raw)
+        rec = {"definition_id": d.id, "revision": d.revision, "content_hash": content_hash(d), "definition": raw,
+               "registered_ms": now_ms()}
+        p.produce(settings.topics.definitions, CODEC.encode("definitions", rec), f"{d.id}@{d.revision}".encode())
+    p.flush(10)
+
+
+def start_command(run_id: str, definition: str) -> bytes:
+    return CODEC.encode("commands", {"type": "StartRun", "run_id": run_id, "ts_ms": now_ms(),
+                                     "record_id": uuid.uuid4().hex, "definition_id": definition,
+                                     "revision": None, "input": {}})
+
+
+def _produce(p: Producer, topic: str, value: bytes, key: bytes) -> None:
+    while True:
+        try:
+            p.produce(topic, value, key)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
+# ---- roles run as subprocesses -------------------------------------------------------------
+def responder(settings: ProcessorSettings) -> None:
+    """Answer every ActionActivation immediately with ActivationCompleted."""
+    stop = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    dec = CODEC.decoder("activations")
+    enc = CODEC.encoder("receipts")
+    c = Consumer(consumer_config(settings, f"{settings.topic_prefix}-bench-responder"))
+    c.subscribe([settings.topics.activations("default")])
+    p = Producer(producer_config(settings, linger_ms=1))
+    receipts = settings.topics.receipts
+    while not stop:
+        for m in c.consume(500, 0.05):
+            if m.error() is not None:
+                continue
+            a = dec(m.value())
+            if a["type"] != "ActionActivation":
+                continue
+            r = {"type": "ActivationCompleted", "run_id": a["run_id"], "ts_ms": now_ms(),
+                 "record_id": a["dispatch_id"], "node": a["node"], "lineage": a["lineage"],
+                 "attempt": a["attempt"], "dispatch_id": a["dispatch_id"], "worker_id": "bench",
+                 "output": {"ok": True}, "usage": ZERO}
+            _produce(p, receipts, enc(r), m.key())
+        p.poll(0)
+    p.flush(10)
+    c.close()
+
+
+def spawn(settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+           "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    if role == "processor":
+        args = [sys.executable, "-m", "processors.runtime", "--instance-id", "bench",
+                "--state-dir", str(settings.state_dir), "--metrics-port", str(metrics_port),
+                "--batch-size", str(settings.batch_size), "--commit-interval-ms", str(settings.commit_interval_ms)]
+    else:
+        args = [sys.executable, __file__, "--role", role]
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+# ---- measurements --------------------------------------------------------------------------
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r'^(runfold_processor_records_in_total|runfold_processor_runs|'
+                     r'runfold_processor_transactions_total|runfold_processor_commit_seconds_sum|'
+                     r'runfold_processor_commit_seconds_count|runfold_processor_batch_records_sum|'
+                     r'runfold_processor_batch_records_count)(\{[^}]*\})? (\S+)$', line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = out.get(m.group(1) + (m.group(2) or ""), 0.0) + float(m.group(3))
+    return out
+
+
+def records_in(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("runfold_processor_records_in_total"))
+
+
+def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeout: float) -> dict[str, Any]:
+    p = Producer(producer_config(settings))
+    for i in range(runs):
+        _produce(p, settings.topics.commands, start_command(f"tp-{i}", "bench3"), f"tp-{i}".encode())
+    p.flush(60)
+    t0: float | None = None
+    deadline = time.monotonic() + timeout
+    succeeded = 0.0
+    while time.monotonic() < deadline:
+        try:
+            m = scrape(metrics_port)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        if t0 is None and records_in(m) > 0:
+            t0 = time.perf_counter()
+        succeeded = m.get('runfold_processor_runs{status="succeeded"}', 0.0)
+        if succeeded >= runs:
+            elapsed = time.perf_counter() - (t0 or time.perf_counter())
+            rin = records_in(m)
+            txns = m.get('runfold_processor_transactions_total{outcome="committed"}', 0.0)
+            return {"runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
+                    "input_records": int(rin), "input_records_per_s": round(rin / elapsed, 1),
+                    "transactions": int(txns), "mean_batch": round(rin / max(txns, 1), 1)}
+        time.sleep(0.1)
+    raise SystemExit(f"throughput: only {succeeded}/{runs} runs succeeded in {timeout}s")
+
+
+def commit_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    def d(k: str) -> float:
+        return after.get(k, 0.0) - before.get(k, 0.0)
+
+    n = d("runfold_processor_commit_seconds_count")
+    return {"transactions": int(n),
+            "mean_commit_ms": round(1000 * d("runfold_processor_commit_seconds_sum") / max(n, 1), 1),
+            "mean_batch": round(d("runfold_processor_batch_records_sum") / max(n, 1), 1)}
+
+
+def latency(settings: ProcessorSettings, rate: float, seconds: float) -> dict[str, Any]:
+    reader = Consumer(consumer_config(settings, f"{settings.topic_prefix}-bench-reader", auto_offset_reset="latest"))
+    reader.subscribe([settings.topics.run_events])
+    dec = CODEC.decoder("run_events")
+    # join and get an assignment before the first start, so no terminal event is missed
+    end = time.monotonic() + 15
+    while not reader.assignment() and time.monotonic() < end:
+        reader.poll(0.1)
+    p = Producer(producer_config(settings, linger_ms=0))
+    sent: dict[str, float] = {}
+    done: dict[str, float] = {}
+    n = int(rate * seconds)
+    t_start = time.perf_counter()
+    i = 0
+    while i < n or (len(done) < n and time.perf_counter() - t_start < seconds + 20):
+        now = time.perf_counter()
+        while i < n and now - t_start >= i / rate:
+            rid = f"lt-{i}"
+            sent[rid] = time.time()
+            _produce(p, settings.topics.commands, start_command(rid, "bench1"), rid.encode())
+            i += 1
+        p.poll(0)
+        for m in reader.consume(200, 0.002):
+            if m.error() is None:
+                ev = dec(m.value())
+                if ev["type"] == "RunSucceeded" and ev["run_id"] in sent:
+                    done[ev["run_id"]] = time.time()
+    reader.close()
+    lat = sorted((done[r] - sent[r]) * 1000 for r in done)
+    if not lat:
+        raise SystemExit("latency: no run finished")
+
+    def pct(q: float) -> float:
+        return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1)
+
+    return {"rate_runs_per_s": round(rate, 1), "runs": n, "finished": len(lat), "p50_ms": pct(0.50),
+            "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": round(lat[-1], 1)}
+
+
+def timer_lateness(settings: ProcessorSettings, runs: int, metrics_port: int) -> dict[str, Any]:
+    """`runs` sleep-only runs (500 ms) started over ~2 s; lateness = fire time - due time."""
+    before = scrape_lateness(metrics_port)
+    p = Producer(producer_config(settings, linger_ms=0))
+    for i in range(runs):
+        _produce(p, settings.topics.commands, start_command(f"tm-{i}", "benchsleep"), f"tm-{i}".encode())
+        p.poll(0)
+        time.sleep(2.0 / runs)
+    p.flush(10)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        after = scrape_lateness(metrics_port)
+        if after["count"] - before["count"] >= runs:
+            break
+        time.sleep(0.2)
+    n = after["count"] - before["count"]
+    buckets = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in after["buckets"]}
+
+    def pct(q: float) -> str:
+        for le, c in sorted(buckets.items(), key=lambda kv: float(kv[0])):
+            if c >= q * n:
+                return f"<= {float(le) * 1000:g} ms"
+        return "> max bucket"
+
+    return {"timers_fired": int(n), "mean_ms": round(1000 * (after["sum"] - before["sum"]) / max(n, 1), 1),
+            "p50": pct(0.5), "p99": pct(0.99)}
+
+
+def scrape_lateness(port: int) -> dict[str, Any]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}}
+    for line in text.splitlines():
+        if line.startswith("runfold_processor_timer_lateness_seconds_sum"):
+            out["sum"] = float(line.split()[-1])
+        elif line.startswith("runfold_processor_timer_lateness_seconds_count"):
+            out["count"] = float(line.split()[-1])
+        elif line.startswith("runfold_processor_timer_lateness_seconds_bucket"):
+            le = re.search(r'le="([^"]+)"', line)
+            if le and le.group(1) != "+Inf":
+                out["buckets"][le.group(1)] = float(line.split()[-1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--role", choices=["bench", "responder"], default="bench")
+    ap.add_argument("--runs", type=int, default=3000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=500)
+    ap.add_argument("--commit-interval-ms", type=int, default=50)
+    ap.add_argument("--latency-seconds", type=float, default=15.0)
+    ap.add_argument("--rate", type=float, default=None, help="runs/s for the latency phase (default 25%% of max)")
+    ap.add_argument("--metrics-port", type=int, default=19310)
+    ap.add_argument("--timer-runs", type=int, default=300, help="sleep runs for the timer lateness phase")
+    args = ap.parse_args()
+    if args.role == "responder":
+        responder(ProcessorSettings())
+        return
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    state = f"/tmp/runfold-bench-{prefix}"
+    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=state,
+                                 batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
+    create_topology(settings)
+    register(settings)
+    log = open(f"{state}.log", "wb")  # noqa: SIM115 - lives as long as the subprocesses
+    procs = [spawn(settings, "processor", log, args.metrics_port), spawn(settings, "responder", log)]
+    try:
+        tp = throughput(settings, args.runs, args.metrics_port, timeout=300)
+        tp["commits"] = commit_stats({}, scrape(args.metrics_port))
+        rate = args.rate or max(1.0, tp["runs_per_s"] * 0.25)
+        before = scrape(args.metrics_port)
+        lt = latency(settings, rate, args.latency_seconds)
+        lt["commits"] = commit_stats(before, scrape(args.metrics_port))
+        tm = timer_lateness(settings, args.timer_runs, args.metrics_port)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        delete_topology(settings)
+        subprocess.run(["rm", "-rf", state], check=False)
+    print(orjson.dumps({"bench": "processor", "partitions": args.partitions, "batch_size": args.batch_size,
+                        "commit_interval_ms": args.commit_interval_ms, "throughput_3_step": tp,
+                        "latency_1_step": lt, "timer_lateness": tm, "log": f"{state}.log"}, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()
