@@ -208,7 +208,7 @@ class Partitions:
                 self._log.warning("waiting for an open transaction on run-events before resuming", extra={
                     "partition": p, "committed_end": committed_end, "log_end": log_end})
             return False
-        return position >= committed_end
+        return bool(position >= committed_end)
 
     def restore_info(self) -> dict[str, Any]:
         return {str(p): {"events": r.events, "last_offset": r.last_offset} for p, r in self.restoring.items()}
