@@ -161,3 +161,21 @@ def test_garbage_goes_to_dead_letters_and_processing_continues(settings: Process
     assert events.of("g-4", "RunRejected")[0]["code"] == "NotFound"
     events.close()
     dead.close()
+
+
+def test_producers_partition_run_ids_like_partition_for(settings: ProcessorSettings) -> None:
+    # The query server and every runfold producer must agree on where a run lives.
+    from confluent_kafka import Producer
+
+    from processors.runtime.partitioning import partition_for
+    from topology.settings import producer_config
+
+    got: dict[str, int] = {}
+    producer = Producer(producer_config(settings))
+    for i in range(64):
+        key = f"run-{i}/child[{i}]#2"
+        producer.produce(settings.topics.commands, b"x", key.encode(),
+                         on_delivery=lambda err, msg: got.__setitem__(msg.key().decode(), msg.partition()))
+    producer.flush(10)
+    assert len(got) == 64 and set(got.values()) == {0, 1}
+    assert all(partition_for(k, 2) == p for k, p in got.items())
