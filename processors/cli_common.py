@@ -7,6 +7,8 @@ Exit codes (documented in docs/client.md):
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -26,8 +28,10 @@ from processors.client import (
 )
 from topology.settings import KafkaSettings, load_settings
 
-console = Console()
-err_console = Console(stderr=True)
+# Not a terminal (CI logs, pipes): rich would assume 80 columns and cut tables; logs take wider lines.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BROKER, EXIT_NOT_FOUND, EXIT_TIMEOUT = 1, 2, 3, 4, 5
 

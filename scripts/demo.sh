@@ -1,18 +1,11 @@
 #!/usr/bin/env bash
-# The runfold demo: a broker, the topics, and a StartRun command produced and read back decoded.
-#   bash scripts/demo.sh
-# The broker stays up afterwards; stop it with `.venv/bin/runfold kafka down`.
+# The runfold demo (`runfold demo`): broker, topics, definitions, processor, worker, child executor,
+# a batch of runs with live progress, the outcome table, replay verify, clean shutdown.
+#   bash scripts/demo.sh [--keep-broker] [--json]
+# A local broker the demo starts is stopped at the end unless --keep-broker is given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_broker.sh
 
 ensure_venv
-ensure_broker
-export RUNFOLD_TOPIC_PREFIX="${RUNFOLD_TOPIC_PREFIX:-demo}"
-
-echo "== runfold topology create (prefix $RUNFOLD_TOPIC_PREFIX)"
-.venv/bin/runfold topology create
-echo "== runfold topology verify"
-.venv/bin/runfold topology verify
-echo "== a StartRun command, produced and read back"
-.venv/bin/python scripts/demo_roundtrip.py
+exec .venv/bin/runfold demo "$@"
