@@ -95,7 +95,7 @@ def test_invalid_values_are_rejected() -> None:
     with pytest.raises(ValidationError, match="topic prefix"):
         KafkaSettings(topic_prefix="bad prefix")
     with pytest.raises(ValidationError, match="queue names"):
-        KafkaSettings(activation_queues="default,bad.queue")
+        KafkaSettings.model_validate({"activation_queues": "default,bad.queue"})
     with pytest.raises(ValidationError):
         KafkaSettings(partitions=0)
 
@@ -135,7 +135,7 @@ def test_builders_layer_defaults_settings_and_call_overrides() -> None:
 
 
 def test_topic_catalogue() -> None:
-    s = KafkaSettings(topic_prefix="p", partitions=6, activation_queues="default,agents,tools")
+    s = KafkaSettings.model_validate({"topic_prefix": "p", "partitions": 6, "activation_queues": "default,agents,tools"})
     n = TopicNames("p")
     assert (n.commands, n.receipts, n.run_events, n.run_state) == (
         "p.commands", "p.receipts", "p.run-events", "p.run-state")
