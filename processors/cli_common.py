@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from processors.client import (
     BrokerUnavailable,
@@ -76,7 +77,7 @@ def fail(as_json: bool, message: str, code: int = EXIT_FAILED, **data: Any) -> t
     if as_json:
         echo_json({"ok": False, "error": message, **data})
     else:
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from processors.cli_common import (
@@ -69,9 +70,9 @@ def register(
                 echo_json(row)
             elif row["ok"]:
                 console.print(f"[green]✓[/] {row['definition_id']}@{row['revision']} "
-                              f"[dim]{row['content_hash'][:12]} {f}[/]", highlight=False)
+                              f"[dim]{row['content_hash'][:12]} {escape(str(f))}[/]", highlight=False)
             else:
-                err_console.print(f"[bold red]✗[/] {row['error']}", highlight=False)
+                err_console.print(f"[bold red]✗[/] {escape(row['error'])}", highlight=False)
     if failed:
         raise typer.Exit(EXIT_FAILED)
 

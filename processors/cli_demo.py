@@ -40,7 +40,7 @@ def demo(
         verdict = "[green]demo OK[/]" if result.ok else "[red]demo FAILED[/]"
         console.print(f"{verdict} in {result.seconds:.1f}s — all processes stopped "
                       f"({', '.join(f'{k}={v}' for k, v in result.stopped.items())}); "
-                      (f"topics of prefix {result.prefix} deleted" if delete_topics else
+                      + (f"topics of prefix {result.prefix} deleted" if delete_topics else
                          f"topics kept under prefix {result.prefix}") + f"; logs in {result.log_dir}"
                       + (f"; {result.broker}" if result.broker else ""), highlight=False)
     if not result.ok:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from processors.cli_common import (
     EXIT_FAILED,
@@ -39,8 +40,8 @@ def _print_verify(report: VerifyReport) -> None:
     if report.differences:
         table = Table("run id", "kind", "snapshot seq", "folded seq", "expected digest", "actual digest", "detail")
         for d in report.differences:
-            table.add_row(d.run_id, d.kind, str(d.snapshot_sequence or ""), str(d.folded_sequence or ""),
-                          (d.expected_digest or "")[:16], (d.actual_digest or "")[:16], d.detail)
+            table.add_row(Text(d.run_id), d.kind, str(d.snapshot_sequence or ""), str(d.folded_sequence or ""),
+                          (d.expected_digest or "")[:16], (d.actual_digest or "")[:16], Text(d.detail))
         console.print(table)
 
 

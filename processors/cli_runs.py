@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -40,13 +41,13 @@ def _styled(status: str) -> Text:
 
 
 def _print_view(view: RunView, show_state: bool) -> None:
-    console.print(f"[bold]{view.run_id}[/]  ", _styled(view.status),
+    console.print(f"[bold]{escape(view.run_id)}[/]  ", _styled(view.status),
                   f"  {view.definition_id}@{view.revision}  seq {view.sequence}  [dim](from {view.source})[/]",
                   highlight=False)
     if view.output is not None:
-        console.print(f"output: {dumps(view.output)}", highlight=False)
+        console.print(Text(f"output: {dumps(view.output)}"))
     if view.failure:
-        console.print(f"[red]failure:[/] {view.failure.get('code')}: {view.failure.get('message')}", highlight=False)
+        console.print(Text.assemble(("failure: ", "red"), f"{view.failure.get('code')}: {view.failure.get('message')}"))
     if view.usage:
         console.print("usage: " + ", ".join(f"{k}={v}" for k, v in view.usage.items()), highlight=False)
     steps = view.steps()
@@ -54,7 +55,7 @@ def _print_view(view: RunView, show_state: bool) -> None:
         table = Table("step", "status", "attempt")
         for key in sorted(steps):
             step = steps[key]
-            table.add_row(key, _styled(str(step.get("status", "?"))), str(step.get("attempt", "")))
+            table.add_row(Text(key), _styled(str(step.get("status", "?"))), str(step.get("attempt", "")))
         console.print(table)
     if show_state and view.state is not None:
         console.print_json(dumps(view.state))
@@ -89,7 +90,7 @@ def start(
             if as_json:
                 echo_json({"ok": True, "run_id": rid})
             else:
-                console.print(f"started [bold]{rid}[/]", highlight=False)
+                console.print(f"started [bold]{escape(rid)}[/]", highlight=False)
             return
         view = client.wait(rid, timeout=timeout)
     if as_json:
@@ -104,7 +105,7 @@ def _ack(as_json: bool, what: str, run_id: str) -> None:
     if as_json:
         echo_json({"ok": True, "run_id": run_id, "command": what})
     else:
-        console.print(f"{what} sent to [bold]{run_id}[/]", highlight=False)
+        console.print(f"{what} sent to [bold]{escape(run_id)}[/]", highlight=False)
 
 
 @runs_app.command("cancel")
@@ -202,7 +203,7 @@ def list_runs(
         table.add_column(col)
     for v in views[:limit]:
         when = time.strftime("%H:%M:%S", time.localtime((v.ts_ms or 0) / 1000))
-        table.add_row(v.run_id, f"{v.definition_id}@{v.revision}", _styled(v.status), str(v.sequence), when)
+        table.add_row(Text(v.run_id), f"{v.definition_id}@{v.revision}", _styled(v.status), str(v.sequence), when)
     console.print(table)
 
 
@@ -211,8 +212,8 @@ def _board_table(board: StepBoard) -> Group:
                          f"  {board.definition}  seq {board.sequence}  superstep {board.superstep}")
     table = Table("step", "kind", "status", "attempt", "worker", "ms", "detail")
     for row in board.rows():
-        table.add_row(row.label, row.kind, _styled(row.status), str(row.attempt), row.worker[-24:],
-                      "" if row.duration_ms is None else str(row.duration_ms), row.detail)
+        table.add_row(Text(row.label), row.kind, _styled(row.status), str(row.attempt), Text(row.worker[-24:]),
+                      "" if row.duration_ms is None else str(row.duration_ms), Text(row.detail))
     notes = Text("\n".join(board.notes[-6:]), style="dim")
     return Group(head, table, notes)
 

@@ -116,7 +116,7 @@ def _board_view(board: RunBoard, roots: list[str], started: float, note: str) ->
     table = Table("run", "definition", "status", "steps", "retries", "events", box=None, padding=(0, 1))
     for run_id in sorted(board.runs):
         r = board.runs[run_id]
-        table.add_row(run_id, r["definition"], Text(r["status"], style=_STYLE.get(r["status"], "")),
+        table.add_row(Text(run_id), r["definition"], Text(r["status"], style=_STYLE.get(r["status"], "")),
                       str(r["steps_done"]), str(r["retries"]), str(r["events"]))
     return Group(head, table, Text(note, style="dim"))
 
@@ -181,7 +181,7 @@ def outcome_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("run", "definition", "status", "steps", "retries", "warn", "tokens", "µ$", "ms"):
         table.add_column(col, no_wrap=True, justify="left" if col in ("run", "definition", "status") else "right")
     for r in rows:
-        table.add_row(("↳ " if r["child"] else "") + r["run_id"], r["definition"],
+        table.add_row(Text(("↳ " if r["child"] else "") + r["run_id"]), r["definition"],
                       Text(r["status"], style=_STYLE.get(r["status"], "")), str(r["steps"]), str(r["retries"]),
                       str(r["budget_warnings"] or ""), str(r["tokens"]), str(r["cost_micros"]), str(r["ms"]))
     return table
@@ -195,7 +195,7 @@ def _print_verify(console: Console, report: VerifyReport) -> None:
     else:
         console.print(f"[bold]7. replay --verify[/]  [red]{len(report.differences)} difference(s)[/]", highlight=False)
         for d in report.differences:
-            console.print(f"   {d.run_id}: {d.kind} {d.detail}", highlight=False)
+            console.print(Text(f"   {d.run_id}: {d.kind} {d.detail}"))
 
 
 def _wait_ready(query_port: int, children: Children, timeout_s: float) -> None:
