@@ -43,9 +43,7 @@ def register(
 ) -> None:
     """Validate definitions and publish them to <prefix>.definitions (keyed id@revision).
 
-    Registering identical content again is a no-op; the same id@revision with different
-    content is refused (publish a new revision). Invalid files are reported with the path
-    inside the definition and the rule that failed; the exit code is 1 if any file failed.
+    Registering identical content again is a no-op; the same id@revision with different content is refused (publish a new revision). Invalid files are reported with the path inside the definition and the rule that failed; the exit code is 1 if any file failed.
 
     Example: `runfold defs register examples/definitions/`
     """

@@ -59,13 +59,9 @@ def replay(
 ) -> None:
     """Fold <prefix>.run-events from the beginning (committed events only).
 
-    --verify folds every run with the engine and compares its state digest with the run's
-    latest <prefix>.run-state snapshot; every difference is listed (run id, expected vs
-    actual digest, sequences) and the exit code is 1 if there is any. Safe while the
-    processor runs.
+    --verify folds every run with the engine and compares its state digest with the run's latest <prefix>.run-state snapshot; every difference is listed (run id, expected vs actual digest, sequences) and the exit code is 1 if there is any. Safe while the processor runs.
 
-    --rebuild restores a processor's stores (disaster recovery) into --state-dir, in the
-    layout the processor reads, so it starts from the rebuilt state. Stop that processor first.
+    --rebuild restores a processor's stores (disaster recovery) into --state-dir, in the layout the processor reads, so it starts from the rebuilt state. Stop that processor first.
 
     Examples: `runfold replay --verify` · `runfold replay --rebuild --state-dir .runfold/state --replace`
     """

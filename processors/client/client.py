@@ -251,6 +251,7 @@ class RunClient:
         start = self._started_at.get(run_id)
         after = 0
         accepted = False
+        definition: tuple[str | None, int | None] = (None, None)
         snap = self.snapshot(run_id)
         if snap is not None:
             snapshot, record = snap
@@ -258,6 +259,7 @@ class RunClient:
             if view.terminal:
                 return view
             accepted, after = True, snapshot["sequence"]
+            definition = (snapshot["definition_id"], snapshot["revision"])
             if start is None:  # events after the snapshot were written after it: skip older history
                 _, ts = record.timestamp()
                 start = self.reader.offset_for_time(self.topics.run_events, record.partition(),
@@ -268,11 +270,11 @@ class RunClient:
                                    after_sequence=after, timeout=remaining):
                 kind = ev["type"]
                 if kind == "RunAccepted":
-                    accepted = True
+                    accepted, definition = True, (ev["definition_id"], ev["revision"])
                 elif kind == "RunRejected" and not accepted and ev.get("command_type") == "StartRun":
                     raise RunRejected(run_id, ev["code"], ev["reason"])
                 if kind in TERMINAL_EVENTS:
-                    return RunView.from_terminal_event(ev)
+                    return RunView.from_terminal_event(ev, *definition)
         except RunfoldTimeout:
             raise RunfoldTimeout(f"run {run_id!r} did not finish within {timeout:g}s") from None
         raise RunfoldError(f"event stream of run {run_id!r} ended without a terminal event")

@@ -45,9 +45,11 @@ class RunView:
         return out
 
     @classmethod
-    def from_terminal_event(cls, ev: dict[str, Any]) -> RunView:
+    def from_terminal_event(cls, ev: dict[str, Any], definition_id: str | None = None,
+                            revision: int | None = None) -> RunView:
         return cls(
             run_id=ev["run_id"], status=TERMINAL_EVENTS[ev["type"]], sequence=ev["sequence"],
+            definition_id=definition_id, revision=revision,
             output=ev.get("output"), failure=ev.get("failure"), usage=dict(ev.get("usage") or {}),
             ts_ms=ev["ts_ms"], source="events",
         )
