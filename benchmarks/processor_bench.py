@@ -103,7 +103,9 @@ def responder(settings: ProcessorSettings) -> None:
     p = Producer(producer_config(settings, linger_ms=1))
     receipts = settings.topics.receipts
     while not stop:
-        for m in c.consume(500, 0.05):
+        # poll blocks only until the first record; consume(n, timeout) would wait for n records
+        first = c.poll(0.05)
+        for m in ([first, *c.consume(499, 0)] if first is not None else []):
             if m.error() is not None:
                 continue
             a = dec(m.value())

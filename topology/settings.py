@@ -238,6 +238,12 @@ def transactional_producer_config(settings: KafkaSettings, transactional_id: str
     cfg["transactional.id"] = transactional_id
     cfg["enable.idempotence"] = True
     cfg.setdefault("transaction.timeout.ms", 60_000)
+    # A transaction begun right after a commit finds the coordinator still writing the previous
+    # one's markers: AddPartitionsToTxn / AddOffsetsToTxn answer CONCURRENT_TRANSACTIONS and
+    # librdkafka retries after retry.backoff.ms (default 100 ms) -- a 100 ms stall per
+    # back-to-back transaction. Retry fast; exponential backoff still caps at the max.
+    cfg.setdefault("retry.backoff.ms", 2)
+    cfg.setdefault("retry.backoff.max.ms", 100)
     return cfg
 
 

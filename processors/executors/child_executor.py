@@ -123,9 +123,12 @@ class ChildExecutor:
         log.info("child executor consuming %s, %s", self.names.child_activations, self.names.run_events)
         try:
             while not self.stopping:
-                msgs = self.consumer.consume(num_messages=self.batch, timeout=0.1)
-                if msgs:
-                    self._transact(msgs)
+                # Block only until the first record, then take what is buffered: consume(n, timeout)
+                # would hold a lone record back until n arrive or the timeout passes (+100 ms a hop).
+                first = self.consumer.poll(0.1)
+                if first is not None:
+                    rest = self.consumer.consume(num_messages=self.batch - 1, timeout=0) if self.batch > 1 else []
+                    self._transact([first, *rest])
         except KafkaException as exc:
             log.error("child executor stopped: %s", exc)
             return 1
