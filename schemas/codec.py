@@ -56,6 +56,7 @@ from schemas.contract import (
     load_contract,
     read_history,
 )
+from schemas.fast_writer import compile_writer
 
 __all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "get_codec"]
 
@@ -181,6 +182,7 @@ class _Topic:
                 named_schemas=dict(named),
             )
         self.single_type = None if self.is_envelope else short
+        self.fast = {name: compile_writer(flat) for name, flat in self.flat.items()}
 
     @staticmethod
     def _field(f: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +209,14 @@ class _Topic:
                 f"unknown record type {record_type!r} (expected one of {sorted(self.flat)})",
                 self.kind, record_type, "type",
             )
+        fast = self.fast[record_type]  # type: ignore[index]
+        if fast is not None:
+            out = bytearray(self.header)
+            try:
+                fast(msg, out)
+                return bytes(out)
+            except Exception:
+                pass
         buf = BytesIO()
         buf.write(self.header)
         try:
