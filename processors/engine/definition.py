@@ -120,6 +120,9 @@ class Ceilings:
     wall_time_ms: int = 7 * 24 * 3600 * 1000
     max_concurrency: int = 256
     max_nesting_depth: int = 8
+    # A run's input is copied into RunAccepted, its snapshots and step inputs: kept well under
+    # Kafka's default 1 MB record limit so those records can always be produced.
+    max_input_bytes: int = 256 * 1024
 
     def effective(self, budgets: Budgets) -> dict[str, int]:
         """The limits a run actually gets: the definition's where set, else the ceiling

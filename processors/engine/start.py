@@ -10,6 +10,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import orjson
+
 from processors.engine import budgets
 from processors.engine.catalog import Bundle
 from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
@@ -46,6 +48,9 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
             "InvalidInput",
             f'secret material in input at {", ".join(secrets[:5])}; pass a {{"$secret": name}} handle',
         )
+    input_bytes = len(orjson.dumps(run_input))
+    if input_bytes > ctx.ceilings.max_input_bytes:
+        return reject("Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}")
     validator = pinned.input_validator()
     if validator is not None:
         error = next(iter(validator.iter_errors(run_input)), None)
