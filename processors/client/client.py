@@ -36,6 +36,7 @@ from processors.client.errors import (
     RunRejected,
 )
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
+from processors.client.snapshots import SnapshotIndex
 from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
 from processors.runtime.partitioning import partition_for
 from schemas import Codec
@@ -67,6 +68,7 @@ class RunClient:
         self._producer: Producer | None = None
         self._broker_errors: list[KafkaError] = []
         self._reader: PartitionReader | None = None
+        self._snapshots: SnapshotIndex | None = None
         self._started_at: dict[str, int] = {}  # run id -> run-events offset before its StartRun
         self.definitions = DefinitionRegistry(self)
 
@@ -84,6 +86,7 @@ class RunClient:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+            self._snapshots = None
 
     @property
     def reader(self) -> PartitionReader:
@@ -182,15 +185,11 @@ class RunClient:
     # ---- reads -------------------------------------------------------------------------------
     def snapshot(self, run_id: str) -> tuple[dict[str, Any], Message] | None:
         """The latest committed run-state snapshot of the run and its Kafka record, if any."""
-        topic = self.topics.run_state
-        partition = partition_for(run_id, self.reader.partition_count(topic))
-        key = run_id.encode()
-        found: Message | None = None
-        deadline = time.monotonic() + self.timeout_s * 4
-        for msg in self.reader.read({(topic, partition): OFFSET_BEGINNING}, deadline=deadline):
-            if msg is not None and msg.key() == key:
-                found = msg
-        if found is None or found.value() is None:  # a tombstone deletes the run's snapshot
+        if self._snapshots is None:
+            self._snapshots = SnapshotIndex(self.reader, self.topics.run_state, self.timeout_s)
+        partition = partition_for(run_id, self.reader.partition_count(self.topics.run_state))
+        found = self._snapshots.latest(run_id, partition)
+        if found is None:
             return None
         return self._dec_snapshot(found.value()), found
 
@@ -278,6 +277,53 @@ class RunClient:
         except RunfoldTimeout:
             raise RunfoldTimeout(f"run {run_id!r} did not finish within {timeout:g}s") from None
         raise RunfoldError(f"event stream of run {run_id!r} ended without a terminal event")
+
+    def wait_all(self, run_ids: list[str], timeout: float = 120.0) -> dict[str, RunView]:
+        """Wait for many runs in one pass over their partitions' events (cheaper than one
+        `wait` per run). A run rejected at start gets a view with status "rejected"."""
+        deadline = time.monotonic() + timeout
+        out: dict[str, RunView] = {}
+        pending: dict[bytes, str] = {}
+        definition: dict[str, tuple[str | None, int | None]] = {}
+        starts: dict[tuple[str, int], int] = {}
+        topic = self.topics.run_events
+        for run_id in dict.fromkeys(run_ids):
+            snap = self.snapshot(run_id)
+            if snap is not None:
+                view = view_from_snapshot(snap[0], with_state=False)
+                if view.terminal:
+                    out[run_id] = view
+                    continue
+                definition[run_id] = (view.definition_id, view.revision)
+            pending[run_id.encode()] = run_id
+            tp = (topic, self.partition_of(run_id))
+            start = self._started_at.get(run_id, OFFSET_BEGINNING)
+            starts[tp] = start if tp not in starts else min(starts[tp], start)
+        if not pending:
+            return out
+        try:
+            for msg in self.reader.read(starts, follow=True, deadline=deadline):
+                run_id = pending.get(msg.key()) if msg is not None else None
+                if run_id is None or msg is None or msg.value() is None:
+                    continue
+                ev = self._dec_event(msg.value())
+                if ev["type"] == "RunAccepted":
+                    definition[run_id] = (ev["definition_id"], ev["revision"])
+                    continue
+                if ev["type"] == "RunRejected" and run_id not in definition and ev.get("command_type") == "StartRun":
+                    out[run_id] = RunView(run_id=run_id, status="rejected", sequence=0, ts_ms=ev["ts_ms"],
+                                          failure={"code": ev["code"], "message": ev["reason"]}, source="events")
+                elif ev["type"] in TERMINAL_EVENTS:
+                    out[run_id] = RunView.from_terminal_event(ev, *definition.get(run_id, (None, None)))
+                else:
+                    continue
+                del pending[msg.key()]
+                if not pending:
+                    break
+        except RunfoldTimeout:
+            raise RunfoldTimeout(f"{len(pending)} of {len(run_ids)} runs did not finish within {timeout:g}s "
+                                 f"(e.g. {next(iter(pending.values()))!r})") from None
+        return out
 
     def runs(self) -> list[RunView]:
         """Every run with a snapshot (latest per run id), read from the compacted run-state topic."""

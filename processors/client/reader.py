@@ -28,7 +28,8 @@ _BATCH = 1000
 KAFKA_LOGGER = logging.getLogger("runfold.client.kafka")
 KAFKA_LOGGER.addHandler(logging.NullHandler())
 # a topic created a moment ago answers these until its leader is elected
-_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError._UNKNOWN_PARTITION}
 _BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 
 

@@ -152,6 +152,18 @@ def test_rejected_start_raises(client: RunClient, system: None) -> None:
     assert err.value.code == "InvalidInput"
 
 
+def test_wait_all_in_one_pass(client: RunClient, system: None) -> None:
+    ids = [client.start("one-step", {"text": str(i)}) for i in range(8)]
+    rejected = client.start("strict", {})
+    outcomes = client.wait_all([*ids, rejected], timeout=60)
+    assert {r: v.status for r, v in outcomes.items()} == {**{r: "succeeded" for r in ids}, rejected: "rejected"}
+    assert outcomes[ids[3]].output == {"text": "3"} and outcomes[ids[3]].definition_id == "one-step"
+    assert outcomes[rejected].failure["code"] == "InvalidInput"
+    # finished runs are answered from their snapshots by a client that did not start them
+    with RunClient(client.settings, timeout_s=10) as other:
+        assert {v.status for v in other.wait_all(ids, timeout=20).values()} == {"succeeded"}
+
+
 def test_partition_matches_the_producer(client: RunClient, settings: ProcessorSettings) -> None:
     """The client's partition computation agrees with where librdkafka put the command."""
     ids = [f"p-{i}" for i in range(20)]
