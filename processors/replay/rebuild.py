@@ -77,52 +77,67 @@ def rebuild(settings: ProcessorSettings, *, replace: bool = False, partitions: l
                                        "(stop the processor that uses it first)")
                 PartitionStore.destroy(path)
         total = sum(reader.end_offset(topics.run_events, p) for p in wanted)
-        done = 0
-        for p in wanted:
-            stats = _rebuild_partition(reader, folder, root / f"p{p}", p, topics.run_events, report,
-                                       lambda n, base=done: progress(base + n, total) if progress else None)
-            report.partitions[p] = stats
-            done += stats["records"]
-            if progress is not None:
-                progress(done, max(total, done))
+        _rebuild_partitions(reader, folder, root, wanted, topics.run_events, report, progress, total)
     finally:
         reader.close()
     report.seconds = time.monotonic() - started
     return report
 
 
-def _rebuild_partition(reader: PartitionReader, folder: Folder, path: Path, p: int, topic: str,
-                       report: RebuildReport, progress: Callable[[int], None]) -> dict[str, int]:
+class _Target:
+    """One partition's store being rebuilt and its open chunk."""
+
+    def __init__(self, path: Path, partition: int) -> None:
+        try:
+            self.store = PartitionStore(path, partition)
+        except Exception as e:  # rocksdict raises a bare Exception when another process holds the lock
+            raise RebuildError(f"cannot open the store at {path}: {e}") from None
+        self.overlay = PartitionOverlay(self.store)
+        self.runs: set[str] = set()
+        self.records = self.events = self.pending = 0
+        self.last_offset: int | None = None
+
+    def flush(self) -> None:
+        self.runs.update(self.overlay.states)
+        Folder.dump_all(self.overlay)
+        self.overlay.write(self.last_offset)
+        self.overlay = PartitionOverlay(self.store)
+        self.pending = 0
+
+
+def _rebuild_partitions(reader: PartitionReader, folder: Folder, root: Path, wanted: list[int], topic: str,
+                        report: RebuildReport, progress: Progress | None, total: int) -> None:
+    """One pass over every wanted partition at once (their fetches overlap), a chunked write per
+    partition every _CHUNK records, so memory stays bounded."""
+    targets: dict[int, _Target] = {}
     try:
-        store = PartitionStore(path, p)
-    except Exception as e:  # rocksdict raises a bare Exception when another process holds the lock
-        raise RebuildError(f"cannot open the store at {path}: {e}") from None
-    runs: set[str] = set()
-    records = events = 0
-    try:
-        overlay = PartitionOverlay(store)
-        last_offset: int | None = None
-        for msg in reader.read({(topic, p): OFFSET_BEGINNING}):
+        for p in wanted:
+            targets[p] = _Target(root / f"p{p}", p)
+        done = 0
+        for msg in reader.read({(topic, p): OFFSET_BEGINNING for p in wanted}):
             if msg is None:
                 continue
-            records += 1
+            t = targets[msg.partition()]
+            t.records += 1
+            done += 1
             try:
-                folder.fold_committed(overlay, msg.value())
-                events += 1
+                folder.fold_committed(t.overlay, msg.value())
+                t.events += 1
             except DecodeError:
                 report.undecodable += 1
-            last_offset = msg.offset()
-            if records % _CHUNK == 0:
-                runs.update(overlay.states)
-                Folder.dump_all(overlay)
-                overlay.write(last_offset)
-                overlay = PartitionOverlay(store)
-                progress(records)
-        runs.update(overlay.states)
-        Folder.dump_all(overlay)
-        overlay.write(last_offset)
-        applied = store.applied_offset
+            t.last_offset = msg.offset()
+            t.pending += 1
+            if t.pending >= _CHUNK:
+                t.flush()
+                if progress is not None:
+                    progress(done, max(total, done))
+        for p, t in targets.items():
+            t.flush()
+            report.events += t.events
+            report.partitions[p] = {"events": t.events, "records": t.records, "runs": len(t.runs),
+                                    "applied_offset": t.store.applied_offset}
+        if progress is not None:
+            progress(done, max(total, done))
     finally:
-        store.close()
-    report.events += events
-    return {"events": events, "records": records, "runs": len(runs), "applied_offset": applied}
+        for t in targets.values():
+            t.store.close()
