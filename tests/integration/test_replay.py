@@ -19,7 +19,7 @@ from rocksdict import Options, Rdict
 import processors.demo.actions  # noqa: F401  (registers demo.flaky)
 from processors.client import RunClient
 from processors.executors import Worker
-from processors.replay import rebuild, verify
+from processors.replay import RebuildError, rebuild, verify
 from processors.runtime.settings import ProcessorSettings
 from schemas import Codec
 from topology.admin import create_topology
@@ -120,6 +120,16 @@ def test_verify_clean_then_detects_exactly_the_corrupted_run_and_rebuild_matches
     rebuilt = settings.model_copy(update={"state_dir": tmp_path / "rebuilt"})
     result = rebuild(rebuilt)
     assert result.events == report.events
+    with pytest.raises(RebuildError, match="--replace"):
+        rebuild(rebuilt)  # never overwrites a store silently
+    assert rebuild(rebuilt, replace=True).events == report.events
+    # the CLI (real entry point) rebuilds the same way and reports its rate
+    out = subprocess.run([str(RUNFOLD), "replay", "--rebuild", "--state-dir", str(tmp_path / "cli"), "--json"],
+                         env={**env, "RUNFOLD_PARTITIONS": str(settings.partitions)}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    cli_report = orjson.loads(out.stdout)
+    assert cli_report["events"] == report.events and cli_report["events_per_s"] > 0
     for p in range(settings.partitions):
         # run states, event logs and the applied offset: byte-equal
         assert _store(rebuilt.store_root() / f"p{p}", b"se") == _store(live_root / f"p{p}", b"se")
