@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer
 
@@ -207,15 +207,26 @@ class RunClient:
         return view_from_snapshot(snap[0])
 
     def _query(self, run_id: str) -> RunView | None:
+        """Ask the configured processor; when it answers 421 (another instance owns the run's
+        partition) ask the owner's host on the same port once. None: use the snapshot."""
         import httpx
 
-        try:
-            resp = httpx.get(f"{self.query_url}/runs/{quote(run_id, safe='')}", timeout=self.timeout_s)
-        except httpx.HTTPError:
-            return None  # the owner may be restarting: the snapshot topic still answers
-        if resp.status_code != 200:
-            return None
-        return view_from_query(run_id, resp.json())
+        assert self.query_url is not None
+        url = self.query_url
+        for _ in range(2):
+            try:
+                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", timeout=self.timeout_s)
+            except httpx.HTTPError:
+                return None  # the owner may be restarting: the snapshot topic still answers
+            if resp.status_code == 200:
+                return view_from_query(run_id, resp.json())
+            owner = (resp.json() or {}).get("owner") if resp.status_code == 421 else None
+            host = (owner or {}).get("host")
+            if not host:
+                return None
+            parsed = urlsplit(url)
+            url = f"{parsed.scheme}://{host}:{parsed.port or 80}"
+        return None
 
     def events(self, run_id: str, *, follow: bool = False, after_sequence: int = 0,
                timeout: float | None = None) -> Iterator[dict[str, Any]]:

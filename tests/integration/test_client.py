@@ -181,3 +181,19 @@ def test_partition_matches_the_producer(client: RunClient, settings: ProcessorSe
     consumer.close()
     assert seen == {rid: client.partition_of(rid) for rid in ids}
     assert len(set(seen.values())) == 2  # both partitions are used: the test can fail
+
+
+def test_get_through_the_owners_query_endpoint(client: RunClient, settings: ProcessorSettings) -> None:
+    with running(settings.model_copy(update={"query_port": 0})) as pt, \
+            WorkerThread(Worker(name="query-test", queues=["default"]), settings):
+        run_id = client.start("one-step", {"text": "q"})
+        client.wait(run_id, timeout=60)
+        with RunClient(client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}") as q:
+            view = q.get(run_id)
+            assert (view.source, view.status, view.output) == ("query", "succeeded", {"text": "q"})
+            assert view.sequence == client.get(run_id).sequence
+            with pytest.raises(RunNotFound):  # the owner says 404 and no snapshot exists
+                q.get("never-started")
+    # the owner is gone: the client falls back to the snapshot topic
+    with RunClient(client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}", timeout_s=5) as q:
+        assert q.get(run_id).source == "snapshot"
