@@ -191,7 +191,7 @@ def _print_verify(console: Console, report: VerifyReport) -> None:
     if report.ok:
         console.print(f"[bold]7. replay --verify[/]  [green]OK[/]: {report.runs} runs folded from "
                       f"{report.events} committed events, every state digest equals its snapshot "
-                      f"({report.events_per_s:,.0f} events/s)", highlight=False)
+                      f"(in {report.seconds:.2f}s)", highlight=False)
     else:
         console.print(f"[bold]7. replay --verify[/]  [red]{len(report.differences)} difference(s)[/]", highlight=False)
         for d in report.differences:
