@@ -51,7 +51,7 @@ def register(
     for p in paths:
         files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml", ".json")) if p.is_dir() else [p]
     failed = 0
-    rows = []
+    rows: list[dict[str, object]] = []
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         for f in files:
             try:

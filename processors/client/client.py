@@ -314,9 +314,12 @@ class RunClient:
             return out
         try:
             for msg in self.reader.read(starts, follow=True, deadline=deadline):
-                run_id = pending.get(msg.key()) if msg is not None else None
-                if run_id is None or msg is None or msg.value() is None:
+                if msg is None or msg.value() is None:
                     continue
+                pending_id = pending.get(msg.key())
+                if pending_id is None:
+                    continue
+                run_id = pending_id
                 ev = self._dec_event(msg.value())
                 if ev["type"] == "RunAccepted":
                     definition[run_id] = (ev["definition_id"], ev["revision"])

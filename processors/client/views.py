@@ -86,7 +86,8 @@ def view_from_snapshot(snapshot: dict[str, Any], with_state: bool = True) -> Run
 def view_from_query(run_id: str, body: dict[str, Any]) -> RunView:
     """The processor's `GET /runs/{id}` answer: a status plus the run state (shape of the
     snapshot when the endpoint mirrors it, else the bare state)."""
-    state = body.get("state") if isinstance(body.get("state"), dict) else body
+    inner = body.get("state")
+    state: dict[str, Any] = inner if isinstance(inner, dict) else body
     status = body.get("status") or state.get("status") or "unknown"
     return view_from_state(run_id, status, state, sequence=body.get("sequence"), ts_ms=body.get("ts_ms"),
                            digest=body.get("state_digest"), source="query")

@@ -89,8 +89,8 @@ def managed(children: Children) -> Iterator[Children]:
     def _raise_interrupt(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        previous[sig] = signal.signal(sig, _raise_interrupt)
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        previous[stop_signal] = signal.signal(stop_signal, _raise_interrupt)
     try:
         yield children
     finally:
@@ -100,5 +100,5 @@ def managed(children: Children) -> Iterator[Children]:
             children.stop_all()
         finally:
             signal.signal(signal.SIGINT, old_int)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
