@@ -35,6 +35,12 @@ def _varint(n: int) -> bytes:
     if 0 <= n < 64:
         return _SMALL[n]
     n = (n << 1) ^ (n >> 63)
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -43,10 +49,22 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+# The latest large long and its bytes (a decision's messages share one ts_ms). One tuple,
+# read and replaced as a whole, so concurrent encoders never see a mixed pair.
+_last_long: list[tuple[int, bytes]] = [(-1, _varint(-1))]
+
+
 def _long(v: Any) -> bytes:
-    if type(v) is not int or not _LONG_MIN <= v <= _LONG_MAX:
+    last = _last_long[0]
+    if type(v) is not int:
         raise Unsupported
-    return _varint(v)
+    if v == last[0]:
+        return last[1]
+    if not _LONG_MIN <= v <= _LONG_MAX:
+        raise Unsupported
+    out = _varint(v)
+    _last_long[0] = (v, out)
+    return out
 
 
 def _int(v: Any) -> bytes:
@@ -120,6 +138,9 @@ class _Gen:
             elif t == "long":
                 out.append(f"{ind}if type({v}) is int and 0 <= {v} < 64: b.append({v} << 1)")
                 out.append(f"{ind}else: b += _long({v})")
+            elif t == "int":
+                out.append(f"{ind}if type({v}) is int and 0 <= {v} < 64: b.append({v} << 1)")
+                out.append(f"{ind}else: b += _int({v})")
             elif t in _PRIMITIVE_BYTES:
                 out.append(f"{ind}b += {_PRIMITIVE_BYTES[t]}({v})")
             elif t in _PRIMITIVE_APPEND:

@@ -162,8 +162,14 @@ class Folder:
               run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]], messages: list[tuple[str, bytes]],
               set_timers: list[Any], clear_timers: list[str]) -> None:
         produce = self._produce
-        for sequence, raw in events:
-            produce(self.run_events, raw, key, partition=partition, on_delivery=self._on_event_delivery)
+        # Only the record's last event reports its delivery: one producer writes a partition's
+        # events in produce order, so the transaction's last report per partition is its max offset.
+        last = len(events) - 1
+        for i, (sequence, raw) in enumerate(events):
+            if i == last:
+                produce(self.run_events, raw, key, partition=partition, on_delivery=self._on_event_delivery)
+            else:
+                produce(self.run_events, raw, key, partition=partition)
             overlay.add_event(run_id, sequence, raw)
         _inc(counters.records_out, self.run_events, len(events))
         for topic, raw in messages:
