@@ -47,8 +47,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "faust": ("faust", {}),  # Faust default commit interval 2.8 s
     "runfold-batch2000": ("runfold", {"batch_size": 2000, "commit_interval_ms": 200}),
     "quix-commit50ms": ("quix", {"commit_interval_s": 0.05}),
+    # the physical limit: raw transactional consume -> produce with the processor's batch/commit rule
+    "passthrough": ("passthrough", {}),
 }
-PEERS = ("runfold", "quix", "faust", "runfold-batch2000")
+PEERS = ("passthrough", "runfold", "quix", "faust", "runfold-batch2000")
 Expected = dict[str, tuple[int, int]]
 
 
@@ -154,9 +156,33 @@ def _peer_cmd(kind: str, opts: dict[str, Any], prefix: str, input_topic: str, ou
     return [*py, "benchmarks.peers.faust_fold", *common, "--partitions", str(partitions)]
 
 
+def run_passthrough(settings: KafkaSettings, records: int, input_topic: str) -> dict[str, Any]:
+    """benchmarks/passthrough_bench.py's loop on this round's input (its own group and output)."""
+    from benchmarks.passthrough_bench import passthrough
+    from processors.runtime.settings import ProcessorSettings
+
+    output = f"{settings.topic_prefix}.passthrough-out"
+    ps = ProcessorSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix,
+                           group_id=f"{settings.topic_prefix}-passthrough", instance_id="passthrough")
+    r = passthrough(ps, input_topic, output, records)
+    c = Consumer(consumer_config(settings, f"{settings.topic_prefix}-check-pt"))
+    c.subscribe([output])
+    n, quiet = 0, time.monotonic() + 5
+    while time.monotonic() < quiet:
+        got = sum(1 for m in c.consume(5000, 0.5) if m.error() is None)
+        n += got
+        if got:
+            quiet = time.monotonic() + 2
+    c.close()
+    return {"seconds": r["seconds"], "records_per_s": r["records_per_s"], "transactions": r["transactions"],
+            "outputs": n, "duplicates": max(0, n - records), "correct": int(n == records)}
+
+
 def run_peer(name: str, settings: KafkaSettings, expected: Expected, records: int, timeout: float,
              input_topic: str) -> dict[str, Any]:
     kind, opts = VARIANTS[name]
+    if kind == "passthrough":
+        return run_passthrough(settings, records, input_topic)
     t = settings.topic_prefix
     output = f"{t}.run-events" if kind == "runfold" else f"{t}.{name}-out"
     work = Path(tempfile.mkdtemp(prefix=f"kf-{name}-"))
@@ -269,7 +295,7 @@ def run(records: int = 200_000, keys: int = 1000, partitions: int = 2, rounds: i
                                f"{records:,} in a bounded round); records/s compares rates, not totals")
     bench.run(round_fn)
     if "runfold" in peers:
-        for peer, target in (("quix", 2.0), ("faust", 5.0), ("quix-commit50ms", None)):
+        for peer, target in (("passthrough", None), ("quix", 2.0), ("faust", 5.0), ("quix-commit50ms", None)):
             if peer in peers:
                 bench.ratio(f"runfold_vs_{peer}", "runfold", peer, "records_per_s", target)
     if "runfold-batch2000" in peers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from processors import cli_defs, cli_demo, cli_replay, cli_runs
+from processors import cli_bench, cli_defs, cli_demo, cli_replay, cli_runs
 from processors.executors import cli as executors_cli
 from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
@@ -24,6 +24,7 @@ app.command("processor")(runtime_cli.processor)  # `runfold processor`
 app.add_typer(cli_defs.defs_app, name="defs")  # `runfold defs register|list|show`
 app.add_typer(cli_runs.runs_app, name="runs")  # `runfold runs start|cancel|...|watch|events`
 app.command("replay")(cli_replay.replay)  # `runfold replay --verify | --rebuild`
+app.add_typer(cli_bench.bench_app, name="bench")  # `runfold bench keyed-fold|workflow-throughput|...|all`
 app.command("demo")(cli_demo.demo)  # `runfold demo`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------

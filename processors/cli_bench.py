@@ -1,0 +1,111 @@
+"""`runfold bench <name>`: one command per benchmark (benchmarks/*.py, the shared harness).
+
+Every command writes benchmarks/results/<name>.json + .png (median of --rounds after
+--warmup rounds, with min/max spread) and prints a table of medians. Against the broker in
+KAFKA_BOOTSTRAP_SERVERS (else the local broker); each round uses its own topic prefix and
+deletes its topics afterwards. Benchmarks are not tests: they measure, they never assert.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+import typer
+
+from processors.cli_common import console
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: results in benchmarks/results/ (JSON + PNG).")
+Rounds = Annotated[int, typer.Option(help="Measured rounds (median and spread over these).")]
+Warmup = Annotated[int, typer.Option(help="Warm-up rounds (reduced size, discarded).")]
+
+
+def _show(bench: object, metrics: list[str]) -> None:
+    console.print(bench.table(metrics), highlight=False)  # type: ignore[attr-defined]
+    ratios = bench.ratios  # type: ignore[attr-defined]
+    if ratios:
+        console.print(orjson.dumps(ratios, option=orjson.OPT_INDENT_2).decode(), highlight=False)
+
+
+@bench_app.command("keyed-fold")
+def keyed_fold(
+    records: Annotated[int, typer.Option(help="Records in the input stream.")] = 200_000,
+    keys: Annotated[int, typer.Option(help="Distinct keys.")] = 1000,
+    peers: Annotated[str, typer.Option(help="Comma-separated: passthrough, runfold, quix, faust, "
+                                            "runfold-batch2000, quix-commit50ms.")] =
+        "passthrough,runfold,quix,faust,runfold-batch2000",
+    faust_records: Annotated[int, typer.Option(help="Faust folds this prefix of the stream (it is slow).")] = 20_000,
+    rounds: Rounds = 3, warmup: Warmup = 1,
+) -> None:
+    """Keyed fold (count + sum per key), exactly-once: runfold's runtime vs Quix Streams vs Faust,
+    with the raw transactional passthrough as the physical limit."""
+    from benchmarks import keyed_fold as kf
+
+    b = kf.run(records, keys, rounds=rounds, warmup=warmup, peers=tuple(p.strip() for p in peers.split(",")),
+               peer_records={"faust": faust_records})
+    _show(b, ["records_per_s", "correct", "duplicates"])
+
+
+@bench_app.command("workflow-throughput")
+def workflow_throughput(
+    runs: Annotated[int, typer.Option(help="Runs of the 3-step noop workflow per case.")] = 5000,
+    processors: Annotated[str, typer.Option(help="Processor counts to measure, comma-separated.")] = "1,2",
+    rounds: Rounds = 3, warmup: Warmup = 1,
+) -> None:
+    """Completed runs/s and run events/s: processor(s) + noop worker + load generator processes."""
+    from benchmarks import workflow_throughput as wt
+
+    b = wt.run(runs, tuple(int(x) for x in processors.split(",")), rounds=rounds, warmup=warmup)
+    _show(b, ["runs_per_s", "events_per_s"])
+
+
+@bench_app.command("latency")
+def latency(
+    seconds: Annotated[float, typer.Option(help="Seconds of load per case.")] = 10.0,
+    max_runs_per_s: Annotated[float | None, typer.Option(help="Max load (default: last workflow-throughput).")] = None,
+    rounds: Rounds = 3, warmup: Warmup = 1,
+) -> None:
+    """p50/p95/p99 start -> terminal at 25/50/80% of max load; commit interval 10/50/200 ms."""
+    from benchmarks import latency as lt
+
+    b = lt.run(seconds, max_runs_per_s, rounds=rounds, warmup=warmup)
+    _show(b, ["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"])
+
+
+@bench_app.command("replay")
+def replay(
+    runs: Annotated[int, typer.Option(help="3-step runs in the run-events topic (15 events each).")] = 4000,
+    rounds: Rounds = 3, warmup: Warmup = 1,
+) -> None:
+    """Events/s folded by `runfold replay --rebuild` (and `--verify`)."""
+    from benchmarks import replay_bench as rb
+
+    b = rb.run(runs, rounds=rounds, warmup=warmup)
+    _show(b, ["events", "events_per_s", "complete"])
+
+
+@bench_app.command("memory")
+def memory(
+    runs: Annotated[int, typer.Option(help="Completed runs in the processor's store.")] = 100_000,
+    timers: Annotated[int, typer.Option(help="Runs then left waiting on long sleep timers.")] = 10_000,
+    rounds: Rounds = 1,
+) -> None:
+    """Processor RSS with N completed runs in its store, then with W runs waiting on timers."""
+    from benchmarks import memory as mem
+
+    b = mem.run(runs, timers, rounds=rounds)
+    _show(b, ["rss_mib", "store_mib"])
+
+
+@bench_app.command("all")
+def all_benchmarks(
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke sizes: 1 round, no warm-up, small loads.")] = False,
+    rounds: Annotated[int | None, typer.Option(help="Override the rounds of every benchmark.")] = None,
+    only: Annotated[str | None, typer.Option(help="Comma-separated subset (keyed_fold, workflow_throughput, "
+                                                  "latency, replay_bench, memory).")] = None,
+) -> None:
+    """Every benchmark in order; benchmarks/results/summary.json holds the headline table."""
+    from benchmarks import run_all
+
+    summary = run_all.run(quick, rounds, only.split(",") if only else None)
+    console.print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode(), highlight=False)

@@ -1,0 +1,96 @@
+"""Chaos suite fixtures: the suite's OWN local broker (never the shared dev broker), per-test
+topologies, sizes from the environment, and the per-scenario summary at the end.
+
+Sizes (CI defaults; raise them for a soak):
+  RUNFOLD_CHAOS_RUNS   runs of the processor kill -9 scenario (default 400)
+  RUNFOLD_CHAOS_KILLS  processor kill -9 count (default 5)
+
+    .venv/bin/pytest -m chaos tests/chaos            # ~5 minutes on 2 cores
+    RUNFOLD_CHAOS_RUNS=1000 RUNFOLD_CHAOS_KILLS=10 .venv/bin/pytest -m chaos tests/chaos
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # processor_support
+
+from checks import RESULTS
+from processor_support import make_settings, setup_topology
+
+from processors.runtime.settings import ProcessorSettings
+from topology import local_kafka
+from topology.admin import delete_topology
+
+WF = "runfold.workflow/v1"
+
+
+def _noop_chain(wid: str, steps: int) -> dict[str, Any]:
+    names = [chr(ord("a") + i) for i in range(steps)]
+    return {"schema": WF, "id": wid, "revision": 1, "state": {}, "entry": [names[0]],
+            "nodes": {n: {"kind": "action", "action": "noop"} for n in names},
+            "routes": {a: [b] for a, b in itertools.pairwise(names)}}
+
+
+DEFINITIONS = [
+    _noop_chain("noop3", 3),
+    # two 300 ms sleeps on short leases: a killed worker's activation expires and is retried
+    {"schema": WF, "id": "slow2", "revision": 1, "state": {}, "entry": ["a"], "routes": {"a": ["b"]},
+     "nodes": {n: {"kind": "action", "action": "sleep", "input": {"from": "literal", "value": {"ms": 300}},
+                   "lease_ms": 1500, "heartbeat_ms": 300, "retry": {"max_attempts": 6, "backoff_ms": 100}}
+               for n in ("a", "b")}},
+    {"schema": WF, "id": "strict", "revision": 1, "state": {}, "entry": ["a"],
+     "input_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
+     "nodes": {"a": {"kind": "action", "action": "noop"}}},
+]
+
+
+@pytest.fixture(scope="session")
+def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.LocalKafkaConfig]:
+    """A broker of the suite's own (free ports, temporary data dir): the broker-restart
+    scenario restarts it; nothing here touches a shared broker."""
+    port, cport = local_kafka.free_port_pair()
+    cfg = local_kafka.LocalKafkaConfig.from_env(port=port, controller_port=cport,
+                                                data_dir=tmp_path_factory.mktemp("chaos-kafka"))
+    assert cfg.port != local_kafka.DEFAULT_PORT
+    try:
+        local_kafka.up(cfg, timeout=180)
+    except local_kafka.LocalKafkaError as e:
+        pytest.fail(f"the chaos suite's own broker did not start: {e}", pytrace=False)
+    try:
+        yield cfg
+    finally:
+        local_kafka.down(cfg)
+
+
+@pytest.fixture
+def chaos_settings(chaos_broker: local_kafka.LocalKafkaConfig, tmp_path: Path) -> Iterator[ProcessorSettings]:
+    s = make_settings(chaos_broker.bootstrap, f"c{uuid.uuid4().hex[:8]}", tmp_path / "state",
+                      commit_interval_ms=50, activation_queues=("default", "agents"))
+    setup_topology(s, DEFINITIONS)
+    yield s
+    try:
+        delete_topology(s)
+    except Exception as e:  # a broker the test broke must not hide the test's own failure
+        print(f"cleanup of {s.topic_prefix} failed: {e}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not RESULTS:
+        return
+    terminalreporter.section("runfold chaos summary")
+    for r in RESULTS:
+        terminalreporter.write_line(
+            f"{r['scenario']}: runs {r['runs_started']} started / {r['runs_accepted']} accepted / "
+            f"{r['runs_terminal']} terminal {r['terminal_by_type']}; events {r['events']}; "
+            f"StepSucceeded {r['step_succeeded']} (0 duplicated); retried attempts {r['retried_attempts']}; "
+            f"garbage {r['garbage_sent']} -> dead letters {r['dead_letters']}; bad commands {r['bad_commands']} -> "
+            f"RunRejected {r['rejections']}; replay --verify {r['replay_runs_checked']} runs, "
+            f"{r['replay_differences']} differences; {r['extra']}")

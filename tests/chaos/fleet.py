@@ -1,0 +1,112 @@
+"""Processes the chaos scenarios start, kill -9 and restart: processors and noop/sleep workers.
+
+Each is a real subprocess (`python -m processors.runtime`, `python -m processors.executors.cli
+worker`) with its own log file under the test's tmp dir; `ready()` waits until the
+processor group is Stable with every processor holding partitions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from processors.runtime.settings import ProcessorSettings
+from topology.settings import admin_config
+
+
+class Fleet:
+    def __init__(self, settings: ProcessorSettings, log_dir: Path) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.kills: dict[str, int] = {}
+        self.exits: list[tuple[str, int]] = []  # (name, code) of processes that ended by themselves
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_") and k != "KAFKA_BOOTSTRAP_SERVERS"}
+        return {**env, "KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+                "RUNFOLD_TOPIC_PREFIX": self.settings.topic_prefix}
+
+    def log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with self.log(name).open("ab") as lf:
+            proc = subprocess.Popen(args, env=self._env(), stdout=subprocess.DEVNULL, stderr=lf)
+        self.procs[name] = proc
+        return proc
+
+    def processor(self, name: str = "p1", instance_id: str | None = None) -> subprocess.Popen[bytes]:
+        s = self.settings
+        return self._spawn(name, [
+            sys.executable, "-m", "processors.runtime", "--instance-id", instance_id or name,
+            "--state-dir", str(Path(s.state_dir) / name), "--commit-interval-ms", str(s.commit_interval_ms)])
+
+    def worker(self, name: str = "w1", concurrency: int = 64) -> subprocess.Popen[bytes]:
+        return self._spawn(name, [sys.executable, "-m", "processors.executors.cli", "worker", "--queue", "default",
+                                  "--concurrency", str(concurrency), "--log-level", "WARNING"])
+
+    def kill9(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        self.kills[name] = self.kills.get(name, 0) + 1
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        return self.worker(name) if name.startswith("w") else self.processor(name)
+
+    def supervise(self) -> list[str]:
+        """Restart any process that ended by itself (what a supervisor would do); returns them."""
+        restarted = []
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is not None:
+                self.exits.append((name, code))
+                self.restart(name)
+                restarted.append(name)
+        return restarted
+
+    def ready(self, processors: int = 1, timeout: float = 90.0) -> None:
+        group = f"{self.settings.topic_prefix}-processor"
+        admin = AdminClient(admin_config(self.settings))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                desc = admin.describe_consumer_groups([group])[group].result(10)
+                holding = [m for m in desc.members if m.assignment and m.assignment.topic_partitions]
+                if str(desc.state).endswith("STABLE") and len(holding) == processors:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"processor group {group} not stable with {processors} member(s) in {timeout}s; "
+                             f"logs: {self.tails()}")
+
+    def tails(self, n: int = 1200) -> dict[str, str]:
+        out = {}
+        for name in self.procs:
+            try:
+                out[name] = self.log(name).read_text(errors="replace")[-n:]
+            except OSError:
+                out[name] = ""
+        return out
+
+    def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+                codes[name] = None
+        return codes
