@@ -12,11 +12,14 @@ import time
 from logging import Logger
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
+
+_LEADERLESS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
 
 
 class DefinitionsReader:
@@ -40,13 +43,12 @@ class DefinitionsReader:
                                "create the topology first (runfold topology create)")
         parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
         self._consumer.assign(parts)
+        deadline = time.monotonic() + timeout_s
         pending = set()
         for tp in parts:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
-                                                             timeout=timeout_s, cached=False)
+            low, high = self._watermarks(tp.partition, deadline)
             if high > low:
                 pending.add(tp.partition)
-        deadline = time.monotonic() + timeout_s
         while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
@@ -60,6 +62,20 @@ class DefinitionsReader:
                 self._apply(msg.key(), msg.value())
         self._metrics.definitions.set(self.registered)
         return self.registered
+
+    def _watermarks(self, partition: int, deadline: float) -> tuple[int, int]:
+        """Watermarks, retried while a just-created topic has no leader yet (`topology create` then start)."""
+        while True:
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                                 timeout=max(0.1, deadline - time.monotonic()),
+                                                                 cached=False)
+                return int(low), int(high)
+            except KafkaException as e:
+                err = e.args[0]
+                if (not err.retriable() and err.code() not in _LEADERLESS) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def poll(self) -> int:
         """Non-blocking: apply whatever new definition records are buffered."""
