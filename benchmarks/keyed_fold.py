@@ -248,8 +248,9 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     new_topics = [NewTopic(f"{ctx.prefix}.{name}-out", p["partitions"], 1) for name in p["peers"]
                   if name not in prefixes]
     new_topics += [NewTopic(f"{ctx.prefix}.{name}-in", p["partitions"], 1) for name in limits]
+    admin = AdminClient(admin_config(base))  # kept referenced until the futures resolve
     if new_topics:
-        for f in AdminClient(admin_config(base)).create_topics(new_topics).values():
+        for f in admin.create_topics(new_topics).values():
             f.result()
     out: dict[str, dict[str, Any]] = {}
     try:

@@ -1,7 +1,7 @@
 """Chaos scenarios against the suite's own broker; each ends with the same proof (checks.prove).
 
 Sizes (CI): processor kill -9 x RUNFOLD_CHAOS_KILLS (5) during RUNFOLD_CHAOS_RUNS (400) 3-step runs;
-worker kill -9 x3 during 40 runs of two 300 ms actions; 1,000 garbage records + 200 bad
+worker kill -9 x3 during 60 runs of two 300 ms actions (8 at a time); 1,000 garbage records + 200 bad
 commands beside 100 good runs; a zombie processor (same instance id) under 200 runs; one
 broker restart under 300 runs.
 """
@@ -103,10 +103,10 @@ def test_worker_kill_9_during_actions(chaos_settings: ProcessorSettings, tmp_pat
     s, rng = chaos_settings, random.Random(SEED)
     fleet = Fleet(s, tmp_path)
     fleet.processor("p1")
-    fleet.worker("w1")
+    fleet.worker("w1", concurrency=8)  # ~4 s of queued work: every kill lands on running actions
     fleet.ready()
     events = Reader(s, [s.topics.run_events], "run_events")
-    runs = [f"w-{i:03d}" for i in range(40)]
+    runs = [f"w-{i:03d}" for i in range(60)]
     try:
         cmd = Commands(s)
         for i, r in enumerate(runs):
@@ -118,12 +118,12 @@ def test_worker_kill_9_during_actions(chaos_settings: ProcessorSettings, tmp_pat
             time.sleep(rng.uniform(0.1, 0.5))
             fleet.kill9("w1")
             time.sleep(rng.uniform(0.2, 1.0))
-            fleet.worker("w1")
+            fleet.worker("w1", concurrency=8)
         wait_terminal(events, set(runs), 150, fleet)
     finally:
         fleet.stop()
         events.close()
-    proof = prove("worker kill -9 x3 during 40 runs of 2 sleeping actions", s, started=set(runs),
+    proof = prove("worker kill -9 x3 during 60 runs of 2 sleeping actions", s, started=set(runs),
                   extra={"worker_kills": 3, "seed": SEED})
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
     assert proof.retried_attempts > 0, "no activation was retried: the kills hit no running action"
