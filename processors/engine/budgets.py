@@ -62,7 +62,7 @@ def effective_budgets(
         return None, "budgets must be an object"
     for name, value in sorted(overrides.items()):
         if name not in OVERRIDABLE:
-            return None, f"unknown budget {name!r}"
+            return None, f"unknown budget {str(name)[:64]!r}"  # cut: the reason lands in a RunRejected
         if type(value) is not int or value < 0:
             return None, f"budget {name} must be a non-negative integer"
         if name == "warn_at_percent":

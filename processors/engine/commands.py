@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from processors.engine import budgets
 from processors.engine.emitter import Decision, Emitter, rejection
 from processors.engine.ids import instance_key, order_key
@@ -13,6 +15,9 @@ from processors.engine.steps import NOT_SCHEDULED, cancel_open_steps, plan_super
 from processors.engine.superstep import progress
 
 Message = dict[str, Any]
+# A command's free-text reason is copied into the run's events and every cancelled step:
+# keep it short so a long one cannot make those records too large for Kafka.
+REASON_CHARS = 1000
 
 
 def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
@@ -23,7 +28,7 @@ def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         return Decision([], "duplicate cancel")
     if status in TERMINAL_STATUSES:
         return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
-    reason = str(msg.get("reason") or "") or "cancelled by request"
+    reason = str(msg.get("reason") or "")[:REASON_CHARS] or "cancelled by request"
     cancel_open_steps(em, f"run cancelled: {reason}")
     em.emit("RunCancelled", reason=reason, usage=em.usage())
     return Decision(em.events)
@@ -39,9 +44,17 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     if not isinstance(name, str) or not name:
         return Decision([rejection(msg, "InvalidInput", "signal name is required")], "invalid signal")
     if not any(node.kind == "wait" and node.signal == name for node in em.pinned.root.nodes.values()):
-        reason = f"no wait node of {state['definition_id']}@{state['revision']} waits for signal {name!r}"
+        reason = (
+            f"no wait node of {state['definition_id']}@{state['revision']} waits for signal {name[:100]!r}"
+        )
         return Decision([rejection(msg, "InvalidInput", reason)], "unknown signal")
     payload = msg.get("payload")
+    size = len(orjson.dumps(payload))
+    if size > em.ctx.ceilings.max_payload_bytes:
+        reason = (
+            f"signal payload of {size} bytes exceeds max_payload_bytes {em.ctx.ceilings.max_payload_bytes}"
+        )
+        return Decision([rejection(msg, "Limit", reason)], "signal payload too large")
     secrets = find_secret_literals(payload, "payload")
     if secrets:
         reason = f"secret material in signal payload at {', '.join(secrets[:5])}"
@@ -92,7 +105,7 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         if new_limits is None:
             return Decision([rejection(msg, "Limit", reason)], "invalid budgets")
         limits = {**limits, **{key: new_limits[key] for key in overrides}}
-    em.emit("RunResumed", budgets=limits, reason=str(msg.get("reason") or ""))
+    em.emit("RunResumed", budgets=limits, reason=str(msg.get("reason") or "")[:REASON_CHARS])
     plan_superstep(em, reactivate=True)
     progress(em)
     return Decision(em.events)

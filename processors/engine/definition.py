@@ -123,6 +123,11 @@ class Ceilings:
     # A run's input is copied into RunAccepted, its snapshots and step inputs: kept well under
     # Kafka's default 1 MB record limit so those records can always be produced.
     max_input_bytes: int = 256 * 1024
+    # The same reason bounds what arrives later: a signal payload or a step's output (each is
+    # copied into an event, the step record and the snapshot), and the run's `state` after a
+    # superstep merge (SuperstepCommitted and every snapshot carry it). Sizes are orjson bytes.
+    max_payload_bytes: int = 256 * 1024
+    max_state_bytes: int = 512 * 1024
 
     def effective(self, budgets: Budgets) -> dict[str, int]:
         """The limits a run actually gets: the definition's where set, else the ceiling

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from processors.engine import budgets
 from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure
 from processors.engine.ids import instance_key
@@ -22,6 +24,9 @@ Message = dict[str, Any]
 EXECUTOR_KINDS = frozenset({"action", "agent"})
 TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+# An executor's error text is kept in the step record and its events: cut it so a huge one
+# cannot make those records too large for Kafka (outputs are bounded by max_payload_bytes).
+MESSAGE_CHARS = 4000
 
 
 def handle_receipt(state: RunState | None, msg: Message, em: Emitter) -> Decision:
@@ -63,16 +68,24 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     rtype = msg["type"]
     if rtype == "ActivationFailed":
         code = str(msg["code"]) if msg.get("code") in FAILURE_CODES else "ExecutionFailed"
-        return "failed", failure(code, str(msg.get("message", "")), retryable=bool(msg.get("retryable")),
+        return "failed", failure(code, str(msg.get("message", ""))[:MESSAGE_CHARS], retryable=bool(msg.get("retryable")),
                                  node=name, lineage=lineage), usage  # fmt: skip
     if rtype == "ChildRunFinished":
         status = msg.get("status")
         if status != "succeeded":
             child_failure = msg.get("failure") or {}
-            detail = child_failure.get("message", "") if isinstance(child_failure, dict) else ""
+            detail = (
+                str(child_failure.get("message", ""))[:MESSAGE_CHARS]
+                if isinstance(child_failure, dict)
+                else ""
+            )
             return "failed", failure("ChildFailed", f"child run {msg.get('child_run_id')} {status}: {detail}".rstrip(": "),
                                      node=name, lineage=lineage), usage  # fmt: skip
     output = msg.get("output")
+    size = len(orjson.dumps(output))
+    if size > em.ctx.ceilings.max_payload_bytes:
+        return "failed", failure("InvalidOutput", f"output of {size} bytes exceeds max_payload_bytes "
+                                 f"{em.ctx.ceilings.max_payload_bytes}", node=name, lineage=lineage), usage  # fmt: skip
     secrets = find_secret_literals(output, "output")
     if secrets:
         return "failed", failure("InvalidOutput", f"secret material in output at {', '.join(secrets[:5])}",
@@ -116,7 +129,7 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
         return None
     if rtype == "ActivationCancelled":
         if status in ("scheduled", "running"):
-            reason = str(msg.get("reason", "")) or "no reason given"
+            reason = str(msg.get("reason", ""))[:MESSAGE_CHARS] or "no reason given"
             fail_attempt(em, step, failure("Cancelled", f"activation cancelled by its executor: {reason}",
                                            retryable=True, node=step["node"], lineage=step["lineage"]),
                          _ZERO_USAGE)  # fmt: skip

@@ -51,6 +51,11 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     input_bytes = len(orjson.dumps(run_input))
     if input_bytes > ctx.ceilings.max_input_bytes:
         return reject("Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}")
+    labels_bytes = len(orjson.dumps(msg.get("labels") or {}))
+    if labels_bytes > ctx.ceilings.max_payload_bytes:
+        return reject(
+            "Limit", f"labels are {labels_bytes} bytes; max_payload_bytes is {ctx.ceilings.max_payload_bytes}"
+        )
     validator = pinned.input_validator()
     if validator is not None:
         error = next(iter(validator.iter_errors(run_input)), None)

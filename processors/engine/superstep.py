@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from processors.engine import budgets
 from processors.engine.conditions import select_routes
 from processors.engine.definition import END
@@ -116,6 +118,13 @@ def commit_superstep(em: Emitter) -> None:
             merged = apply_mutations(merged, mutations)
     except (ReducerConflict, ReducerTypeError) as exc:
         fail_run(em, failure("State", str(exc)), "run failed")
+        return
+    size = len(orjson.dumps(merged))
+    if size > em.ctx.ceilings.max_state_bytes:
+        # The failure names the size, never the state: RunFailed must stay a small record.
+        limit = em.ctx.ceilings.max_state_bytes
+        reason = f"state of {size} bytes after superstep {state['superstep']} exceeds max_state_bytes {limit}"
+        fail_run(em, failure("State", reason), "run failed")
         return
     targets: set[str] = set()
     for name, value in values.items():
