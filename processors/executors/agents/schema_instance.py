@@ -182,7 +182,9 @@ class InstanceBuilder:
         while len(value) < low:
             value += " " + self.rng.choice(self.words)
         if high is not None and len(value) > high:
-            value = value[:high].rstrip() or value[:high]
+            cut = value[:high]
+            stripped = cut.rstrip()  # a trailing space reads badly, but minLength wins
+            value = stripped if stripped and len(stripped) >= low else cut
         return value
 
     def _bounds(self, schema: dict[str, Any], integer: bool) -> tuple[float, float]:
