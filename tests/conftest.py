@@ -14,14 +14,25 @@ Fixtures:
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from topology import broker, local_kafka
 from topology.settings import KafkaSettings
+
+# Property tests: no per-example deadline (a loaded 2-core CI box is not a slow test), and in CI
+# a derandomized search so a red build is reproducible, never a roll of the dice. Locally the
+# search stays random: that is where new counterexamples are found.
+hypothesis_settings.register_profile("ci", deadline=None, derandomize=True,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 def _testcontainers_kafka() -> Iterator[str]:
