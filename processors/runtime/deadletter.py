@@ -12,6 +12,7 @@ UNDECODABLE = "undecodable"
 NULL_VALUE = "null_value"
 KEY_MISMATCH = "key_mismatch"
 PROCESSING_ERROR = "processing_error"
+OUTPUT_TOO_LARGE = "output_too_large"  # folding it produced a record the broker refuses
 
 
 def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,

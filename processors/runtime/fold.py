@@ -185,6 +185,14 @@ class Folder:
             overlay.states[run_id] = state
             overlay.event_ts[run_id] = ts_ms
 
+    def park_too_large(self, counters: TxnCounters, topic: str, partition: int, offset: int,
+                       key: bytes | None, value: bytes | None, error: str) -> None:
+        """Instead of folding: an input whose outputs the broker refused as too large (the
+        loop found it) goes to the dead letters; its effects are never applied."""
+        _inc(counters.records_in, topic)
+        self.dead_letter(counters, topic, partition, offset, key, value, deadletter.OUTPUT_TOO_LARGE,
+                         f"output too large: {error}")
+
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
         record = deadletter.dead_letter(topic, partition, offset, key, value, error, self._now_ms())

@@ -42,6 +42,19 @@ _KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
 
 
+class RecordTooLarge(Exception):
+    """produce() refused a record over the client's `message.max.bytes`."""
+
+
+class ProduceFailed(Exception):
+    """produce() failed otherwise (e.g. `_STATE`: an earlier delivery already failed the
+    transaction); the transaction must abort."""
+
+    def __init__(self, err: KafkaError) -> None:
+        super().__init__(err.str())
+        self.err = err
+
+
 class ProcessorStopped(Exception):
     """The loop cannot go on (fenced, fatal Kafka error, bad topology, store failure)."""
 
@@ -90,6 +103,12 @@ class Processor:
         self.txn = _Txn()
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
+        # Output too large: a transaction's input is replayed one record per transaction
+        # (`_isolate_left` records) until the input that caused it is alone in a failing one;
+        # that input is then parked in `_poison` (coordinates -> (reason, keep original bytes))
+        # and dead-lettered instead of folded when it comes back.
+        self._isolate_left = 0
+        self._poison: dict[tuple[str, int, int], tuple[str, bool]] = {}
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
@@ -207,13 +226,13 @@ class Processor:
         if self.partitions.restoring:
             self.partitions.restore_step(consumer, 0.0 if self.txn.open else 0.01)
         txn = self.txn
-        batch = self.settings.batch_size
+        batch = 1 if self._isolate_left > 0 else self.settings.batch_size
         if txn.open:
-            msgs = consumer.consume(batch - txn.records, 0)
+            msgs = consumer.consume(batch - txn.records, 0) if txn.records < batch else []
         else:
             first = consumer.poll(self._idle_timeout())
             msgs = [first] if first is not None else []
-            if first is not None:
+            if first is not None and batch > 1:
                 msgs.extend(consumer.consume(batch - 1, 0))
         if msgs:
             self._fold(msgs)
@@ -221,7 +240,12 @@ class Processor:
         for store in self.partitions.ready():
             if TimerFirer.any_due(store, now):
                 self._begin()
-                self.timers.fire_due(store, self._overlay(store.partition, store), now)
+                try:
+                    self.timers.fire_due(store, self._overlay(store.partition, store), now)
+                except (RecordTooLarge, ProduceFailed) as e:  # _STATE: an earlier delivery failed
+                    self._produce_failed(e.err if isinstance(e, ProduceFailed) else KafkaError(
+                        KafkaError.MSG_SIZE_TOO_LARGE, str(e)), "timers")
+                    break
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
             self._commit()
         if time.monotonic() >= self._next_lag:
@@ -253,7 +277,8 @@ class Processor:
         fold = self.folder.fold_input
         counters = txn.counters
         not_ready: dict[tuple[str, int], int] = {}
-        for m in msgs:
+        poison = self._poison
+        for i, m in enumerate(msgs):
             if m.error() is not None:
                 self._on_consume_error(m)
                 continue
@@ -271,8 +296,27 @@ class Processor:
             if tp not in txn.start:
                 txn.start[tp] = off
             txn.next[tp] = off + 1
-            fold(ov, counters, topic, p, off, m.key(), m.value())
-        txn.records += len(msgs)
+            try:
+                parked = poison.get((topic, p, off)) if poison else None
+                if parked is None:
+                    fold(ov, counters, topic, p, off, m.key(), m.value())
+                else:
+                    self.folder.park_too_large(counters, topic, p, off, m.key(),
+                                               m.value() if parked[1] else None, parked[0])
+            except (RecordTooLarge, ProduceFailed) as e:
+                # Nothing produced in this transaction can be taken back: abort, and rewind the
+                # records of this batch not folded yet too (their partitions may be new to it).
+                for rest in msgs[i + 1:]:
+                    if rest.error() is None:
+                        txn.start.setdefault((rest.topic(), rest.partition()), rest.offset())
+                if isinstance(e, RecordTooLarge):  # the first reason stays: the dead letter's
+                    self._poison[(topic, p, off)] = (parked[0] if parked else str(e), parked is None)
+                    self._abort(f"output too large: {e}")
+                else:
+                    self._produce_failed(e.err, "produce")
+                break
+        else:
+            txn.records += len(msgs)
         if not_ready:
             self._give_back(not_ready)
 
@@ -287,11 +331,17 @@ class Processor:
     def _produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
         assert self._producer is not None
         try:
-            self._producer.produce(topic, value, key, **kw)
-        except BufferError:
-            # Local queue full: let deliveries drain, then try once more (raises if still full).
-            self._producer.poll(0.5)
-            self._producer.produce(topic, value, key, **kw)
+            try:
+                self._producer.produce(topic, value, key, **kw)
+            except BufferError:
+                # Local queue full: let deliveries drain, then try once more (raises if still full).
+                self._producer.poll(0.5)
+                self._producer.produce(topic, value, key, **kw)
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise RecordTooLarge(f"{topic} record of {len(value)} bytes refused: {err.str()}") from e
+            raise ProduceFailed(err) from e
 
     def _on_event_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is None:
@@ -330,6 +380,12 @@ class Processor:
         except KafkaException as e:
             self._txn_failed(e, "commit")
             return
+        except RecordTooLarge as e:  # a run-state snapshot: which input made it is not known
+            self._output_too_large(str(e))
+            return
+        except ProduceFailed as e:
+            self._produce_failed(e.err, "commit")
+            return
         except BufferError as e:
             self._abort(f"producer queue full: {e}")
             return
@@ -346,6 +402,8 @@ class Processor:
         if txn.overlays:
             self._refresh_statuses()
         self._aborts_in_a_row = 0
+        if self._isolate_left or self._poison:
+            self._after_isolated_commit()
         txn.reset()
 
     def _commit_transaction(self, producer: Producer) -> None:
@@ -368,7 +426,58 @@ class Processor:
                 f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
         if err.fatal():
             raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit
+            self._output_too_large(err.str())
+            return
         self._abort(f"{stage}: {err.str()}")
+
+    def _produce_failed(self, err: KafkaError, stage: str) -> None:
+        """produce() raised: fenced or fatal stops; anything else aborts. `_STATE` means a delivery
+        already failed the transaction (e.g. a record over the broker's limit, reported
+        asynchronously): commit_transaction cannot succeed in that state and returns the
+        delivery's error, which `_txn_failed` acts on (too large → find and park the input)."""
+        if err.code() in _FENCED_CODES or err.fatal():
+            self._txn_failed(KafkaException(err), stage)
+            return
+        if err.code() == KafkaError._STATE and self.txn.open:
+            assert self._producer is not None
+            try:
+                self._producer.commit_transaction(_KAFKA_TIMEOUT_S)
+            except KafkaException as e:
+                self._txn_failed(e, stage)
+                return
+            raise ProcessorStopped(EXIT_FATAL, f"{stage}: produce failed ({err.str()}) yet the transaction "
+                                               "committed; restart to restore from the committed log")
+        self._abort(f"{stage}: {err.str()}")
+
+    def _txn_inputs(self) -> int:
+        txn = self.txn
+        return sum(n - txn.start[tp] for tp, n in txn.next.items())
+
+    def _output_too_large(self, reason: str) -> None:
+        """A record of this transaction was too large for the broker. With exactly one input in
+        the transaction, that input is the cause: park it (the second time without its original
+        bytes, in case the dead letter is what is too large). Otherwise replay the transaction's
+        input one record per transaction to find it."""
+        txn = self.txn
+        if self._txn_inputs() == 1:
+            (topic, p), off = next((tp, n - 1) for tp, n in txn.next.items() if n > txn.start[tp])
+            parked = self._poison.get((topic, p, off))
+            self._poison[(topic, p, off)] = (parked[0] if parked else reason, parked is None)
+            self.log.warning("input produces a record too large for the broker: dead-lettering it", extra={
+                "topic": topic, "partition": p, "offset": off, "reason": reason})
+        else:
+            self._isolate_left = max(self._isolate_left, self._txn_inputs())
+            self.log.warning("record too large for the broker: replaying the batch one record per "
+                             "transaction", extra={"records": self._isolate_left, "reason": reason})
+        self._abort(f"output too large: {reason}")
+
+    def _after_isolated_commit(self) -> None:
+        txn = self.txn
+        if self._isolate_left:
+            self._isolate_left = max(0, self._isolate_left - self._txn_inputs())
+        for key in [k for k in self._poison if k[2] < txn.next.get((k[0], k[1]), -1)]:
+            del self._poison[key]  # committed as a dead letter
 
     def _abort(self, reason: str) -> None:
         txn = self.txn
