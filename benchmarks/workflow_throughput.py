@@ -243,8 +243,8 @@ def body_branch(value: bytes) -> int:
 
 def _terminal_branches() -> frozenset[int]:
     zero = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
-    base = {"run_id": "r", "ts_ms": 0, "record_id": "x", "sequence": 1, "usage": zero}
-    samples = [{"type": "RunSucceeded", "output": None}, {"type": "RunCancelled", "reason": ""},
+    base: dict[str, Any] = {"run_id": "r", "ts_ms": 0, "record_id": "x", "sequence": 1, "usage": zero}
+    samples: list[dict[str, Any]] = [{"type": "RunSucceeded", "output": None}, {"type": "RunCancelled", "reason": ""},
                {"type": "RunFailed", "failure": {"code": "Timeout", "message": "", "retryable": False,
                                                  "node": None, "lineage": None}}]
     return frozenset(body_branch(CODEC.encode("run_events", {**base, **s})) for s in samples)
