@@ -56,6 +56,7 @@ from schemas.contract import (
     load_contract,
     read_history,
 )
+from schemas.fast_reader import compile_reader
 from schemas.fast_writer import compile_writer
 
 __all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "get_codec"]
@@ -183,6 +184,8 @@ class _Topic:
             )
         self.single_type = None if self.is_envelope else short
         self.fast = {name: compile_writer(flat) for name, flat in self.flat.items()}
+        # records written with the current schema skip fastavro (anything it refuses goes to fastavro)
+        self.fast_read = compile_reader(self.reader, self.short, SCHEMA_VERSION)
 
     @staticmethod
     def _field(f: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +245,11 @@ class _Topic:
             raise DecodeError(f"bad magic {data[:2].hex()} (expected c301 or 00)", self.kind)
         if len(data) > MAX_RECORD_BYTES:
             raise DecodeError(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}", self.kind)
+        if found[1] is None and self.fast_read is not None:
+            try:
+                return self.fast_read(data, start)
+            except Exception:
+                pass  # malformed or an edge case: fastavro reads it or explains why not
         fo = BytesIO(data)
         fo.seek(start)
         try:
