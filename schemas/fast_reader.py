@@ -38,16 +38,20 @@ class Malformed(Exception):
 
 def _long(d: bytes, i: int) -> tuple[int, int]:
     """The zig-zag varint at d[i] (at most 10 bytes, 64 bits) and the index after it."""
-    n = shift = 0
-    for j in range(i, i + 10):
-        b = d[j]  # IndexError past the end: the codec falls back
+    b = d[i]  # IndexError past the end: the codec falls back
+    n = b & 0x7F
+    shift = 7
+    i += 1
+    while b & 0x80:
+        if shift > 63:
+            raise Malformed
+        b = d[i]
         n |= (b & 0x7F) << shift
-        if b < 0x80:
-            if n >= _U64:
-                raise Malformed
-            return (n >> 1) ^ -(n & 1), j + 1
         shift += 7
-    raise Malformed
+        i += 1
+    if n >= _U64:
+        raise Malformed
+    return (n >> 1) ^ -(n & 1), i
 
 
 def _count(d: bytes, i: int) -> tuple[int, int]:
@@ -88,6 +92,8 @@ class _Gen:
             n = self.var()
             out.append(f"{ind}{n} = d[i]")
             out.append(f"{ind}if {n} < 128 and not {n} & 1: {n} = i + 1 + ({n} >> 1); i += 1")
+            # two-byte lengths (64..8191) inline as well: most JSON fields are that long
+            out.append(f"{ind}elif {n} & 129 == 128 and d[i + 1] < 128: {n} = i + 2 + ((({n} & 127) | (d[i + 1] << 7)) >> 1); i += 2")
             out.append(f"{ind}else: {n}, i = _count(d, i); {n} += i")
             out.append(f"{ind}if {n} > end: raise Malformed")
             if t == "string":

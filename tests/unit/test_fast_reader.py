@@ -124,3 +124,15 @@ def test_every_topic_has_a_generated_reader_wired_into_decoder() -> None:
         assert CODEC._topics[kind].fast_read is not None, kind
     msg = {"type": "RunStarted", "run_id": "r", "record_id": "r:2", "ts_ms": 5, "sequence": 2, "superstep": 1}
     assert CODEC.decoder("run_events")(CODEC.encode("run_events", msg))["superstep"] == 1
+
+
+@pytest.mark.parametrize("size", [0, 63, 64, 100, 4095, 4096, 8191, 8192, 70_000])
+def test_one_two_and_three_byte_lengths_are_read_by_the_generated_path(size: int) -> None:
+    msg = {"type": "StepSucceeded", "run_id": "r" * size, "record_id": "r:2", "ts_ms": 1_764_400_000_000,
+           "sequence": 1 << 40, "node": "n", "lineage": "0", "attempt": 1, "dispatch_id": "d",
+           "output": {"text": "é" * size}, "usage": {"prompt_tokens": size, "completion_tokens": -size,
+                                                     "cost_micros": -(1 << 63)}}
+    data = CODEC.encode("run_events", msg)
+    got = CODEC._topics["run_events"].fast_read(data, 10)
+    assert repr(got) == repr(REFERENCE.decode("run_events", data))
+    assert got["run_id"] == msg["run_id"] and got["output"] == msg["output"]
