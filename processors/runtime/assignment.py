@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from logging import Logger
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.runtime.fold import Folder
 from processors.runtime.metrics import ProcessorMetrics
@@ -197,8 +197,15 @@ class Partitions:
 
     def _at_stable_end(self, p: int, r: _Restore) -> bool:
         tp = TopicPartition(self._events_topic, p)
-        _low, committed_end = self._reader.get_watermark_offsets(tp, timeout=5, cached=False)
-        _low2, log_end = self._log_end.get_watermark_offsets(tp, timeout=5, cached=False)
+        try:
+            _low, committed_end = self._reader.get_watermark_offsets(tp, timeout=5, cached=False)
+            _low2, log_end = self._log_end.get_watermark_offsets(tp, timeout=5, cached=False)
+        except KafkaException as e:
+            # Broker unreachable or the partition leaderless for a moment (restart, a broker that
+            # fenced itself): not known to be at the end yet; ask again on the next recheck.
+            self._log.warning("restore: run-events end offsets unavailable; retrying", extra={
+                "partition": p, "error": e.args[0].str()})
+            return False
         position = r.end_seen
         if position is None:
             pos = self._reader.position([tp])[0].offset

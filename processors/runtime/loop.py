@@ -103,6 +103,9 @@ class Processor:
         self.txn = _Txn()
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
+        self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
+        self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
+        self._producer_renewed = False  # a fatal producer was replaced and nothing committed since
         # Output too large: a transaction's input is replayed one record per transaction
         # (`_isolate_left` records) until the input that caused it is alone in a failing one;
         # that input is then parked in `_poison` (coordinates -> (reason, keep original bytes))
@@ -156,14 +159,9 @@ class Processor:
         s = self.settings
         self.log.info("processor starting", extra={"settings": s.redacted(),
                                                    "transactional_id": s.transactional_id})
-        self._consumer = Consumer({**s.input_consumer_config(), "error_cb": self._on_client_error})
+        self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
-        self._producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
-        try:
-            self._producer.init_transactions(_KAFKA_TIMEOUT_S)
-        except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
-                                               f"{e.args[0].str()}") from e
+        self._producer = self._new_producer()
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
@@ -175,12 +173,29 @@ class Processor:
 
             self._query = QueryServer(self, s.http_host, s.query_port)
             self.query_port = self._query.port
-        self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._subscribe()
         self.log.info("processor started", extra={
             "definitions": n, "partitions": partitions, "group": s.group,
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
+
+    def _new_producer(self) -> Producer:
+        s = self.settings
+        producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
+        try:
+            producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
+        except KafkaException as e:
+            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
+                                               f"{e.args[0].str()}") from e
+        return producer
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
+
+    def _subscribe(self) -> None:
+        assert self._consumer is not None
+        self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _check_topology(self) -> int:
         """commands, receipts, run-events and run-state must exist with one partition count."""
@@ -222,6 +237,9 @@ class Processor:
     def _iterate(self) -> None:
         consumer = self._consumer
         assert consumer is not None and self._definitions is not None and self.partitions is not None
+        if self._consumer_failed is not None:
+            self._replace_consumer(self._consumer_failed)
+            return
         self._definitions.poll()
         if self.partitions.restoring:
             self.partitions.restore_step(consumer, 0.0 if self.txn.open else 0.01)
@@ -359,7 +377,11 @@ class Processor:
         try:
             self._producer.begin_transaction()
         except KafkaException as e:  # only fatal or state errors can happen here
-            self._fatal = ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {e.args[0].str()}")
+            err: KafkaError = e.args[0]
+            if err.fatal() and err.code() not in _FENCED_CODES and not self._producer_renewed:
+                self._renew_producer(err, "begin")
+                return self._begin()
+            self._fatal = ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}")
             raise self._fatal from e
         txn.open = True
         txn.deadline = time.monotonic() + self.settings.commit_interval_ms / 1000.0
@@ -402,6 +424,7 @@ class Processor:
         if txn.overlays:
             self._refresh_statuses()
         self._aborts_in_a_row = 0
+        self._producer_renewed = False
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
         txn.reset()
@@ -417,15 +440,25 @@ class Processor:
                     continue
                 raise
 
+    def _txn_timed_out(self) -> bool:
+        """The open transaction began longer than transaction_timeout_ms ago (this process was
+        frozen: GC, CPU starvation, SIGSTOP): the coordinator has aborted it and bumped the
+        producer epoch (KIP-890), so a fence now is our own doing, not another instance's."""
+        txn = self.txn
+        began = txn.deadline - self.settings.commit_interval_ms / 1000.0
+        return txn.open and time.monotonic() - began >= self.settings.transaction_timeout_ms / 1000.0
+
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
-        if err.code() in _FENCED_CODES:
+        if err.code() in _FENCED_CODES and (self._producer_renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
                 f"fenced at {stage}: another processor with transactional.id "
                 f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
                 f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
         if err.fatal():
-            raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
+            if self._producer_renewed:  # a second one in a row: not a one-off, stop
+                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
+            self._renew_producer(err, stage)
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit
             self._output_too_large(err.str())
             return
@@ -479,6 +512,24 @@ class Processor:
         for key in [k for k in self._poison if k[2] < txn.next.get((k[0], k[1]), -1)]:
             del self._poison[key]  # committed as a dead letter
 
+    def _renew_producer(self, err: KafkaError, stage: str) -> None:
+        """A fatal transactional error that is not another instance's fencing: typically this
+        process was frozen past transaction_timeout_ms, the coordinator aborted the transaction
+        and bumped the epoch, and the producer's next call fails (PRODUCER_FENCED, or
+        INVALID_TXN_STATE when queued messages timed out first). A new producer (init_transactions
+        aborts what is left) carries on; the caller rewinds the input like any abort. At most
+        once between two commits."""
+        self.log.warning("transactional producer failed fatally; replacing it", extra={
+            "stage": stage, "error": err.str(), "transactional_id": self.settings.transactional_id})
+        old = self._producer
+        self._producer = None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.purge()
+        self._producer = self._new_producer()
+        self._producer_renewed = True
+        self.txn.open = False  # it went with the old producer; txn.start still rewinds the input
+
     def _abort(self, reason: str) -> None:
         txn = self.txn
         producer, consumer = self._producer, self._consumer
@@ -489,7 +540,8 @@ class Processor:
             except KafkaException as e:
                 err = e.args[0]
                 if err.code() in _FENCED_CODES or err.fatal():
-                    self._txn_failed(e, "abort")
+                    self._txn_failed(e, "abort")  # stops, or replaces the producer and rewinds
+                    return
                 raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
         for (t, p), off in txn.start.items():
             # A partition no longer assigned raises: its next owner starts from the committed offset.
@@ -504,8 +556,13 @@ class Processor:
         self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
 
     # ---- rebalance callbacks (run inside consumer.poll/consume/close) -------------------------
+    def _is_current(self, consumer: Consumer) -> bool:
+        return consumer is self._consumer
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self.partitions is not None
+        if not self._is_current(consumer):
+            return  # a replaced consumer closing (see _replace_consumer)
         by_topic: dict[str, set[int]] = {}
         for tp in partitions:
             by_topic.setdefault(tp.topic, set()).add(tp.partition)
@@ -525,6 +582,8 @@ class Processor:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self.partitions is not None
+        if not self._is_current(consumer):
+            return
         if self.txn.open:
             if self._fatal is None:
                 try:
@@ -540,12 +599,15 @@ class Processor:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self.partitions is not None
+        if not self._is_current(consumer):
+            return
         if self.txn.open and self._fatal is None:
             try:
                 self._abort("partitions lost (session timed out)")
             except ProcessorStopped as e:
                 self._fatal = e
                 self.stop_event.set()
+        self._session_lost_at = time.monotonic()
         lost = sorted({tp.partition for tp in partitions})
         self.partitions.close(lost)
         self.log.warning("partitions lost", extra={"partitions": lost})
@@ -553,22 +615,68 @@ class Processor:
     # ---- errors and lag --------------------------------------------------------------------
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
-            if err.code() in _FENCED_CODES:
+            if err.code() in _FENCED_CODES and not self._txn_timed_out():
                 self._fatal = ProcessorStopped(EXIT_FENCED, (
                     f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
                     f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
+                self.stop_event.set()
             else:
-                self._fatal = ProcessorStopped(EXIT_FATAL, f"fatal Kafka client error: {err.str()}")
-            self.stop_event.set()
+                # The failing call says so too: a transactional one replaces the producer once
+                # (_renew_producer), a consumer's arrives as a _FATAL message (_on_consume_error).
+                self.log.error("fatal Kafka client error", extra={"error": err.str()})
         else:
             self.log.warning("kafka client error", extra={"error": err.str()})
 
     def _on_consume_error(self, m: Any) -> None:
         err = m.error()
-        if err.fatal():
-            raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            # A consumer's fatal error arrives as a message with code _FATAL (fatal() is False):
+            # the consumer fetches and rebalances no more, so this must never be just logged.
+            self._consumer_failed = err
+            return
         self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
                                                  "partition": m.partition()})
+
+    def _replace_consumer(self, err: KafkaError) -> None:
+        """After a session timeout librdkafka rejoins as a static member with a new member id
+        while a request with the old id is still in flight; the coordinator answers that one
+        FENCED_INSTANCE_ID and librdkafka fences *itself* for good (confluentinc/librdkafka#3437):
+        a silent stall. Shortly after our own session loss that is the cause, so a new consumer
+        (same group.instance.id) rejoins and takes the partitions back. Otherwise another
+        processor runs with our instance id, or the consumer failed for another reason: stop."""
+        self._consumer_failed = None
+        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
+        if time.monotonic() - self._session_lost_at > window:
+            if "fenced" in err.str().lower():
+                raise ProcessorStopped(EXIT_FENCED, (
+                    f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
+                    f"joined the group; this one stops. Give each running processor its own "
+                    f"RUNFOLD_INSTANCE_ID. ({err.str()})"))
+            raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
+        assert self._consumer is not None and self.partitions is not None
+        self.log.warning("input consumer failed after its session timed out; replacing it", extra={
+            "error": err.str(), "seconds_since_session_lost": round(time.monotonic() - self._session_lost_at, 1)})
+        if self.txn.open:
+            self._abort(f"input consumer failed: {err.str()}")
+        self.partitions.close(self.partitions.owned())  # restored again when reassigned
+        old = self._consumer
+        self._consumer = self._new_consumer()
+        self._subscribe()
+        self._session_lost_at = -1e9  # one replacement per session loss
+        # Closing a failed consumer can block until its in-flight group requests time out (a
+        # JoinGroup waits up to the rebalance timeout): close it aside; its rebalance callbacks
+        # are ignored (they name a consumer that is no longer ours).
+        threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
+                         daemon=True).start()
+        self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
+
+    def _close_failed(self, consumer: Consumer) -> None:
+        t0 = time.monotonic()
+        try:
+            consumer.close()
+        except Exception as e:
+            self.log.warning("closing the failed consumer failed", extra={"error": str(e)})
+        self.log.info("failed consumer closed", extra={"close_ms": round((time.monotonic() - t0) * 1000)})
 
     def _refresh_statuses(self) -> None:
         assert self.partitions is not None
