@@ -26,13 +26,32 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
 NO_OFFSET = -1
 _SEP = b"\x1f"
-_CACHE_LIMIT = 20_000
+# Decoded states kept per partition. Only live runs are kept: a finished run gets at most
+# a stray late receipt, and caching 100k finished runs cost ~500 MiB of Python objects.
+_CACHE_LIMIT = 5_000
+_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# RocksDB memory is bounded per process, not per partition: one LRU block cache shared by
+# every store and small memtables (a store holds one partition's runs; writes are one batch
+# per transaction, so large memtables buy nothing).
+_BLOCK_CACHE = Cache(32 << 20)  # LRU
+_WRITE_BUFFER_BYTES = 8 << 20
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
+    options.set_max_write_buffer_number(2)
+    table = BlockBasedOptions()
+    table.set_block_cache(_BLOCK_CACHE)
+    options.set_block_based_table_factory(table)
+    return options
 
 
 def state_key(run_id: str) -> bytes:
@@ -68,9 +87,7 @@ class PartitionStore:
         self.path = path
         self.partition = partition
         path.parent.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        self._db: Rdict | None = Rdict(str(path), options)
+        self._db: Rdict | None = Rdict(str(path), _options())
         self._lock = threading.RLock()
         # Decoded committed states of recently used runs: saves load_state per record.
         # Engine states are never mutated in place, so sharing the objects is safe.
@@ -167,7 +184,7 @@ class PartitionStore:
         if len(self.cache) + len(states) > _CACHE_LIMIT:
             self.cache.clear()
         for run_id, state in states.items():
-            if state is None:
+            if state is None or state.get("status") in _FINISHED:  # the engine state's own field
                 self.cache.pop(run_id, None)
             else:
                 self.cache[run_id] = state
