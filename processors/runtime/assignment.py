@@ -13,6 +13,7 @@ resolve (commit, abort, or the transaction timeout) keeps the store exact.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ from processors.runtime.store import NO_OFFSET, PartitionStore
 from schemas import DecodeError
 
 _STABILITY_RECHECK_S = 0.25
+# After this long without an end-of-partition event, check the reader's position instead: after
+# a broker fenced itself, a reassigned reader was seen never to report EOF on an empty partition.
+_NO_EOF_CHECK_S = 2.0
+_RENEW_READERS_AFTER_S = 5.0  # end offsets unavailable this long: new restore clients
 
 
 @dataclass
@@ -40,6 +45,8 @@ class _Restore:
     last_offset: int = NO_OFFSET
     end_seen: int | None = None  # offset of the last end-of-partition event
     recheck_at: float = 0.0
+    offsets_error: str = ""  # the last failure to get end offsets (logged when it changes)
+    failing_since: float | None = None  # end offsets unavailable since
 
 
 class Partitions:
@@ -55,13 +62,36 @@ class Partitions:
         self._root = settings.store_root()
         self._events_topic = settings.topics.run_events
         self._inputs = (settings.topics.commands, settings.topics.receipts)
-        self._reader = Consumer(settings.side_consumer_config("restore"))
-        # read_uncommitted watermark = log end; compared with the committed end (LSO)
-        self._log_end = Consumer({**settings.side_consumer_config("watermarks"),
-                                  "isolation.level": "read_uncommitted"})
+        self._reader, self._log_end = self._new_readers()
+        self._readers_renewed_at = time.monotonic()
         self._lock = threading.Lock()
         self._stores: dict[int, PartitionStore] = {}
         self.restoring: dict[int, _Restore] = {}
+
+    def _new_readers(self) -> tuple[Consumer, Consumer]:
+        reader = Consumer(self._settings.side_consumer_config("restore"))
+        # read_uncommitted watermark = log end; compared with the committed end (LSO)
+        log_end = Consumer({**self._settings.side_consumer_config("watermarks"), "isolation.level": "read_uncommitted"})
+        return reader, log_end
+
+    def _renew_readers(self) -> None:
+        """After a broker fenced itself, a side client was seen answering "Unknown partition" from
+        its metadata cache for good (a metadata refresh did not help): new clients resume every
+        restore from what its store has applied."""
+        self._log.warning("restore clients keep failing; replacing them", extra={"restoring": sorted(self.restoring)})
+        old = (self._reader, self._log_end)
+        self._reader, self._log_end = self._new_readers()
+        self._readers_renewed_at = time.monotonic()
+        resume = []
+        for p, r in self.restoring.items():
+            applied = self._stores[p].applied_offset
+            resume.append(TopicPartition(self._events_topic, p, applied + 1 if applied != NO_OFFSET else OFFSET_BEGINNING))
+            r.end_seen, r.recheck_at, r.failing_since = None, 0.0, None
+        if resume:
+            self._reader.incremental_assign(resume)
+        for client in old:
+            with contextlib.suppress(Exception):
+                client.close()
 
     # ---- views -----------------------------------------------------------------------------
     def store(self, partition: int) -> PartitionStore | None:
@@ -106,8 +136,13 @@ class Partitions:
         store = PartitionStore(path, p)
         if store.applied_offset == NO_OFFSET:
             return store
-        _low, log_end = self._log_end.get_watermark_offsets(
-            TopicPartition(self._events_topic, p), timeout=10, cached=False)
+        try:
+            _low, log_end = self._log_end.get_watermark_offsets(
+                TopicPartition(self._events_topic, p), timeout=10, cached=False)
+        except KafkaException as e:  # inside on_assign: raising would stop the processor
+            self._log.warning("could not compare the store with run-events (broker unavailable); keeping it",
+                              extra={"partition": p, "error": e.args[0].str()})
+            return store
         if store.applied_offset < log_end:
             return store
         # The store reflects events the log does not have (topic recreated, wrong cluster):
@@ -177,7 +212,7 @@ class Partitions:
         for p, r in list(self.restoring.items()):
             if r.end_seen is None and now < r.recheck_at:
                 continue
-            if r.end_seen is None and r.recheck_at == 0.0:
+            if r.end_seen is None and r.recheck_at == 0.0 and now - r.started < _NO_EOF_CHECK_S:
                 continue  # not at the end yet and never was: keep reading
             if self._at_stable_end(p, r):
                 done.append(p)
@@ -202,10 +237,22 @@ class Partitions:
             _low2, log_end = self._log_end.get_watermark_offsets(tp, timeout=5, cached=False)
         except KafkaException as e:
             # Broker unreachable or the partition leaderless for a moment (restart, a broker that
-            # fenced itself): not known to be at the end yet; ask again on the next recheck.
-            self._log.warning("restore: run-events end offsets unavailable; retrying", extra={
-                "partition": p, "error": e.args[0].str()})
+            # fenced itself): not known to be at the end yet; ask again on the next recheck. A
+            # client whose metadata was fetched meanwhile keeps answering "Unknown partition"
+            # from its cache until refreshed: refresh it.
+            if e.args[0].str() != r.offsets_error:
+                r.offsets_error = e.args[0].str()
+                self._log.warning("restore: run-events end offsets unavailable; retrying", extra={
+                    "partition": p, "error": r.offsets_error})
+            for client in (self._reader, self._log_end):
+                with contextlib.suppress(KafkaException):
+                    client.list_topics(self._events_topic, timeout=2)
+            now = time.monotonic()
+            r.failing_since = r.failing_since or now
+            if now - r.failing_since > _RENEW_READERS_AFTER_S and now - self._readers_renewed_at > _RENEW_READERS_AFTER_S:
+                self._renew_readers()
             return False
+        r.failing_since = None
         position = r.end_seen
         if position is None:
             pos = self._reader.position([tp])[0].offset

@@ -40,6 +40,7 @@ _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, Kafka
                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
 _KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
+_REPLACE_SPACING_S = 5.0
 
 
 class RecordTooLarge(Exception):
@@ -106,6 +107,8 @@ class Processor:
         self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
         self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
         self._producer_renewed = False  # a fatal producer was replaced and nothing committed since
+        self._consumer_replaced_at = -1e9
+        self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
         # Output too large: a transaction's input is replayed one record per transaction
         # (`_isolate_left` records) until the input that caused it is alone in a failing one;
         # that input is then parked in `_poison` (coordinates -> (reason, keep original bytes))
@@ -196,6 +199,7 @@ class Processor:
         assert self._consumer is not None
         self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._unassigned_since = time.monotonic()
 
     def _check_topology(self) -> int:
         """commands, receipts, run-events and run-state must exist with one partition count."""
@@ -269,6 +273,7 @@ class Processor:
         if time.monotonic() >= self._next_lag:
             self._report_lag()
             self._refresh_statuses()
+            self._check_membership()
 
     def _idle_timeout(self) -> float:
         assert self.partitions is not None
@@ -563,6 +568,7 @@ class Processor:
         assert self.partitions is not None
         if not self._is_current(consumer):
             return  # a replaced consumer closing (see _replace_consumer)
+        self._unassigned_since = None
         by_topic: dict[str, set[int]] = {}
         for tp in partitions:
             by_topic.setdefault(tp.topic, set()).add(tp.partition)
@@ -593,6 +599,7 @@ class Processor:
                     self.stop_event.set()
             else:
                 self.txn.reset()
+        self._unassigned_since = time.monotonic()
         revoked = sorted({tp.partition for tp in partitions})
         self.partitions.close(revoked)
         self.log.info("partitions revoked", extra={"partitions": revoked})
@@ -607,7 +614,7 @@ class Processor:
             except ProcessorStopped as e:
                 self._fatal = e
                 self.stop_event.set()
-        self._session_lost_at = time.monotonic()
+        self._session_lost_at = self._unassigned_since = time.monotonic()
         lost = sorted({tp.partition for tp in partitions})
         self.partitions.close(lost)
         self.log.warning("partitions lost", extra={"partitions": lost})
@@ -634,6 +641,12 @@ class Processor:
             # the consumer fetches and rebalances no more, so this must never be just logged.
             self._consumer_failed = err
             return
+        if m.topic() is None and "committed offsets" in err.str():
+            # An OffsetFetch answered NOT_COORDINATOR as a whole (the coordinator moved: broker
+            # restart or fencing) leaves the assigned partitions without a position for good:
+            # librdkafka neither retries nor fetches (confluentinc/librdkafka#5586). A new
+            # consumer asks the new coordinator.
+            self._consumer_failed = err
         self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
                                                  "partition": m.partition()})
 
@@ -643,10 +656,15 @@ class Processor:
         FENCED_INSTANCE_ID and librdkafka fences *itself* for good (confluentinc/librdkafka#3437):
         a silent stall. Shortly after our own session loss that is the cause, so a new consumer
         (same group.instance.id) rejoins and takes the partitions back. Otherwise another
-        processor runs with our instance id, or the consumer failed for another reason: stop."""
+        processor runs with our instance id, or the consumer failed for another reason: stop.
+        A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
         self._consumer_failed = None
         window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        if time.monotonic() - self._session_lost_at > window:
+        stuck = not err.fatal() and err.code() != KafkaError._FATAL  # no offsets fetched, or no assignment
+        if stuck:
+            # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
+            self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
+        elif time.monotonic() - self._session_lost_at > window:
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(EXIT_FENCED, (
                     f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
@@ -654,7 +672,7 @@ class Processor:
                     f"RUNFOLD_INSTANCE_ID. ({err.str()})"))
             raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
         assert self._consumer is not None and self.partitions is not None
-        self.log.warning("input consumer failed after its session timed out; replacing it", extra={
+        self.log.warning("input consumer failed; replacing it", extra={
             "error": err.str(), "seconds_since_session_lost": round(time.monotonic() - self._session_lost_at, 1)})
         if self.txn.open:
             self._abort(f"input consumer failed: {err.str()}")
@@ -663,12 +681,23 @@ class Processor:
         self._consumer = self._new_consumer()
         self._subscribe()
         self._session_lost_at = -1e9  # one replacement per session loss
+        self._consumer_replaced_at = time.monotonic()
         # Closing a failed consumer can block until its in-flight group requests time out (a
         # JoinGroup waits up to the rebalance timeout): close it aside; its rebalance callbacks
         # are ignored (they name a consumer that is no longer ours).
         threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
                          daemon=True).start()
         self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
+
+    def _check_membership(self) -> None:
+        """A consumer that gets no assignment (not even an empty one) long after subscribing or
+        losing its partitions is stuck outside the group: after a coordinator move librdkafka was
+        seen never to rejoin. Replace it like a failed one."""
+        since = self._unassigned_since
+        bound = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
+        if since is not None and self._consumer_failed is None and time.monotonic() - since > bound:
+            self._consumer_failed = KafkaError(KafkaError._TIMED_OUT, f"no partition assignment {bound:.0f} s "
+                                               "after joining the group")
 
     def _close_failed(self, consumer: Consumer) -> None:
         t0 = time.monotonic()
