@@ -78,5 +78,8 @@ class OffsetTracker:
             self._parts.pop(tp, None)
             self._dirty.discard(tp)
 
+    def partitions(self) -> list[TopicPartition]:
+        return list(self._parts)
+
     def in_flight(self) -> int:
         return sum(p.in_flight for p in self._parts.values())

@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -55,6 +56,8 @@ log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
 TICK_S = 0.02
 PAUSE_AFTER_S = 0.5
+UNASSIGNED_LIMIT_S = 30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
+REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many seconds
 
 
 def now_ms() -> int:
@@ -106,7 +109,10 @@ class WorkerRunner:
         self._last_commit_ms = 0
         self._last_tick = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.consumer = Consumer(consumer_config(self.kafka, self.group_id, read_committed=True))
+        self._consumer_failed: str | None = None  # why the consumer must be replaced (handled in the loop)
+        self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
+        self._replaced_at = -1e9
+        self.consumer = self._new_consumer()
         self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id))
 
     # ------------------------------------------------------------------ lifecycle
@@ -116,14 +122,14 @@ class WorkerRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self.request_stop)
-        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self._subscribe()
         log.info("worker %s serving %s (group %s, actions %s)", self.worker_id, self.topics, self.group_id,
                  self.worker.action_names())
         idle = 0
         try:
             while not self.stopping:
                 busy = self._poll()
+                self._check_consumer()
                 busy |= self._start_backlog()
                 self._tick()
                 self.producer.poll(0)
@@ -179,6 +185,54 @@ class WorkerRunner:
             self.consumer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    # ------------------------------------------------------------------ consumer (and its replacement)
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(consumer_config(self.kafka, self.group_id, read_committed=True))
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        self._unassigned_since = time.monotonic()
+
+    def _check_consumer(self) -> None:
+        """Replace a consumer that failed or sits outside the group (see docs/executors.md "Stalls")."""
+        since = self._unassigned_since
+        if self._consumer_failed is None and since is not None and time.monotonic() - since > UNASSIGNED_LIMIT_S:
+            self._consumer_failed = f"no partition assignment {UNASSIGNED_LIMIT_S:.0f} s after joining the group"
+        if self._consumer_failed is not None and time.monotonic() - self._replaced_at >= REPLACE_SPACING_S:
+            self._replace_consumer(self._consumer_failed)
+
+    def _replace_consumer(self, reason: str) -> None:
+        """A consumer that lost its coordinator (broker restart/freeze) may never rejoin: after a
+        _FATAL error (e.g. it fenced itself, confluentinc/librdkafka#3437), committed offsets it
+        could not fetch (librdkafka#5586) or no assignment for UNASSIGNED_LIMIT_S. A new consumer
+        with the same config joins the group. Handlers in flight keep running and their receipts
+        are still produced, but their offsets are no longer ours to commit: all tracking is reset
+        and the new owner of each partition resumes at its committed offset (a settled activation
+        coming back is recognised by `finished`; others re-run: at-least-once)."""
+        log.warning("worker %s: consumer failed (%s); replacing it", self.worker_id, reason)
+        self._consumer_failed = None
+        self._replaced_at = time.monotonic()
+        self.tracker.forget(self.tracker.partitions())
+        self.backlog.clear()  # never started and uncommitted: delivered again to the next owner
+        self.paused = False
+        self._full_since = None
+        old = self.consumer
+        self.consumer = self._new_consumer()
+        self._subscribe()
+        # Closing a failed consumer can block until its group requests time out: close it aside.
+        # Its rebalance callbacks are ignored (they name a consumer that is no longer ours).
+        threading.Thread(target=self._close_quietly, args=(old,), name="close-failed-consumer",
+                         daemon=True).start()
+
+    @staticmethod
+    def _close_quietly(consumer: Consumer) -> None:
+        try:
+            consumer.close()
+        except Exception as exc:
+            log.warning("closing the failed consumer failed: %s", exc)
+
     # ------------------------------------------------------------------ consuming
 
     def _load(self) -> int:
@@ -195,9 +249,14 @@ class WorkerRunner:
         return bool(msgs)
 
     def _on_record(self, msg: Message) -> None:
-        if msg.error() is not None:
-            if msg.error().code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", msg.error())
+        err = msg.error()
+        if err is not None:
+            if err.fatal() or err.code() == KafkaError._FATAL:
+                self._consumer_failed = f"fatal consumer error: {err.str()}"  # it fetches no more
+            elif msg.topic() is None and "committed offsets" in err.str():
+                self._consumer_failed = err.str()  # partitions left without a position (librdkafka#5586)
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
             return
         tp = (msg.topic(), msg.partition())
         offset = msg.offset()
@@ -428,10 +487,16 @@ class WorkerRunner:
                 self.paused = False
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a replaced consumer closing
+        self._unassigned_since = None
         self.paused = False
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a replaced consumer closing: its partitions' tracking is already reset
+        self._unassigned_since = time.monotonic()
         revoked = [(p.topic, p.partition) for p in partitions]
         self.producer.flush(5)  # settle receipts in flight so their offsets can still be committed
         commits = self.tracker.take_commits(only=revoked)
