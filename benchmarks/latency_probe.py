@@ -18,8 +18,6 @@ Prints one JSON object with p50/p90/p99 per hop and end to end.
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import time
 import uuid
 from typing import Any
@@ -27,9 +25,9 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer
 
-from benchmarks.processor_bench import CODEC, _produce, register, spawn, start_command
+from benchmarks.processor_bench import CODEC, _produce, register, spawn, start_command, stop_rig
 from processors.runtime.settings import ProcessorSettings
-from topology.admin import create_topology, delete_topology
+from topology.admin import create_topology
 from topology.settings import consumer_config, producer_config
 
 
@@ -110,15 +108,7 @@ def main() -> None:
         probe(settings, 20, 2)  # warm-up: groups joined, stores ready, connections open
         out = probe(settings, args.rate, args.seconds)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        delete_topology(settings)
-        subprocess.run(["rm", "-rf", state], check=False)
+        stop_rig(procs, settings, state)
     print(orjson.dumps({"bench": "latency_probe", **out}, option=orjson.OPT_INDENT_2).decode())
 
 

@@ -134,6 +134,19 @@ def spawn(settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 
 
 
 # ---- measurements --------------------------------------------------------------------------
+def stop_rig(procs: list[subprocess.Popen[bytes]], settings: ProcessorSettings, state: str) -> None:
+    """SIGTERM the rig's subprocesses (kill what is still up after 30 s), drop its topics and state."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    delete_topology(settings)
+    subprocess.run(["rm", "-rf", state], check=False)
+
+
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
@@ -316,15 +329,7 @@ def main() -> None:
         lt["commits"] = commit_stats(before, scrape(args.metrics_port))
         tm = timer_lateness(settings, args.timer_runs, args.metrics_port)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        delete_topology(settings)
-        subprocess.run(["rm", "-rf", state], check=False)
+        stop_rig(procs, settings, state)
     print(orjson.dumps({"bench": "processor", "partitions": args.partitions, "batch_size": args.batch_size,
                         "commit_interval_ms": args.commit_interval_ms, "throughput_3_step": tp,
                         "latency_1_step": lt, "timer_lateness": tm, "log": f"{state}.log"}, option=orjson.OPT_INDENT_2).decode())
