@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -99,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
     prefix = f"probe{uuid.uuid4().hex[:6]}"
     state = f"/tmp/runfold-probe-{prefix}"
-    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=state)
+    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=Path(state))
     create_topology(settings)
     register(settings)
     log = open(f"{state}.log", "wb")  # noqa: SIM115 - lives as long as the subprocesses

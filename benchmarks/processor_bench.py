@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -314,7 +315,7 @@ def main() -> None:
         return
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     state = f"/tmp/runfold-bench-{prefix}"
-    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=state,
+    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=Path(state),
                                  batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
     create_topology(settings)
     register(settings)
