@@ -155,7 +155,7 @@ def scrape(port: int) -> dict[str, float]:
         m = re.match(r'^(runfold_processor_records_in_total|runfold_processor_runs|'
                      r'runfold_processor_transactions_total|runfold_processor_commit_seconds_sum|'
                      r'runfold_processor_commit_seconds_count|runfold_processor_batch_records_sum|'
-                     r'runfold_processor_batch_records_count)(\{[^}]*\})? (\S+)$', line)
+                     r'runfold_processor_batch_records_count|process_cpu_seconds_total)(\{[^}]*\})? (\S+)$', line)
         if m:
             out[m.group(1) + (m.group(2) or "")] = out.get(m.group(1) + (m.group(2) or ""), 0.0) + float(m.group(3))
     return out
@@ -171,6 +171,7 @@ def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeou
         _produce(p, settings.topics.commands, start_command(f"tp-{i}", "bench3"), f"tp-{i}".encode())
     p.flush(60)
     t0: float | None = None
+    cpu0 = 0.0
     deadline = time.monotonic() + timeout
     succeeded = 0.0
     while time.monotonic() < deadline:
@@ -180,13 +181,15 @@ def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeou
             time.sleep(0.2)
             continue
         if t0 is None and records_in(m) > 0:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), m.get("process_cpu_seconds_total", 0.0)
         succeeded = m.get('runfold_processor_runs{status="succeeded"}', 0.0)
         if succeeded >= runs:
             elapsed = time.perf_counter() - (t0 or time.perf_counter())
             rin = records_in(m)
             txns = m.get('runfold_processor_transactions_total{outcome="committed"}', 0.0)
-            return {"runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
+            cpu = m.get("process_cpu_seconds_total", 0.0) - cpu0
+            return {"processor_cpu_s": round(cpu, 2), "processor_cpu_us_per_input": round(1e6 * cpu / max(rin, 1), 1),
+                    "runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
                     "input_records": int(rin), "input_records_per_s": round(rin / elapsed, 1),
                     "transactions": int(txns), "mean_batch": round(rin / max(txns, 1), 1)}
         time.sleep(0.1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (GC_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram,
+                               start_http_server)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
@@ -17,6 +18,9 @@ _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 
 class ProcessorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # The process's CPU, memory and GC next to the loop's own figures (same scrape).
+        r.register(PROCESS_COLLECTOR)
+        r.register(GC_COLLECTOR)
         self.records_in = Counter("runfold_processor_records_in", "Input records consumed", ["topic"], registry=r)
         self.records_out = Counter("runfold_processor_records_out", "Records produced", ["topic"], registry=r)
         self.transactions = Counter("runfold_processor_transactions", "Kafka transactions", ["outcome"],
