@@ -91,6 +91,25 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
             "transactions": txns, "mean_batch": round(done / max(txns, 1), 1)}
 
 
+def passthrough_case(settings: ProcessorSettings, records: int) -> dict[str, float]:
+    """Create `<prefix>-pt.in/out` with the settings' partitions, preload `records`, pass them
+    through with the settings' batch and commit interval, drop the topics."""
+    settings = settings.model_copy(update={"instance_id": "passthrough", "group_id": f"{settings.topic_prefix}-passthrough"})
+    admin = AdminClient(admin_config(settings))
+    src, dst = f"{settings.topic_prefix}-pt.in", f"{settings.topic_prefix}-pt.out"
+    for f in admin.create_topics([NewTopic(t, settings.partitions, 1) for t in (src, dst)]).values():
+        f.result()
+    try:
+        preload(settings, src, records)
+        return passthrough(settings, src, dst, records)
+    finally:
+        for f in admin.delete_topics([src, dst]).values():
+            try:
+                f.result()
+            except Exception as e:  # cleanup only
+                print(f"cleanup: {e}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=40_000)
@@ -98,22 +117,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--commit-interval-ms", type=int, default=50)
     args = ap.parse_args()
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    settings = ProcessorSettings(topic_prefix=prefix, instance_id="passthrough", batch_size=args.batch_size,
-                                 commit_interval_ms=args.commit_interval_ms)
-    admin = AdminClient(admin_config(settings))
-    src, dst = f"{prefix}.in", f"{prefix}.out"
-    for f in admin.create_topics([NewTopic(t, args.partitions, 1) for t in (src, dst)]).values():
-        f.result()
-    try:
-        preload(settings, src, args.records)
-        result = passthrough(settings, src, dst, args.records)
-    finally:
-        for f in admin.delete_topics([src, dst]).values():
-            try:
-                f.result()
-            except Exception as e:  # cleanup only
-                print(f"cleanup: {e}", file=sys.stderr)
+    settings = ProcessorSettings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}", partitions=args.partitions,
+                                 batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
+    result = passthrough_case(settings, args.records)
     print(orjson.dumps({"bench": "passthrough", "partitions": args.partitions, "batch_size": args.batch_size,
                         "commit_interval_ms": args.commit_interval_ms, **result},
                        option=orjson.OPT_INDENT_2).decode())

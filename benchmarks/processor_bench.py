@@ -1,15 +1,20 @@
 """Run processor benchmark on a real broker, with an instant executor (real Kafka traffic).
 
-    throughput: N StartRun for a 3-step no-op workflow are preloaded; a processor subprocess
-                (`python -m processors.runtime`) folds them while a responder subprocess
-                answers every activation at once. Reports completed runs/s and input
-                records/s (1 command + 3 receipts per run) from the processor's metrics.
+    passthrough: first, in the same run and with the same partitions, batch size, commit
+                interval and client settings, a raw confluent-kafka transactional
+                consume → produce loop over max(4N, 40000) records (`passthrough_bench.py`): the
+                ceiling the fold is compared with (`fold_vs_passthrough`).
+    throughput: N StartRun for a 3-step no-op workflow are preloaded; `--processors` processor
+                subprocesses (`python -m processors.runtime`) fold them while a responder
+                subprocess answers every activation at once. Reports completed runs/s, input
+                records/s (1 command + 3 receipts per run), output records/s and the
+                processors' CPU per input record, from the processors' metrics.
     latency:    a 1-step workflow started at a fixed rate (default: 25% of the throughput
                 just measured, in runs/s); start → RunSucceeded latency per run, measured
                 from the StartRun send time to the committed terminal event reaching a
                 read_committed reader. Reports p50/p90/p99.
 
-    .venv/bin/python benchmarks/processor_bench.py [--runs 3000] [--latency-seconds 15] [--rate R]
+    .venv/bin/python benchmarks/processor_bench.py [--runs 3000] [--processors 1] [--latency-seconds 15] [--rate R]
 
 Prints one JSON object.
 """
@@ -37,6 +42,9 @@ from processors.runtime.settings import ProcessorSettings
 from schemas import Codec
 from topology.admin import create_topology, delete_topology
 from topology.settings import consumer_config, producer_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from passthrough_bench import passthrough_case  # a sibling script, not a package
 
 CODEC = Codec.default()
 ZERO = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
@@ -122,12 +130,15 @@ def responder(settings: ProcessorSettings) -> None:
     c.close()
 
 
-def spawn(settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+def spawn(settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 0,
+          instance: int = 0) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
            "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
     if role == "processor":
-        args = [sys.executable, "-m", "processors.runtime", "--instance-id", "bench",
-                "--state-dir", str(settings.state_dir), "--metrics-port", str(metrics_port),
+        # one state directory per instance: two processes must never open the same RocksDB
+        state_dir = settings.state_dir if instance == 0 else settings.state_dir / f"i{instance}"
+        args = [sys.executable, "-m", "processors.runtime", "--instance-id", f"bench-{instance}" if instance else "bench",
+                "--state-dir", str(state_dir), "--metrics-port", str(metrics_port),
                 "--batch-size", str(settings.batch_size), "--commit-interval-ms", str(settings.commit_interval_ms)]
     else:
         args = [sys.executable, __file__, "--role", role]
@@ -155,9 +166,18 @@ def scrape(port: int) -> dict[str, float]:
         m = re.match(r'^(runfold_processor_records_in_total|runfold_processor_runs|'
                      r'runfold_processor_transactions_total|runfold_processor_commit_seconds_sum|'
                      r'runfold_processor_commit_seconds_count|runfold_processor_batch_records_sum|'
-                     r'runfold_processor_batch_records_count|process_cpu_seconds_total)(\{[^}]*\})? (\S+)$', line)
+                     r'runfold_processor_batch_records_count|runfold_processor_records_out_total|process_cpu_seconds_total)(\{[^}]*\})? (\S+)$', line)
         if m:
             out[m.group(1) + (m.group(2) or "")] = out.get(m.group(1) + (m.group(2) or ""), 0.0) + float(m.group(3))
+    return out
+
+
+def scrape_all(ports: list[int]) -> dict[str, float]:
+    """The processors' metrics, summed over instances."""
+    out: dict[str, float] = {}
+    for port in ports:
+        for k, v in scrape(port).items():
+            out[k] = out.get(k, 0.0) + v
     return out
 
 
@@ -165,7 +185,11 @@ def records_in(metrics: dict[str, float]) -> float:
     return sum(v for k, v in metrics.items() if k.startswith("runfold_processor_records_in_total"))
 
 
-def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeout: float) -> dict[str, Any]:
+def records_out(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("runfold_processor_records_out_total"))
+
+
+def throughput(settings: ProcessorSettings, runs: int, ports: list[int], timeout: float) -> dict[str, Any]:
     p = Producer(producer_config(settings))
     for i in range(runs):
         _produce(p, settings.topics.commands, start_command(f"tp-{i}", "bench3"), f"tp-{i}".encode())
@@ -176,7 +200,7 @@ def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeou
     succeeded = 0.0
     while time.monotonic() < deadline:
         try:
-            m = scrape(metrics_port)
+            m = scrape_all(ports)
         except OSError:
             time.sleep(0.2)
             continue
@@ -188,7 +212,10 @@ def throughput(settings: ProcessorSettings, runs: int, metrics_port: int, timeou
             rin = records_in(m)
             txns = m.get('runfold_processor_transactions_total{outcome="committed"}', 0.0)
             cpu = m.get("process_cpu_seconds_total", 0.0) - cpu0
-            return {"processor_cpu_s": round(cpu, 2), "processor_cpu_us_per_input": round(1e6 * cpu / max(rin, 1), 1),
+            rout = records_out(m)
+            return {"processors": len(ports), "processor_cpu_s": round(cpu, 2),
+                    "processor_cpu_us_per_input": round(1e6 * cpu / max(rin, 1), 1),
+                    "output_records": int(rout), "output_records_per_s": round(rout / elapsed, 1),
                     "runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
                     "input_records": int(rin), "input_records_per_s": round(rin / elapsed, 1),
                     "transactions": int(txns), "mean_batch": round(rin / max(txns, 1), 1)}
@@ -301,11 +328,24 @@ def scrape_lateness(port: int) -> dict[str, Any]:
     return out
 
 
+def _ratios(tp: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, float] | None:
+    """Fold records/s over passthrough records/s: input records (the issue's figure) and
+    output records (the fold writes ~5 records per input; the passthrough writes 1)."""
+    if baseline is None:
+        return None
+    base = baseline["records_per_s"]
+    return {"input_records": round(tp["input_records_per_s"] / base, 3),
+            "output_records": round(tp["output_records_per_s"] / base, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", choices=["bench", "responder"], default="bench")
     ap.add_argument("--runs", type=int, default=3000)
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--processors", type=int, default=1, help="processor instances in the group")
+    ap.add_argument("--no-passthrough", action="store_true", help="skip the passthrough baseline")
+    ap.add_argument("--passthrough-records", type=int, default=None, help="default max(4 x runs, 40000)")
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--commit-interval-ms", type=int, default=50)
     ap.add_argument("--latency-seconds", type=float, default=15.0)
@@ -320,13 +360,17 @@ def main() -> None:
     state = f"/tmp/runfold-bench-{prefix}"
     settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=Path(state),
                                  batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
+    baseline = None if args.no_passthrough else passthrough_case(
+        settings, args.passthrough_records or max(4 * args.runs, 40_000))
     create_topology(settings)
     register(settings)
     log = open(f"{state}.log", "wb")  # noqa: SIM115 - lives as long as the subprocesses
-    procs = [spawn(settings, "processor", log, args.metrics_port), spawn(settings, "responder", log)]
+    ports = [args.metrics_port + i for i in range(args.processors)]
+    procs = [spawn(settings, "processor", log, port, i) for i, port in enumerate(ports)]
+    procs.append(spawn(settings, "responder", log))
     try:
-        tp = throughput(settings, args.runs, args.metrics_port, timeout=300)
-        tp["commits"] = commit_stats({}, scrape(args.metrics_port))
+        tp = throughput(settings, args.runs, ports, timeout=300)
+        tp["commits"] = commit_stats({}, scrape_all(ports))
         rate = args.rate or max(1.0, tp["runs_per_s"] * 0.25)
         before = scrape(args.metrics_port)
         lt = latency(settings, rate, args.latency_seconds)
@@ -335,7 +379,8 @@ def main() -> None:
     finally:
         stop_rig(procs, settings, state)
     print(orjson.dumps({"bench": "processor", "partitions": args.partitions, "batch_size": args.batch_size,
-                        "commit_interval_ms": args.commit_interval_ms, "throughput_3_step": tp,
+                        "commit_interval_ms": args.commit_interval_ms, "passthrough": baseline,
+                        "fold_vs_passthrough": _ratios(tp, baseline), "throughput_3_step": tp,
                         "latency_1_step": lt, "timer_lateness": tm, "log": f"{state}.log"}, option=orjson.OPT_INDENT_2).decode())
 
 
