@@ -25,7 +25,8 @@ SCHEMA_V1 = "runfold.workflow/v1"
 END = "end"  # route target that ends the run
 DEFINITION_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 NODE_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
-QUEUE_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+# No ".": a queue is a topic-name suffix, and topology.settings refuses "." in queue names.
+QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 NodeKind = Literal["action", "agent", "workflow", "state", "wait", "sleep"]
 Reducer = Literal["replace", "append", "merge", "sum", "max", "reject_concurrent"]

@@ -127,10 +127,10 @@ def commit_superstep(em: Emitter) -> None:
         fail_run(em, failure("State", reason), "run failed")
         return
     targets: set[str] = set()
-    for name, value in values.items():
+    for name, node_value in values.items():
         try:
             targets.update(
-                select_routes(definition.routes.get(name, ()), state=merged, input=run_input, output=value)
+                select_routes(definition.routes.get(name, ()), state=merged, input=run_input, output=node_value)
             )
         except ConditionError as exc:
             problem = failure("Evaluation", f"routes of {name}: {exc.message}", node=name, lineage="")

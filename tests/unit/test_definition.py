@@ -105,6 +105,8 @@ def test_ref_alias_from_and_template() -> None:
         (lambda r: r.update(budgets={"max_steps": -1}), "budgets.max_steps: must be >= 0"),
         (lambda r: r.update(budgets={"warn_at_percent": 101}), "budgets.warn_at_percent: must be <= 100"),
         (lambda r: r["nodes"]["a"].update(queue="Bad Queue"), "nodes.a.queue: must match"),
+        # a queue is a topic-name suffix: the topology refuses ".", so definitions must too
+        (lambda r: r["nodes"]["a"].update(queue="gpu.large"), "nodes.a.queue: must match"),
     ],
 )  # fmt: skip
 def test_shape_errors_name_the_dotted_path(mutate: Any, expected: str) -> None:
