@@ -162,10 +162,13 @@ class Rig:
         self.stop()
 
     # ---- load ------------------------------------------------------------------------------
-    def loadgen(self, definition: str, runs: int, rate: float = 0.0, tag: str = "r") -> subprocess.Popen[bytes]:
-        """A load-generator process: `runs` StartRun commands, `rate` runs/s (0 = as fast as possible)."""
+    def loadgen(self, definition: str, runs: int, rate: float = 0.0, tag: str = "r",
+                warmup: int = 0) -> subprocess.Popen[bytes]:
+        """A load-generator process: `runs` StartRun commands, `rate` runs/s (0 = as fast as possible),
+        after `warmup` unstamped ones (see `loadgen`)."""
         return self._spawn([sys.executable, "-m", "benchmarks.workflow_throughput", "--role", "loadgen",
-                            "--definition", definition, "--runs", str(runs), "--rate", str(rate), "--tag", tag])
+                            "--definition", definition, "--runs", str(runs), "--rate", str(rate), "--tag", tag,
+                            "--warmup", str(warmup)])
 
 
 def _free_port() -> int:
@@ -193,19 +196,19 @@ def sent_ms_of(run_id: str) -> int:
     return int(run_id.rsplit("-", 1)[1])
 
 
-def loadgen(definition: str, runs: int, rate: float, tag: str) -> None:
+def loadgen(definition: str, runs: int, rate: float, tag: str, warmup: int = 0) -> None:
+    """`warmup` > 0: first send that many unstamped runs (`<tag>warm-<i>-<ms>`) and wait for their
+    delivery, so the timed runs do not pay for the new producer's start (its producer id arrives
+    ~0.5 s after creation, librdkafka's PID timer): that made the first ~40 runs of a latency case
+    up to 0.5 s slower."""
     settings = KafkaSettings()
     p = Producer(producer_config(settings, linger_ms=0 if rate else 5))
     enc = CODEC.encoder("commands")
     topic = f"{settings.topic_prefix}.commands"
-    t0 = time.perf_counter()
-    for i in range(runs):
-        if rate:
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+
+    def start(run_tag: str, i: int) -> None:
         now = time.time_ns() // 1_000_000
-        rid = run_id_for(tag, i, now)
+        rid = run_id_for(run_tag, i, now)
         value = enc({"type": "StartRun", "run_id": rid, "ts_ms": now, "record_id": uuid.uuid4().hex,
                      "definition_id": definition, "revision": None, "input": {}})
         while True:
@@ -214,6 +217,18 @@ def loadgen(definition: str, runs: int, rate: float, tag: str) -> None:
                 break
             except BufferError:
                 p.poll(0.05)
+
+    if warmup:
+        for i in range(warmup):
+            start(f"{tag}warm", i)
+        p.flush(60)
+    t0 = time.perf_counter()
+    for i in range(runs):
+        if rate:
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        start(tag, i)
         p.poll(0)
     p.flush(60)
 
@@ -272,7 +287,10 @@ class EventWatch:
             self.consumer.poll(0.1)
 
     def poll(self, timeout: float = 0.1) -> int:
-        msgs = self.consumer.consume(2000, timeout)
+        # Block only for the first record, then take what is buffered: consume(n, timeout)
+        # waits for n records or the timeout, which added up to `timeout` to every latency.
+        first = self.consumer.poll(timeout)
+        msgs = [first, *self.consumer.consume(2000, 0)] if first is not None else []
         now = time.time()
         n = 0
         for m in msgs:
@@ -367,10 +385,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5000)
     ap.add_argument("--rate", type=float, default=0.0)
     ap.add_argument("--tag", default="r")
+    ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     if a.role == "loadgen":
-        loadgen(a.definition, a.runs, a.rate, a.tag)
+        loadgen(a.definition, a.runs, a.rate, a.tag, a.warmup)
         return
     b = run(a.runs, rounds=a.rounds)
     print(b.table(["runs_per_s", "events_per_s"]))
