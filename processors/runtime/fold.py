@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from processors.engine import EngineContext, decide, dump_state, effects, evolve, load_state, run_status
+from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
 from processors.runtime import deadletter
 from processors.runtime.overlay import PartitionOverlay
@@ -27,6 +28,8 @@ from topology.catalog import TopicNames
 Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
+_TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
+_COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 
 
 @dataclass
@@ -60,6 +63,29 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any) -> None:
             overlay.count(STATUS_STAT + old, -1)
         if new is not None:
             overlay.count(STATUS_STAT + new)
+
+
+_TOO_LARGE = (
+    "the outputs of this {what} are larger than the broker accepts ({error}); it is in the dead "
+    "letters, its effects were not applied"
+)
+
+
+def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any] | None:
+    """What to fold instead of an input whose outputs the broker refuses: a terminal receipt
+    becomes a non-retryable failure of the same attempt (retrying would produce the same
+    outputs); a command becomes its RunRejected (code `Limit`, as for a command over an engine
+    ceiling). Other inputs (accepted, heartbeat, timer) have small outputs of their own: None."""
+    mtype = msg.get("type")
+    reason = _TOO_LARGE.format(what="receipt" if mtype in _TERMINAL_RECEIPTS else "command", error=error[:500])
+    if mtype in ("ActivationCompleted", "ActivationFailed"):
+        return {**msg, "type": "ActivationFailed", "code": "InvalidOutput", "message": reason, "retryable": False,
+                "output": None}
+    if mtype == "ChildRunFinished":
+        return {**msg, "status": "failed", "output": None, "failure": {"code": "InvalidOutput", "message": reason}}
+    if mtype in _COMMANDS:
+        return rejection(msg, "Limit", reason)
+    return None
 
 
 class Folder:
@@ -185,13 +211,40 @@ class Folder:
             overlay.states[run_id] = state
             overlay.event_ts[run_id] = ts_ms
 
-    def park_too_large(self, counters: TxnCounters, topic: str, partition: int, offset: int,
-                       key: bytes | None, value: bytes | None, error: str) -> None:
-        """Instead of folding: an input whose outputs the broker refused as too large (the
-        loop found it) goes to the dead letters; its effects are never applied."""
+    def park_too_large(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
+                       offset: int, key: bytes | None, value: bytes | None, error: str, level: int) -> None:
+        """Instead of folding: an input whose outputs the broker refused as too large (the loop
+        found it) goes to the dead letters, and its run hears why (`_too_large_instead`) so no
+        step or client waits for what will never come. Each time the broker refuses again the
+        loop raises `level`: 0 dead letter with the input's bytes, 1 without them, 2 without the
+        substitute too (its own outputs, e.g. the run's snapshot, may be what is too large)."""
         _inc(counters.records_in, topic)
-        self.dead_letter(counters, topic, partition, offset, key, value, deadletter.OUTPUT_TOO_LARGE,
-                         f"output too large: {error}")
+        self.dead_letter(counters, topic, partition, offset, key, value if level == 0 else None,
+                         deadletter.OUTPUT_TOO_LARGE, f"output too large: {error}")
+        if level >= 2 or value is None or key is None:
+            return
+        try:
+            msg = self._decode[topic](value)
+        except DecodeError:
+            return
+        run_id = msg["run_id"]
+        if key != run_id.encode():
+            return
+        substitute = _too_large_instead(msg, error)
+        if substitute is None:
+            return
+        if substitute["type"] == "RunRejected":
+            state = overlay.state(run_id, load_state)
+            _inc(counters.rejected, substitute["code"])
+            self._emit(overlay, counters, partition, key, run_id, state, state, substitute["ts_ms"],
+                       [(0, self._enc_event(substitute))], [], [], [])
+            return
+        try:
+            outputs = self._decide(overlay, counters, substitute, run_id)
+        except Exception:  # the dead letter is written; an engine defect here changes nothing else
+            return
+        if outputs is not None:
+            self._emit(overlay, counters, partition, key, run_id, *outputs)
 
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:

@@ -111,10 +111,11 @@ class Processor:
         self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
         # Output too large: a transaction's input is replayed one record per transaction
         # (`_isolate_left` records) until the input that caused it is alone in a failing one;
-        # that input is then parked in `_poison` (coordinates -> (reason, keep original bytes))
+        # that input is then parked in `_poison` (coordinates -> (reason, level: see
+        # Folder.park_too_large; raised each time the parked input is refused again))
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
-        self._poison: dict[tuple[str, int, int], tuple[str, bool]] = {}
+        self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
@@ -324,8 +325,7 @@ class Processor:
                 if parked is None:
                     fold(ov, counters, topic, p, off, m.key(), m.value())
                 else:
-                    self.folder.park_too_large(counters, topic, p, off, m.key(),
-                                               m.value() if parked[1] else None, parked[0])
+                    self.folder.park_too_large(ov, counters, topic, p, off, m.key(), m.value(), *parked)
             except (RecordTooLarge, ProduceFailed) as e:
                 # Nothing produced in this transaction can be taken back: abort, and rewind the
                 # records of this batch not folded yet too (their partitions may be new to it).
@@ -333,7 +333,7 @@ class Processor:
                     if rest.error() is None:
                         txn.start.setdefault((rest.topic(), rest.partition()), rest.offset())
                 if isinstance(e, RecordTooLarge):  # the first reason stays: the dead letter's
-                    self._poison[(topic, p, off)] = (parked[0] if parked else str(e), parked is None)
+                    self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2)) if parked else (str(e), 0)
                     self._abort(f"output too large: {e}")
                 else:
                     self._produce_failed(e.err, "produce")
@@ -501,7 +501,7 @@ class Processor:
         if self._txn_inputs() == 1:
             (topic, p), off = next((tp, n - 1) for tp, n in txn.next.items() if n > txn.start[tp])
             parked = self._poison.get((topic, p, off))
-            self._poison[(topic, p, off)] = (parked[0] if parked else reason, parked is None)
+            self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2)) if parked else (reason, 0)
             self.log.warning("input produces a record too large for the broker: dead-lettering it", extra={
                 "topic": topic, "partition": p, "offset": off, "reason": reason})
         else:

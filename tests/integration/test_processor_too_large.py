@@ -1,4 +1,6 @@
-"""An input whose outputs the broker refuses as too large is dead-lettered, not retried forever.
+"""An input whose outputs the broker refuses as too large is dead-lettered, not retried forever,
+and its run is told: a terminal receipt becomes a non-retryable InvalidOutput failure of its step,
+a command becomes a `Limit` rejection.
 
 The engine's ceilings (256 KiB outputs) sit under Kafka's default record limit; here the limits
 are lowered below them so outputs the engine accepts are still refused: the run-events topic
@@ -46,7 +48,7 @@ def _limit_topic(bootstrap: str, topic: str, max_bytes: int) -> None:
         future.result(30)
 
 
-def test_input_with_too_large_output_goes_to_dead_letters_and_the_partition_moves_on(
+def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_the_partition_moves_on(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
 ) -> None:
     # kafka_settings is requested for its cleanup: it deletes the prefix's topics afterwards.
@@ -72,31 +74,42 @@ def test_input_with_too_large_output_goes_to_dead_letters_and_the_partition_move
     outputs = {"big-broker": _incompressible(40_000), "big-client": _incompressible(240_000)}
     for act in activations.records:
         cmd.complete(act, {"text": outputs.get(act["run_id"], "small")})
+    # big-start: its RunAccepted (30 KB of input, under the engine's 256 KiB) is over the topic's limit
+    cmd.start("big-start", "one", {"text": _incompressible(30_000)})
     cmd.flush()
     with running(settings) as pt:
-        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in ("ok-1", "ok-2", "ok-3")),
-                        what="the small runs to finish")  # fmt: skip
-        dead.wait_for(lambda d: len(d) >= 2, what="2 dead letters")
+        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs)
+                        and any(e["type"] == "RunRejected" for e in evs if e["run_id"] == "big-start"),
+                        what="every run to finish, big-start to be rejected")  # fmt: skip
+        dead.wait_for(lambda d: len(d) >= 3, what="3 dead letters")
         # the partition is not jammed: a new run goes through (the responder reads every
         # activation from the beginning: it answers only the new run's)
         with Responder(clients, lambda c, act: complete_all(c, act) if act["run_id"] == "after" else None):
             cmd.start("after", "one")
             cmd.flush()
             events.wait_for(lambda evs: terminal_of(evs, "after"), what="the next run to finish")
-        assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 2
-        # the poison inputs' effects were never applied: their steps are still open in the store
+        assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 3
+        # the poison receipts' own effects were never applied; their steps failed in their place
         base = f"http://127.0.0.1:{pt.processor.query_port}"
         for run_id in ("big-broker", "big-client"):
             body = httpx.get(f"{base}/runs/{run_id}", timeout=5).json()
-            assert body["status"] == "running" and body["state"]["steps"]["a"]["status"] == "scheduled"
+            step = body["state"]["steps"]["a"]
+            assert body["status"] == "failed" and step["status"] == "failed" and step["output"] is None
+            assert step["failure"]["code"] == "InvalidOutput" and not step["failure"]["retryable"]
     activation_of = {a["run_id"]: a for a in activations.records}
-    assert {d["key"] for d in dead.records} == {b"big-broker", b"big-client"}
-    for d in dead.records:
+    assert {d["key"] for d in dead.records} == {b"big-broker", b"big-client", b"big-start"}
+    start_dead = next(d for d in dead.records if d["key"] == b"big-start")
+    assert start_dead["source_topic"] == clients.topics.commands and start_dead["original"]
+    [rejected] = events.of("big-start")
+    assert rejected["type"] == "RunRejected" and rejected["code"] == "Limit"
+    assert "larger than the broker accepts" in rejected["reason"] and rejected["command_type"] == "StartRun"
+    for d in (d for d in dead.records if d["key"] != b"big-start"):
         assert d["source_topic"] == clients.topics.receipts and d["producer"] == "processor"
         assert d["error"].startswith("output too large: ") and d["source_offset"] >= 0
         run_id = d["key"].decode()
         assert d["source_partition"] == activation_of[run_id]["_partition"]  # co-partitioned with its run
     by_run = {d["key"].decode(): d["error"] for d in dead.records}
+    assert "too large" in by_run["big-start"].lower()
     assert "run-events record of" in by_run["big-client"] and "refused" in by_run["big-client"]  # produce()
     # the dead letter keeps the poison input's bytes, unless that made the dead letter itself too large
     big_broker = next(d for d in dead.records if d["key"] == b"big-broker")
@@ -104,7 +117,10 @@ def test_input_with_too_large_output_goes_to_dead_letters_and_the_partition_move
     assert next(d for d in dead.records if d["key"] == b"big-client")["original"] == b""
     assert "too large" in by_run["big-broker"].lower() and "record of" not in by_run["big-broker"]  # broker
     for run_id in ("big-broker", "big-client"):
-        assert not events.of(run_id, "StepSucceeded") and not terminal_of(events.records, run_id)
+        assert not events.of(run_id, "StepSucceeded") and not events.of(run_id, "StepRetryScheduled")
+        [failed] = events.of(run_id, "StepFailed")
+        assert failed["failure"]["code"] == "InvalidOutput" and "larger than the broker accepts" in failed["failure"]["message"]
+        assert [e["type"] for e in terminal_of(events.records, run_id)] == ["RunFailed"]
     for run_id in ("ok-1", "ok-2", "ok-3", "after"):
         assert [e["type"] for e in terminal_of(events.records, run_id)] == ["RunSucceeded"]
         mine = events.of(run_id)
