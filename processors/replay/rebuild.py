@@ -62,7 +62,8 @@ def rebuild(settings: ProcessorSettings, *, replace: bool = False, partitions: l
     codec = codec or Codec.default()
     topics = settings.topics
     root = settings.store_root()
-    folder = Folder(EngineContext(catalog=Catalog()), codec, topics, _noop, _noop, lambda: 0)
+    folder = Folder(EngineContext(catalog=Catalog()), codec, topics, _noop, _noop, lambda: 0,
+                    settings.finished_retention_ms)  # the same purge times the processor's restore sets
     report = RebuildReport(store_root=str(root))
     started = time.monotonic()
     reader = PartitionReader(settings, timeout_s=30.0)

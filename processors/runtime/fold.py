@@ -54,8 +54,12 @@ def _inc(d: dict[str, int], k: str, n: int = 1) -> None:
 STATUS_STAT = "status."
 
 
-def _count_status(overlay: PartitionOverlay, before: Any, after: Any) -> None:
-    """Runs per status are store stats (written with the state, rebuilt by restore)."""
+_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int, retention_ms: int) -> None:
+    """Runs per status are store stats (written with the state, rebuilt by restore). A run
+    that finishes gets its purge time (restore computes the same one from the same event)."""
     old = run_status(before) if before is not None else None
     new = run_status(after) if after is not None else None
     if old != new:
@@ -63,6 +67,8 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any) -> None:
             overlay.count(STATUS_STAT + old, -1)
         if new is not None:
             overlay.count(STATUS_STAT + new)
+            if retention_ms > 0 and new in _FINISHED and old not in _FINISHED:
+                overlay.purge_at(after["run_id"], ts_ms + retention_ms, new)
 
 
 _TOO_LARGE = (
@@ -90,8 +96,10 @@ def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any] | None
 
 class Folder:
     def __init__(self, ctx: EngineContext, codec: Codec, topics: TopicNames, produce: Produce,
-                 on_event_delivery: Callable[[Any, Any], None], now_ms: Callable[[], int]) -> None:
+                 on_event_delivery: Callable[[Any, Any], None], now_ms: Callable[[], int],
+                 finished_retention_ms: int = 0) -> None:
         self.ctx = ctx
+        self.finished_retention_ms = finished_retention_ms
         self.topics = topics
         self._produce = produce
         self._on_event_delivery = on_event_delivery
@@ -134,6 +142,13 @@ class Folder:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.KEY_MISMATCH,
                              f"record key {key!r} is not the run_id {run_id!r} of its value")
             return
+        if msg["type"] == "StartRun" and self.finished_retention_ms and overlay.state(run_id, load_state) is None:
+            status = overlay.store.purged_status(run_id)
+            if status is not None:  # the engine would see a new run: the id would be reused
+                self._reject(overlay, counters, partition, key, run_id, rejection(
+                    msg, "Conflict", f"run {run_id} already ran ({status}) and was purged from the processor's "
+                    "store after its retention; run ids are not reused"))
+                return
         try:
             outputs = self._decide(overlay, counters, msg, run_id)
         except Exception as e:  # an engine defect must not stop the partition: park the record
@@ -206,7 +221,7 @@ class Folder:
         for body in set_timers:
             body = {**body, "run_id": run_id}
             overlay.set_timer(run_id, body, orjson.dumps(body))
-        _count_status(overlay, before, state)
+        _count_status(overlay, before, state, ts_ms, self.finished_retention_ms)
         if state is not None or run_id in overlay.states:
             overlay.states[run_id] = state
             overlay.event_ts[run_id] = ts_ms
@@ -234,10 +249,7 @@ class Folder:
         if substitute is None:
             return
         if substitute["type"] == "RunRejected":
-            state = overlay.state(run_id, load_state)
-            _inc(counters.rejected, substitute["code"])
-            self._emit(overlay, counters, partition, key, run_id, state, state, substitute["ts_ms"],
-                       [(0, self._enc_event(substitute))], [], [], [])
+            self._reject(overlay, counters, partition, key, run_id, substitute)
             return
         try:
             outputs = self._decide(overlay, counters, substitute, run_id)
@@ -245,6 +257,14 @@ class Folder:
             return
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
+
+    def _reject(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str,
+                event: dict[str, Any]) -> None:
+        """A RunRejected the runtime decides (the engine cannot see why): no state changes."""
+        state = overlay.state(run_id, load_state)
+        _inc(counters.rejected, event["code"])
+        self._emit(overlay, counters, partition, key, run_id, state, state, event["ts_ms"],
+                   [(0, self._enc_event(event))], [], [], [])
 
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
@@ -284,7 +304,7 @@ class Folder:
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)
         state = evolve(before, ev)
-        _count_status(overlay, before, state)
+        _count_status(overlay, before, state, ev["ts_ms"], self.finished_retention_ms)
         overlay.add_event(run_id, ev["sequence"], value)
         if state is not None:
             fx = effects(state, ev)

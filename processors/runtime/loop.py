@@ -126,7 +126,8 @@ class Processor:
         self.query_port: int | None = None
         self.ready = threading.Event()  # set once definitions are loaded and the group joined
         self._next_lag = 0.0
-        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, _now_ms)
+        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, _now_ms,
+                             settings.finished_retention_ms)
         self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
                                  settings.timers_per_transaction)
 
@@ -273,6 +274,8 @@ class Processor:
             self._commit()
         if time.monotonic() >= self._next_lag:
             self._report_lag()
+            if not txn.open:
+                self._purge_finished()
             self._refresh_statuses()
             self._check_membership()
 
@@ -710,6 +713,16 @@ class Processor:
     def _refresh_statuses(self) -> None:
         assert self.partitions is not None
         self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
+
+    def _purge_finished(self) -> None:
+        """Finished runs past `finished_retention_ms` leave the local store (store.py). Only
+        between transactions: no overlay may hold a run being purged."""
+        assert self.partitions is not None
+        now = _now_ms()
+        for store in self.partitions.ready():
+            purged = store.purge_finished(now)
+            if purged:
+                self.metrics.runs_purged.inc(purged)
 
     def _report_lag(self) -> None:
         self._next_lag = time.monotonic() + _LAG_EVERY_S

@@ -37,6 +37,9 @@ class ProcessorMetrics:
                                         registry=r)
         self.batch_size = Histogram("runfold_processor_batch_records", "Input records per transaction",
                                     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
+        self.runs_purged = Counter("runfold_processor_runs_purged",
+                                   "Finished runs purged from the local store after finished_retention_ms",
+                                   registry=r)
         self.runs_by_status = Gauge("runfold_processor_runs", "Runs in the owned partitions, by status",
                                     ["status"], registry=r)
         self.consumer_lag = Gauge("runfold_processor_consumer_lag", "High watermark - position",

@@ -12,14 +12,14 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from processors.runtime.store import PartitionStore, event_key, timer_key, timer_ref_key
+from processors.runtime.store import PartitionStore, event_key, purge_key, timer_key, timer_ref_key
 
 RunState = dict[str, Any]
 
 
 class PartitionOverlay:
-    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "states", "stats", "store", "timer_dels",
-                 "timer_puts")
+    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "purges", "states", "stats", "store",
+                 "timer_dels", "timer_puts")
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
@@ -30,6 +30,7 @@ class PartitionOverlay:
         self.timer_puts: dict[bytes, tuple[bytes, bytes]] = {}  # ref key -> (t-key, body)
         self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
         self.min_new_due: int | None = None
+        self.purges: list[tuple[int, str, str]] = []  # (purge_ms, run_id, status) of runs finished here
         self.stats: dict[str, int] = {}
 
     # ---- run states ------------------------------------------------------------------------
@@ -82,12 +83,16 @@ class PartitionOverlay:
             return put[0] == tkey
         return self.timer_dels.get(rkey) != tkey
 
+    def purge_at(self, run_id: str, purge_ms: int, status: str) -> None:
+        self.purges.append((purge_ms, run_id, status))
+
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
 
     # ---- commit ----------------------------------------------------------------------------
     def is_empty(self) -> bool:
-        return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats)
+        return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats
+                    or self.purges)
 
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -101,10 +106,12 @@ class PartitionOverlay:
             batch.put(key, value)
         for run_id, raw in self.dumped.items():
             batch.put(b"s" + run_id.encode(), raw)
+        for purge_ms, run_id, status in self.purges:
+            batch.put(purge_key(purge_ms, run_id), status.encode())
         return batch
 
     def write(self, applied_offset: int | None) -> None:
         """Write this overlay to the store (only after the transaction committed)."""
         states = {run_id: self.states[run_id] for run_id in self.dumped}
         self.store.write(self.to_batch(), states, self.min_new_due, bool(self.timer_dels),
-                         applied_offset, self.stats)
+                         applied_offset, self.stats, min((p[0] for p in self.purges), default=None))

@@ -82,7 +82,7 @@ class QueryServer:
                 limit = min(int(query.get("limit", ["1000"])[0]), 10_000)
                 raws = store.events(run_id, since, limit)
                 if not raws and store.state_bytes(run_id) is None:
-                    return 404, _err("not_found", f"run {run_id!r} not found in partition {p}", partition=p)
+                    return 404, self._not_found(run_id, p)
                 return 200, orjson.dumps({"run_id": run_id, "partition": p, "restoring": restoring,
                                           "events": [self._decode_event(r) for r in raws]})
             raw = store.state_bytes(run_id)
@@ -91,11 +91,18 @@ class QueryServer:
         except ValueError as e:
             return 400, _err("bad_request", str(e))
         if raw is None:
-            return 404, _err("not_found", f"run {run_id!r} not found in partition {p}", partition=p)
+            return 404, self._not_found(run_id, p)
         state = load_state(raw)
         return 200, orjson.dumps({"run_id": run_id, "partition": p, "restoring": restoring,
                                   "status": run_status(state), "sequence": state.get("sequence"),
                                   "state": orjson.Fragment(raw)})
+
+    def _not_found(self, run_id: str, p: int) -> bytes:
+        retention = self.processor.settings.finished_retention_ms
+        span = f"{retention / 3_600_000:g} h" if retention >= 3_600_000 else f"{retention / 1000:g} s"
+        kept = f"; finished runs are kept {span} after they end" if retention else ""
+        return _err("not_found", f"run {run_id!r} not found in partition {p}{kept} (the run-events topic keeps "
+                    "every run's record)", partition=p)
 
     def _health(self) -> bytes:
         parts = self.processor.partitions

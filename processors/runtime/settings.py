@@ -62,6 +62,10 @@ class ProcessorSettings(KafkaSettings):
     restore_chunk: int = Field(default=2_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
+    # How long a finished run's state and event log stay in the local store (queries, late
+    # receipts, idempotent StartRun); then they are purged. The run-events topic keeps the
+    # record. 0 keeps finished runs forever (the store grows without bound).
+    finished_retention_ms: int = Field(default=7 * 24 * 3_600_000, ge=0)
     # Static group membership (group.instance.id = the transactional id): a restarted instance
     # takes its partitions back at once instead of waiting for its dead predecessor's session
     # to expire. The price: a cleanly stopped instance's partitions move only after

@@ -11,6 +11,8 @@ Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
     e<len:2><run_id><sequence:8>            run event (the Avro bytes from <p>.run-events)
     t<due_ms:8><run_id>\\x1f<timer_id>       pending timer (TimerFired body, JSON)
     r<run_id>\\x1f<timer_id>                 reverse index: the timer's t-key (O(1) clear)
+    x<purge_ms:8><run_id>                   a finished run (value: its status), purged after purge_ms
+    g<run_id>                               a purged run (value: its status): its id is not reused
     m:offset                                last applied <p>.run-events offset (8 bytes)
     m:stats                                 cumulative counters (JSON)
 
@@ -75,7 +77,16 @@ def timer_ref_key(run_id: str, timer_id: str) -> bytes:
     return b"r" + run_id.encode() + _SEP + timer_id.encode()
 
 
+def purged_key(run_id: str) -> bytes:
+    return b"g" + run_id.encode()
+
+
+def purge_key(purge_ms: int, run_id: str) -> bytes:
+    return b"x" + max(purge_ms, 0).to_bytes(8, "big") + run_id.encode()
+
+
 def due_of(tkey: bytes) -> int:
+    """The time in a t-key or an x-key."""
     return int.from_bytes(tkey[1:9], "big")
 
 
@@ -99,6 +110,7 @@ class PartitionStore:
         # Lower bound of every stored timer's due time (None: no timers). Keeps the idle
         # "anything due?" check O(1) and lets scans seek past old tombstones.
         self.next_due_ms: int | None = self._first_due(0)
+        self.next_purge_ms: int | None = self._first_due(0, b"x")
 
     @property
     def db(self) -> Rdict:
@@ -114,6 +126,11 @@ class PartitionStore:
 
     def state_bytes(self, run_id: str) -> bytes | None:
         return self.get(state_key(run_id))
+
+    def purged_status(self, run_id: str) -> str | None:
+        """The final status of a run purged after its retention, or None."""
+        raw = self.get(purged_key(run_id))
+        return raw.decode() if raw is not None else None
 
     def events(self, run_id: str, since: int = 0, limit: int = 10_000) -> list[bytes]:
         """Stored run-event bytes of `run_id` with sequence > since, in order."""
@@ -149,11 +166,11 @@ class PartitionStore:
                 it.next()
         return out
 
-    def _first_due(self, from_ms: int) -> int | None:
+    def _first_due(self, from_ms: int, kind: bytes = b"t") -> int | None:
         with self._lock:
             it = self.db.iter()
-            it.seek(b"t" + from_ms.to_bytes(8, "big"))
-            if it.valid() and it.key()[:1] == b"t":
+            it.seek(kind + from_ms.to_bytes(8, "big"))
+            if it.valid() and it.key()[:1] == kind:
                 return due_of(it.key())
         return None
 
@@ -169,8 +186,52 @@ class PartitionStore:
         return count
 
     # ---- writes (loop thread) --------------------------------------------------------------
+    def purge_finished(self, now_ms: int, limit: int = 1_000) -> int:
+        """Delete up to `limit` finished runs whose retention ended by `now_ms`: state, event
+        log, timers, and their count in the status stats. Loop thread, outside a transaction
+        (no overlay holds them). Returns how many were purged."""
+        if self.next_purge_ms is None or self.next_purge_ms > now_ms:
+            return 0
+        due: list[tuple[bytes, bytes]] = []
+        with self._lock:
+            it = self.db.iter()
+            it.seek(b"x" + self.next_purge_ms.to_bytes(8, "big"))
+            while it.valid() and len(due) < limit:
+                key = it.key()
+                if key[:1] != b"x" or due_of(key) > now_ms:
+                    break
+                due.append((key, it.value()))
+                it.next()
+        batch = WriteBatch(raw_mode=True)
+        for xkey, status in due:
+            run_id = xkey[9:].decode()
+            name = f"status.{status.decode()}"
+            if self.stats.get(name, 0) > 0:
+                self.stats[name] -= 1
+            prefix = event_prefix(run_id)
+            batch.delete_range(prefix, prefix + b"\xff" * 9)
+            with self._lock:
+                it = self.db.iter()
+                ref = b"r" + run_id.encode() + _SEP
+                it.seek(ref)
+                while it.valid() and it.key().startswith(ref):
+                    batch.delete(it.value())  # the t-key
+                    batch.delete(it.key())
+                    it.next()
+            batch.delete(state_key(run_id))
+            batch.delete(xkey)
+            batch.put(purged_key(run_id), status)
+            self.cache.pop(run_id, None)
+        if due:
+            batch.put(STATS_KEY, orjson.dumps(self.stats))
+            with self._lock:
+                self.db.write(batch)
+        self.next_purge_ms = self._first_due(due_of(due[-1][0]) if due else now_ms + 1, b"x")
+        return len(due)
+
     def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
-              timers_deleted: bool, applied_offset: int | None, stats: dict[str, int]) -> None:
+              timers_deleted: bool, applied_offset: int | None, stats: dict[str, int],
+              min_new_purge: int | None = None) -> None:
         """Apply one committed transaction's changes (`batch` holds every key)."""
         if applied_offset is not None and applied_offset > self.applied_offset:
             batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
@@ -194,6 +255,8 @@ class PartitionStore:
             self.next_due_ms = self._first_due(self.next_due_ms)
         if min_new_due is not None and (self.next_due_ms is None or min_new_due < self.next_due_ms):
             self.next_due_ms = min_new_due
+        if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
+            self.next_purge_ms = min_new_purge
 
     def close(self) -> None:
         with self._lock:

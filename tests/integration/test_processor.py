@@ -179,3 +179,35 @@ def test_producers_partition_run_ids_like_partition_for(settings: ProcessorSetti
     producer.flush(10)
     assert len(got) == 64 and set(got.values()) == {0, 1}
     assert all(partition_for(k, 2) == p for k, p in got.items())
+
+
+def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_taken(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> None:
+    settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0,
+                             finished_retention_ms=1_000)  # fmt: skip
+    setup_topology(settings)
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    with running(settings) as pt, Responder(settings, complete_all):
+        for run_id in ("old-1", "old-2"):
+            cmd.start(run_id, "three")
+        cmd.flush()
+        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in ("old-1", "old-2")), what="2 finished runs")
+        base = f"http://127.0.0.1:{pt.processor.query_port}"
+        purged = pt.processor.metrics.runs_purged
+        deadline = time.monotonic() + 20  # purge passes run every 5 s
+        while purged._value.get() < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert purged._value.get() == 2
+        answer = httpx.get(f"{base}/runs/old-1", timeout=5)
+        assert answer.status_code == 404 and "finished runs are kept 1 s" in answer.json()["message"]
+        assert httpx.get(f"{base}/runs/old-1/events", timeout=5).status_code == 404
+        # a late duplicate start is refused; it does not begin a second run under the same id
+        cmd.start("old-1", "three")
+        cmd.flush()
+        events.wait_for(lambda evs: any(e["type"] == "RunRejected" and e["run_id"] == "old-1" for e in evs),
+                        what="the duplicate start's rejection")  # fmt: skip
+        assert [e["type"] for e in events.of("old-1")].count("RunAccepted") == 1
+        assert events.of("old-1", "RunRejected")[0]["code"] == "Conflict"
+    events.close()
