@@ -132,7 +132,10 @@ class ProcessorSettings(KafkaSettings):
             self, self.transactional_id,
             transaction_timeout_ms=self.transaction_timeout_ms,
             partitioner=PARTITIONER,
-            linger_ms=2,
+            # commit_transaction flushes, and a flush ignores linger (librdkafka#3489), so a
+            # longer linger costs no latency; it batches sends mid-transaction, which made each
+            # produce() cheaper (fewer broker-thread wake-ups): fold CPU/input 450 -> 385 us.
+            linger_ms=25,
         )
 
     def redacted(self) -> dict[str, Any]:
