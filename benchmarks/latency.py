@@ -14,11 +14,11 @@ Cases: `{1,3}-step @ {25,50,80}%` with the default commit interval (50 ms), then
 `3-step @ 50% commit {10,50,200} ms` (one processor restart per commit interval).
 
     runfold bench latency [--seconds 10] [--max-runs-per-s R] [--rounds 3]
+    python -m benchmarks.latency --loads 0.25 --workflows noop-1 --intervals 50 --rounds 1   # one case
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from benchmarks.harness import Bench, RoundContext, error_text, percentile
@@ -83,7 +83,8 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
 
 
 def run(seconds: float = 10.0, max_rate: float | None = None, rounds: int = 3, warmup: int = 1,
-        partitions: int = 4, commit_intervals_ms: tuple[int, ...] = (10, 50, 200)) -> Bench:
+        partitions: int = 4, commit_intervals_ms: tuple[int, ...] = (10, 50, 200),
+        loads: tuple[float, ...] = (0.25, 0.5, 0.8), workflows: tuple[str, ...] = ("noop-1", "noop-3")) -> Bench:
     top = max_rate or max_runs_per_s()
     if top is None:
         raise SystemExit("no max load known: run `runfold bench workflow-throughput` first, or pass "
@@ -91,7 +92,7 @@ def run(seconds: float = 10.0, max_rate: float | None = None, rounds: int = 3, w
     default = 50
     intervals = sorted(set(commit_intervals_ms) | {default}, key=lambda x: (x != default, x))
     bench = Bench("latency", params={
-        "seconds": seconds, "max_runs_per_s": top, "loads": [0.25, 0.5, 0.8], "workflows": ["noop-1", "noop-3"],
+        "seconds": seconds, "max_runs_per_s": top, "loads": list(loads), "workflows": list(workflows),
         "commit_intervals_ms": intervals, "default_interval_ms": default, "partitions": partitions},
         rounds=rounds, warmup=warmup)
     bench.notes.append("latency = StartRun stamped by the load generator -> terminal event read "
@@ -108,7 +109,12 @@ if __name__ == "__main__":
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--max-runs-per-s", type=float, default=None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--loads", default="0.25,0.5,0.8", help="fractions of the max load, comma-separated")
+    ap.add_argument("--workflows", default="noop-1,noop-3")
+    ap.add_argument("--intervals", default="10,50,200", help="commit intervals (ms); 50 is always run")
     a = ap.parse_args()
-    t = time.time()
-    b = run(a.seconds, a.max_runs_per_s, a.rounds)
+    b = run(a.seconds, a.max_runs_per_s, a.rounds, a.warmup,
+            commit_intervals_ms=tuple(int(x) for x in a.intervals.split(",")),
+            loads=tuple(float(x) for x in a.loads.split(",")), workflows=tuple(a.workflows.split(",")))
     print(b.table(["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"]))
