@@ -66,7 +66,10 @@ def probe(settings: ProcessorSettings, rate: float, seconds: float, definition: 
                                       auto_offset_reset="latest"))
     reader.subscribe([settings.topics.run_events, settings.topics.receipts])
     end = time.monotonic() + 20
-    while len(reader.assignment()) < 2 * settings.partitions and time.monotonic() < end:
+    # assigned, and every start position resolved: `latest` is looked up after the assignment,
+    # and records produced before that lookup would be skipped (runs never seen complete)
+    while time.monotonic() < end and (len(reader.assignment()) < 2 * settings.partitions
+                                      or any(tp.offset < 0 for tp in reader.position(reader.assignment()))):
         reader.poll(0.1)
     dec_ev, dec_rc = CODEC.decoder("run_events"), CODEC.decoder("receipts")
     p = Producer(producer_config(settings, linger_ms=0))
@@ -127,7 +130,9 @@ def probe(settings: ProcessorSettings, rate: float, seconds: float, definition: 
     if accepted:
         hops["commit_to_worker_accepted"] = [r["ta"] - r["t1"] for r in accepted]
         hops["accepted_to_completed"] = [r["t2"] - r["ta"] for r in accepted]
+    missing = sorted(k for r in t.values() for k in ("t1", "t2", "t3", "t4") if k not in r)
     out: dict[str, Any] = {"rate": rate, "runs": n, "complete": len(full),
+                           **({"missing": {k: missing.count(k) for k in set(missing)}} if missing else {}),
                            **{k: {"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99)}
                               for k, v in hops.items()}}
     if metrics_port:

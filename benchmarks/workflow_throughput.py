@@ -282,8 +282,13 @@ class EventWatch:
         self.last_terminal_at = 0.0
 
     def wait_assigned(self, timeout: float = 20) -> None:
+        """Until partitions are assigned and their start positions known (with `latest`, records
+        produced before the position is looked up would be skipped)."""
         deadline = time.monotonic() + timeout
-        while not self.consumer.assignment() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            assigned = self.consumer.assignment()
+            if assigned and all(tp.offset >= 0 for tp in self.consumer.position(assigned)):
+                return
             self.consumer.poll(0.1)
 
     def poll(self, timeout: float = 0.1) -> int:
