@@ -55,6 +55,7 @@ class VerifyReport:
     events: int = 0
     rejected: int = 0
     snapshots: int = 0
+    purged: int = 0  # finished runs whose snapshot was tombstoned after their retention
     undecodable: int = 0
     seconds: float = 0.0
     differences: list[Difference] = field(default_factory=list)
@@ -69,9 +70,13 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "runs": self.runs, "runs_checked": self.runs_checked, "events": self.events,
-                "rejected": self.rejected, "snapshots": self.snapshots, "undecodable": self.undecodable,
+                "rejected": self.rejected, "snapshots": self.snapshots, "purged": self.purged,
+                "undecodable": self.undecodable,
                 "seconds": round(self.seconds, 3), "events_per_s": round(self.events_per_s, 1),
                 "differences": [asdict(d) for d in self.differences]}
+
+
+_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -87,7 +92,10 @@ def _end_total(reader: PartitionReader, topic: str) -> int:
 
 
 def read_snapshots(reader: PartitionReader, codec: Codec, topic: str, report: VerifyReport,
-                   progress: Progress | None = None, deadline: float | None = None) -> dict[str, _Snap]:
+                   progress: Progress | None = None, deadline: float | None = None,
+                   tombstoned: set[str] | None = None) -> dict[str, _Snap]:
+    """The latest snapshot per run; runs whose latest record is a tombstone (purged after
+    their retention) go to `tombstoned`."""
     decode = codec.decoder("run_state")
     latest: dict[str, _Snap] = {}
     total = _end_total(reader, topic)
@@ -101,6 +109,8 @@ def read_snapshots(reader: PartitionReader, codec: Codec, topic: str, report: Ve
         if msg.value() is None:
             if key is not None:
                 latest.pop(key, None)
+                if tombstoned is not None:
+                    tombstoned.add(key)
             continue
         try:
             snap = decode(msg.value())
@@ -109,6 +119,8 @@ def read_snapshots(reader: PartitionReader, codec: Codec, topic: str, report: Ve
             continue
         own = hashlib.sha256(dump_state(snap["state"])).hexdigest() if isinstance(snap["state"], dict) else ""
         latest[snap["run_id"]] = _Snap(snap["sequence"], snap["state_digest"], snap["status"], own)
+        if tombstoned is not None:
+            tombstoned.discard(snap["run_id"])
         if progress is not None and n % 500 == 0:
             progress(n, total)
     report.snapshots = len(latest)
@@ -125,7 +137,8 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
     deadline = started + timeout_s
     reader = PartitionReader(settings, timeout_s=30.0)
     try:
-        snaps = read_snapshots(reader, codec, topics.run_state, report, snapshot_progress, deadline)
+        tombstoned: set[str] = set()
+        snaps = read_snapshots(reader, codec, topics.run_state, report, snapshot_progress, deadline, tombstoned)
         decode = codec.decoder("run_events")
         states: dict[str, Any] = {}
         last_seq: dict[str, int] = {}
@@ -190,6 +203,9 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
                    detail="the snapshot is beyond the run's last committed event")
         for run_id in states:
             if run_id not in snaps and run_id not in failed:
+                if run_id in tombstoned and run_status(states[run_id]) in _FINISHED:
+                    report.purged += 1  # retention ended: the table forgot it, the events remain
+                    continue
                 differ(run_id, "no_snapshot", actual_digest=state_digest(states[run_id]),
                        folded_sequence=last_seq.get(run_id, 0), detail="events but no run-state snapshot")
         report.runs = len(states)

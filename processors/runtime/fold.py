@@ -41,10 +41,12 @@ class TxnCounters:
     dead: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    purged: int = 0  # finished runs purged after their retention
 
     def clear(self) -> None:
         for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected):
             d.clear()
+        self.purged = 0
 
 
 def _inc(d: dict[str, int], k: str, n: int = 1) -> None:

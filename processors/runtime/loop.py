@@ -354,7 +354,7 @@ class Processor:
         self._consumer.pause(tps)
 
     # ---- transactions ----------------------------------------------------------------------
-    def _produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
         assert self._producer is not None
         try:
             try:
@@ -366,7 +366,7 @@ class Processor:
         except KafkaException as e:
             err: KafkaError = e.args[0]
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                raise RecordTooLarge(f"{topic} record of {len(value)} bytes refused: {err.str()}") from e
+                raise RecordTooLarge(f"{topic} record of {len(value or b'')} bytes refused: {err.str()}") from e
             raise ProduceFailed(err) from e
 
     def _on_event_delivery(self, err: KafkaError | None, msg: Any) -> None:
@@ -429,6 +429,8 @@ class Processor:
             raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
         c = txn.counters
         self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records)
+        if c.purged:
+            self.metrics.runs_purged.inc(c.purged)
         if txn.overlays:
             self._refresh_statuses()
         self._aborts_in_a_row = 0
@@ -715,14 +717,24 @@ class Processor:
         self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
 
     def _purge_finished(self) -> None:
-        """Finished runs past `finished_retention_ms` leave the local store (store.py). Only
-        between transactions: no overlay may hold a run being purged."""
+        """Finished runs past `finished_retention_ms` leave the local store and the run-state
+        table: a transaction of their run-state tombstones, whose commit applies the store
+        deletions (overlay). Only between transactions, so no overlay holds a purged run; an
+        abort leaves them for the next pass."""
         assert self.partitions is not None
         now = _now_ms()
-        for store in self.partitions.ready():
-            purged = store.purge_finished(now)
-            if purged:
-                self.metrics.runs_purged.inc(purged)
+        due = [(store, store.due_purges(now)) for store in self.partitions.ready()]
+        due = [(store, runs) for store, runs in due if runs]
+        if not due:
+            return
+        self._begin()
+        for store, runs in due:
+            ov = self._overlay(store.partition, store)
+            for xkey, run_id, status in runs:
+                self._produce(self.topics.run_state, None, run_id.encode(), partition=store.partition)
+                ov.purge(xkey, run_id, status)
+        self.txn.counters.purged += sum(len(runs) for _, runs in due)
+        self._commit()
 
     def _report_lag(self) -> None:
         self._next_lag = time.monotonic() + _LAG_EVERY_S

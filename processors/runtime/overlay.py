@@ -18,7 +18,7 @@ RunState = dict[str, Any]
 
 
 class PartitionOverlay:
-    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "purges", "states", "stats", "store",
+    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "purged", "purges", "states", "stats", "store",
                  "timer_dels", "timer_puts")
 
     def __init__(self, store: PartitionStore) -> None:
@@ -31,6 +31,7 @@ class PartitionOverlay:
         self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
         self.min_new_due: int | None = None
         self.purges: list[tuple[int, str, str]] = []  # (purge_ms, run_id, status) of runs finished here
+        self.purged: list[tuple[bytes, str, str]] = []  # (x-key, run_id, status) of runs purged here
         self.stats: dict[str, int] = {}
 
     # ---- run states ------------------------------------------------------------------------
@@ -86,13 +87,18 @@ class PartitionOverlay:
     def purge_at(self, run_id: str, purge_ms: int, status: str) -> None:
         self.purges.append((purge_ms, run_id, status))
 
+    def purge(self, xkey: bytes, run_id: str, status: str) -> None:
+        """Remove a finished run whose retention ended (store.due_purges) at this commit."""
+        self.purged.append((xkey, run_id, status))
+        self.count(f"status.{status}", -1)
+
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
 
     # ---- commit ----------------------------------------------------------------------------
     def is_empty(self) -> bool:
         return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats
-                    or self.purges)
+                    or self.purges or self.purged)
 
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -114,4 +120,5 @@ class PartitionOverlay:
         """Write this overlay to the store (only after the transaction committed)."""
         states = {run_id: self.states[run_id] for run_id in self.dumped}
         self.store.write(self.to_batch(), states, self.min_new_due, bool(self.timer_dels),
-                         applied_offset, self.stats, min((p[0] for p in self.purges), default=None))
+                         applied_offset, self.stats, min((p[0] for p in self.purges), default=None),
+                         self.purged)

@@ -189,13 +189,12 @@ class PartitionStore:
         return count
 
     # ---- writes (loop thread) --------------------------------------------------------------
-    def purge_finished(self, now_ms: int, limit: int = 1_000) -> int:
-        """Delete up to `limit` finished runs whose retention ended by `now_ms`: state, event
-        log, timers, and their count in the status stats. Loop thread, outside a transaction
-        (no overlay holds them). Returns how many were purged."""
+    def due_purges(self, now_ms: int, limit: int = 1_000) -> list[tuple[bytes, str, str]]:
+        """Up to `limit` finished runs whose retention ended by `now_ms`, earliest first:
+        (x-key, run_id, final status)."""
         if self.next_purge_ms is None or self.next_purge_ms > now_ms:
-            return 0
-        due: list[tuple[bytes, bytes]] = []
+            return []
+        due: list[tuple[bytes, str, str]] = []
         with self._lock:
             it = self.db.iter()
             it.seek(b"x" + self.next_purge_ms.to_bytes(8, "big"))
@@ -203,14 +202,15 @@ class PartitionStore:
                 key = it.key()
                 if key[:1] != b"x" or due_of(key) > now_ms:
                     break
-                due.append((key, it.value()))
+                due.append((key, key[9:].decode(), it.value().decode()))
                 it.next()
-        batch = WriteBatch(raw_mode=True)
-        for xkey, status in due:
-            run_id = xkey[9:].decode()
-            name = f"status.{status.decode()}"
-            if self.stats.get(name, 0) > 0:
-                self.stats[name] -= 1
+        if not due:
+            self.next_purge_ms = self._first_due(now_ms + 1, b"x")
+        return due
+
+    def _purge_into(self, batch: WriteBatch, purged: list[tuple[bytes, str, str]]) -> None:
+        """Delete purged runs (state, event log, leftover timers), keeping a marker of each id."""
+        for xkey, run_id, status in purged:
             prefix = event_prefix(run_id)
             batch.delete_range(prefix, prefix + b"\xff" * 9)
             with self._lock:
@@ -223,19 +223,15 @@ class PartitionStore:
                     it.next()
             batch.delete(state_key(run_id))
             batch.delete(xkey)
-            batch.put(purged_key(run_id), status)
-            self.cache.pop(run_id, None)
-        if due:
-            batch.put(STATS_KEY, orjson.dumps(self.stats))
-            with self._lock:
-                self.db.write(batch)
-        self.next_purge_ms = self._first_due(due_of(due[-1][0]) if due else now_ms + 1, b"x")
-        return len(due)
+            batch.put(purged_key(run_id), status.encode())
 
     def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
               timers_deleted: bool, applied_offset: int | None, stats: dict[str, int],
-              min_new_purge: int | None = None) -> None:
-        """Apply one committed transaction's changes (`batch` holds every key)."""
+              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str]] | None = None) -> None:
+        """Apply one committed transaction's changes (`batch` holds every key but the
+        deletions of `purged` runs, added here)."""
+        if purged:
+            self._purge_into(batch, purged)
         if applied_offset is not None and applied_offset > self.applied_offset:
             batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
             self.applied_offset = applied_offset
@@ -258,6 +254,10 @@ class PartitionStore:
             self.next_due_ms = self._first_due(self.next_due_ms)
         if min_new_due is not None and (self.next_due_ms is None or min_new_due < self.next_due_ms):
             self.next_due_ms = min_new_due
+        if purged:
+            for _, run_id, _ in purged:
+                self.cache.pop(run_id, None)
+            self.next_purge_ms = self._first_due(due_of(purged[-1][0]), b"x")
         if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
             self.next_purge_ms = min_new_purge
 
