@@ -31,6 +31,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.engine.ids import dispatch_id
+from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, consumer_config, load_settings, transactional_producer_config
@@ -98,7 +99,8 @@ def finished_receipt(step: dict[str, Any], child_run_id: str, event: dict[str, A
 
 class ChildExecutor:
     def __init__(self, kafka: KafkaSettings | None = None, topic_prefix: str | None = None,
-                 instance_id: str = "0", batch: int = 500) -> None:
+                 instance_id: str = "0", batch: int = 500, metrics_port: int | None = None,
+                 metrics_host: str = "0.0.0.0") -> None:
         self.kafka = kafka or load_settings()
         prefix = topic_prefix or self.kafka.topic_prefix
         self.names = TopicNames(prefix)
@@ -107,6 +109,10 @@ class ChildExecutor:
         self.parents: dict[str, dict[str, Any]] = {}  # child_run_id -> parent step
         self.stopping = False
         self.counts = {"started": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
+        self.metrics = ChildExecutorMetrics()
+        self._metrics_at = (metrics_port, metrics_host)
+        self.metrics_port: int | None = None  # bound /metrics port once serving
+        self._tally = ChildBatchTally()  # the open transaction's work
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
         self.producer = Producer(transactional_producer_config(
             self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2))
@@ -118,10 +124,14 @@ class ChildExecutor:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
-        self.producer.init_transactions(30)
-        self.consumer.subscribe([self.names.child_activations, self.names.run_events])
-        log.info("child executor consuming %s, %s", self.names.child_activations, self.names.run_events)
         try:
+            port, host = self._metrics_at
+            if port is not None:
+                self.metrics_port = self.metrics.serve(port, host)
+            self.producer.init_transactions(30)
+            self.consumer.subscribe([self.names.child_activations, self.names.run_events])
+            log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
+                     self.names.run_events, self.metrics_port)
             while not self.stopping:
                 # Block only until the first record, then take what is buffered: consume(n, timeout)
                 # would hold a lone record back until n arrive or the timeout passes (+100 ms a hop).
@@ -134,10 +144,12 @@ class ChildExecutor:
             return 1
         finally:
             self.consumer.close()
+            self.metrics.close()
         return 0
 
     def _transact(self, msgs: list[Message]) -> None:
         finished: list[str] = []
+        tally = self._tally = ChildBatchTally()
         self.producer.begin_transaction()
         try:
             for msg in msgs:
@@ -147,6 +159,7 @@ class ChildExecutor:
                     continue
                 self._handle(msg, finished)
             positions = self._positions(msgs)
+            committing = time.perf_counter()
             self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
             self.producer.commit_transaction(30)
         except KafkaException as exc:
@@ -154,12 +167,14 @@ class ChildExecutor:
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
                 raise
             self.counts["aborts"] += 1
+            self.metrics.aborted()
             log.warning("transaction aborted (%s); rewinding to the committed offsets", err)
             self.producer.abort_transaction(30)
             self._rewind()
             return
         for child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.pop(child, None)
+        self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, len(self.parents))
 
     def _positions(self, msgs: list[Message]) -> list[TopicPartition]:
         last: dict[tuple[str, int], int] = {}
@@ -189,9 +204,11 @@ class ChildExecutor:
         if rtype == "ChildRunActivation":
             self._produce(self.names.commands, "commands", start_command(record, now))
             self.counts["started"] += 1
+            self._tally.activations += 1
         elif rtype == "ChildRunCancel":
             self._produce(self.names.commands, "commands", cancel_command(record, now))
             self.counts["cancelled"] += 1
+            self._tally.cancels += 1
         elif rtype == "RunAccepted" and record.get("parent"):
             self.parents[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
         elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"
@@ -200,12 +217,15 @@ class ChildExecutor:
             step = self.parents.get(child) or parent_step_from_id(child)
             if step is None:
                 return
-            self._produce(self.names.receipts, "receipts", finished_receipt(step, child, record, now))
+            receipt = finished_receipt(step, child, record, now)
+            self._produce(self.names.receipts, "receipts", receipt)
             self.counts["finished"] += 1
+            self._tally.count_finished(receipt["status"])
             finished.append(child)
 
     def _dead_letter(self, msg: Message, error: str) -> None:
         self.counts["dead_letters"] += 1
+        self._tally.dead_letters += 1
         log.error("undecodable child activation at %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), error)
         self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", {
             "record_id": f"{msg.topic()}:{msg.partition()}:{msg.offset()}", "ts_ms": int(time.time() * 1000),

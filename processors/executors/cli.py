@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from processors.executors.sdk import Worker
-from processors.executors.settings import WorkerSettings
+from processors.executors.settings import ChildExecutorSettings, WorkerSettings
 
 
 def load_module(spec: str) -> Any:
@@ -47,12 +47,14 @@ def worker_command(
     allow_host: Annotated[list[str], typer.Option("--allow-host", help="host http.request may call; repeatable")] = [],  # noqa: B006
     config: Annotated[str | None, typer.Option(help="YAML file with WorkerSettings (agents, hosts, ...)")] = None,
     topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_WORKER_METRICS_PORT, else off)")] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
 ) -> None:
     """Run an action worker: consume activations, run handlers, send receipts. SIGTERM drains."""
     _logging(log_level)
     overrides: dict[str, Any] = {"name": name, "concurrency": concurrency, "queues": list(queue) or None,
-                                 "http_allowed_hosts": list(allow_host) or None}
+                                 "http_allowed_hosts": list(allow_host) or None, "metrics_port": metrics_port}
     settings = WorkerSettings.from_file(config, **overrides) if config else WorkerSettings(
         **{k: v for k, v in overrides.items() if v is not None})
     modules = [load_module(m) for m in module]
@@ -69,15 +71,22 @@ def worker_command(
 
 
 def child_executor_command(
-    instance_id: Annotated[str, typer.Option(help="stable id of this instance (transactional id suffix)")] = "0",
+    instance_id: Annotated[str | None, typer.Option(
+        help="stable id of this instance (transactional id suffix; default: RUNFOLD_CHILD_EXECUTOR_INSTANCE_ID, "
+             "else 0)")] = None,
     topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_CHILD_EXECUTOR_METRICS_PORT, else off)")] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
 ) -> None:
     """Run the child-run executor: child activations -> StartRun/CancelRun, child outcomes -> receipts."""
     from processors.executors.child_executor import ChildExecutor
 
     _logging(log_level)
-    raise typer.Exit(ChildExecutor(topic_prefix=topic_prefix, instance_id=instance_id).run())
+    overrides: dict[str, Any] = {"instance_id": instance_id, "metrics_port": metrics_port}
+    s = ChildExecutorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    raise typer.Exit(ChildExecutor(topic_prefix=topic_prefix, instance_id=s.instance_id, batch=s.batch,
+                                   metrics_port=s.metrics_port, metrics_host=s.metrics_host).run())
 
 
 def mount(app: typer.Typer) -> None:

@@ -45,6 +45,7 @@ from processors.executors import receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
+from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver
@@ -61,6 +62,7 @@ REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many second
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
 FLUSH_WHEN_IDLE_S = 0.001  # longest an otherwise idle loop waits in flush() for its receipts' delivery
 LIGHT_LOAD_PER_S = 1000  # activations/s below which an idle loop flushes receipts instead of lingering
+MAX_ACTION_LABELS = 1000  # distinct metric labels for action/agent names; past it: "(other)"
 
 
 def now_ms() -> int:
@@ -80,6 +82,8 @@ class Entry:
     hard_cancel_ms: int | None = None
     delivery_attempts: int = 0
     extra: list[tuple[tuple[str, int], int]] = field(default_factory=list)
+    label: str = ""  # the action's metric label
+    lease_abandoned: bool = False  # past deadline + grace: no more heartbeats
 
 
 class WorkerRunner:
@@ -117,6 +121,10 @@ class WorkerRunner:
         self._consumer_failed: str | None = None  # why the consumer must be replaced (handled in the loop)
         self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
         self._replaced_at = -1e9
+        self.metrics = WorkerMetrics()
+        self.metrics_port: int | None = None  # bound /metrics port once serving
+        self._labels: dict[str, str] = {}  # action or agent name -> metric label
+        self._queue_of = dict(zip(self.topics, self.settings.queues, strict=True))
         self.consumer = self._new_consumer()
         self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id))
 
@@ -127,11 +135,13 @@ class WorkerRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self.request_stop)
-        self._subscribe()
-        log.info("worker %s serving %s (group %s, actions %s)", self.worker_id, self.topics, self.group_id,
-                 self.worker.action_names())
         idle = 0
         try:
+            if self.settings.metrics_port is not None:
+                self.metrics_port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+            self._subscribe()
+            log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
+                     self.group_id, self.worker.action_names(), self.metrics_port)
             while not self.stopping:
                 busy = self._poll()
                 self._check_consumer()
@@ -184,6 +194,7 @@ class WorkerRunner:
                 await asyncio.sleep(0.01)
         self.producer.flush(10)
         self._commit(force=True, synchronous=True)
+        self._flush_metrics()
 
     async def _close(self) -> None:
         for entry in self.running.values():
@@ -199,6 +210,7 @@ class WorkerRunner:
         with contextlib.suppress(Exception):
             self.consumer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
 
     # ------------------------------------------------------------------ consumer (and its replacement)
 
@@ -227,6 +239,7 @@ class WorkerRunner:
         and the new owner of each partition resumes at its committed offset (a settled activation
         coming back is recognised by `finished`; others re-run: at-least-once)."""
         log.warning("worker %s: consumer failed (%s); replacing it", self.worker_id, reason)
+        self.metrics.count("consumer_replacements")
         self._consumer_failed = None
         self._replaced_at = time.monotonic()
         self.tracker.forget(self.tracker.partitions())
@@ -299,11 +312,30 @@ class WorkerRunner:
         existing = self.running.get(dispatch) or self.backlog.get(dispatch)
         if existing is not None:  # redelivered while still running: settle both together
             existing.extra.append((tp, offset))
+            self.metrics.count("redeliveries", "in_progress")
         elif dispatch in self.finished:  # settled before a crash/rebalance lost the commit
             self.tracker.done(tp, offset)
+            self.metrics.count("redeliveries", "settled")
         else:
             self.counts["activations"] += 1
-            self.backlog[dispatch] = Entry(record, tp, [offset])
+            label = self._label(record)
+            self.metrics.count_activation(self._queue_of.get(tp[0], ""), label)
+            self.backlog[dispatch] = Entry(record, tp, [offset], label=label)
+
+    def _label(self, act: dict[str, Any]) -> str:
+        """The metric label of an activation's action: its name if registered here, `agent:<name>`
+        for agent steps, "(unknown)" otherwise (activations must not grow the label set unboundedly)."""
+        if act.get("kind") == "agent":
+            name = f"agent:{(act.get('agent') or {}).get('agent') or ''}"
+        else:
+            name = act.get("action") or ""
+        label = self._labels.get(name)
+        if label is None:
+            if len(self._labels) >= MAX_ACTION_LABELS:
+                return "(other)"
+            known = name.startswith("agent:") or self.worker.lookup(name) is not None
+            label = self._labels[name] = name if known else "(unknown)"
+        return label
 
     def _on_cancel(self, record: dict[str, Any]) -> None:
         dispatch, reason = record["dispatch_id"], record.get("reason") or "cancelled"
@@ -318,6 +350,7 @@ class WorkerRunner:
 
     def _dead_letter(self, msg: Message, tp: tuple[str, int], offset: int, error: str) -> None:
         self.counts["dead_letters"] += 1
+        self.metrics.count("dead_letters")
         log.error("undecodable activation at %s[%d]@%d: %s", tp[0], tp[1], offset, error)
         body = {
             "record_id": f"{tp[0]}:{tp[1]}:{offset}", "ts_ms": now_ms(), "source_topic": tp[0],
@@ -379,6 +412,7 @@ class WorkerRunner:
     async def _run_handler(self, entry: Entry, action: Action | None) -> None:
         ctx = entry.ctx
         assert ctx is not None and self._loop is not None
+        started = time.perf_counter()
         try:
             if action is None:
                 output = await run_agent(ctx, entry.activation["agent"], self.router)
@@ -391,6 +425,7 @@ class WorkerRunner:
             receipt = receipts.terminal_receipt(ctx, error=ActionError("Cancelled", "handler task cancelled", True))
         except Exception as exc:
             receipt = receipts.terminal_receipt(ctx, error=exc)
+        self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1
         self._send_terminal(entry, receipt)
@@ -399,6 +434,7 @@ class WorkerRunner:
         if entry.ctx is None or entry.ctx.is_cancelled:
             return
         entry.ctx.signal_cancel(reason, kind)
+        self.metrics.count("cancel_signals", kind)
         if entry.is_async and entry.task is not None:
             entry.hard_cancel_ms = now_ms() + self.settings.cancel_grace_ms
 
@@ -425,6 +461,7 @@ class WorkerRunner:
         self._light_load = self._tick_records < LIGHT_LOAD_PER_S * (mono - self._last_tick)
         self._tick_records = 0
         self._last_tick = mono
+        self._flush_metrics()
         now = now_ms()
         grace = self.settings.cancel_grace_ms
         for entry in list(self.running.values()):
@@ -437,14 +474,22 @@ class WorkerRunner:
                 entry.hard_cancel_ms = None
                 entry.task.cancel()
             # Past deadline + grace a stuck handler stops renewing its lease: the processor takes over.
-            if now >= entry.next_heartbeat_ms and (deadline is None or now < deadline + grace):
+            if deadline is not None and now >= deadline + grace:
+                if not entry.lease_abandoned:
+                    entry.lease_abandoned = True
+                    self.metrics.count("leases_abandoned")
+            elif now >= entry.next_heartbeat_ms:
                 self._heartbeat(entry, now)
+
+    def _flush_metrics(self) -> None:
+        self.metrics.flush(self.executing, len(self.backlog), self.paused)
 
     # ------------------------------------------------------------------ receipts and offsets
 
     def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None) -> None:
         payload = self.encode_receipt(receipt)
         key = activation["run_id"].encode()
+        self.metrics.count_receipt(receipt["type"])
         while True:
             try:
                 self.producer.produce(self.names.receipts, payload, key=key, on_delivery=on_delivery)
@@ -455,6 +500,7 @@ class WorkerRunner:
     def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
         kind = receipt["type"]
         self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
+        self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
         entry.delivery_attempts += 1
         self.unacked += 1
         self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
@@ -464,12 +510,14 @@ class WorkerRunner:
         if err is not None:
             if entry.delivery_attempts < 3 and not err.fatal():
                 log.warning("receipt %s not delivered (%s); retrying", receipt["type"], err)
+                self.metrics.count("receipt_errors", "retried")
                 entry.delivery_attempts += 1
                 self.unacked += 1
                 self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
                 return
             # The processor's lease expiry retries the step; holding the offset would stall the partition.
             log.error("receipt %s for %s lost (%s)", receipt["type"], receipt["dispatch_id"], err)
+            self.metrics.count("receipt_errors", "lost")
         dispatch = entry.activation["dispatch_id"]
         self.running.pop(dispatch, None)
         self.finished[dispatch] = None
@@ -493,6 +541,10 @@ class WorkerRunner:
             self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
         except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
             log.warning("offset commit failed: %s", exc)
+            self.metrics.count("offset_commits", "failed")
+            return
+        self.metrics.count("offset_commits", "requested")
+        self.metrics.count("offsets_committed", n=len(offsets))
 
     def _backpressure(self) -> None:
         """Pause the partitions after admission has been full for PAUSE_AFTER_S; resume below it.

@@ -1,5 +1,6 @@
-"""Worker configuration (pydantic; env prefix `RUNFOLD_WORKER_`). Kafka connection settings
-live in `topology.settings.KafkaSettings`; these are the executor's own knobs."""
+"""Executor configuration (pydantic; env prefix `RUNFOLD_WORKER_` for workers,
+`RUNFOLD_CHILD_EXECUTOR_` for the child-run executor). Kafka connection settings live in
+`topology.settings.KafkaSettings`; these are the executors' own knobs."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class WorkerSettings(BaseSettings):
     http_timeout_s: float = Field(default=30.0, gt=0)
     http_max_response_bytes: int = Field(default=1_000_000, ge=1)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
+    metrics_host: str = "0.0.0.0"
 
     def group_id(self, prefix: str) -> str:
         """One consumer group per (sorted) queue set: workers serving the same queues share work."""
@@ -69,3 +72,14 @@ class WorkerSettings(BaseSettings):
             data = yaml.safe_load(fh) or {}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
+
+
+class ChildExecutorSettings(BaseSettings):
+    """The child-run executor's knobs (env prefix `RUNFOLD_CHILD_EXECUTOR_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNFOLD_CHILD_EXECUTOR_", extra="ignore")
+
+    instance_id: str = "0"  # stable per instance: the suffix of its transactional id
+    batch: int = Field(default=500, ge=1)  # records per poll, i.e. per transaction at most
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
+    metrics_host: str = "0.0.0.0"
