@@ -29,6 +29,8 @@ def processor(
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0 = ephemeral).")] = None,
     query_port: Annotated[int | None, typer.Option(help="Run query HTTP port (0 = ephemeral).")] = None,
     log_level: Annotated[str | None, typer.Option(help="Log level (INFO, DEBUG, ...).")] = None,
+    finished_retention_ms: Annotated[int | None, typer.Option(
+        help="How long a finished run stays in the local store (0 = forever; default 7 days).")] = None,
 ) -> None:
     """Run the run processor: fold commands and receipts into run state, exactly once."""
     stop = threading.Event()
@@ -46,7 +48,8 @@ def processor(
     settings = load_processor_settings(
         bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, instance_id=instance_id,
         group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
-        metrics_port=metrics_port, query_port=query_port, log_level=log_level)
+        metrics_port=metrics_port, query_port=query_port, log_level=log_level,
+        finished_retention_ms=finished_retention_ms)
     logs.configure(settings.log_level)
     tune_gc()
     code = Processor(settings, stop=stop).run()
