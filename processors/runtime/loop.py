@@ -116,7 +116,13 @@ class Processor:
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
         self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
-        self._producer: Producer | None = None
+        # Two transactional producers, used in turn: a transaction begun right after the previous
+        # one's EndTxn on the same transactional id finds the coordinator still writing its
+        # markers, and librdkafka retries AddPartitionsToTxn after a fixed 20 ms (9-25 % of
+        # transactions, docs/runtime.md). The other id's last transaction ended a whole commit
+        # earlier. Strictly one transaction at a time: N is committed before N+1 begins.
+        self._producers: list[Producer | None] = [None, None]
+        self._slot = 0  # index of the producer of the current / next transaction
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -166,7 +172,7 @@ class Processor:
                                                    "transactional_id": s.transactional_id})
         self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
-        self._producer = self._new_producer()
+        self._producers = [self._new_producer(0), self._new_producer(1)]
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
@@ -184,13 +190,25 @@ class Processor:
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
 
-    def _new_producer(self) -> Producer:
+    @property
+    def _producer(self) -> Producer | None:
+        return self._producers[self._slot]
+
+    @_producer.setter
+    def _producer(self, producer: Producer | None) -> None:
+        self._producers[self._slot] = producer
+
+    def _next_producer(self) -> None:
+        """After a commit or an abort: the next transaction uses the other producer."""
+        self._slot ^= 1
+
+    def _new_producer(self, slot: int) -> Producer:
         s = self.settings
-        producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
+        producer = Producer({**s.producer_config(slot), "error_cb": self._on_client_error})
         try:
             producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
         except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
+            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
                                                f"{e.args[0].str()}") from e
         return producer
 
@@ -229,8 +247,10 @@ class Processor:
         if self.partitions is not None:
             self.partitions.close_all()
             self.partitions.close_readers()
-        if self._producer is not None and self._fatal is None:
-            self._producer.flush(5)
+        if self._fatal is None:
+            for producer in self._producers:
+                if producer is not None:
+                    producer.flush(5)
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -438,6 +458,7 @@ class Processor:
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
         txn.reset()
+        self._next_producer()
 
     def _commit_transaction(self, producer: Producer) -> None:
         for attempt in range(5):
@@ -536,7 +557,7 @@ class Processor:
         if old is not None:
             with contextlib.suppress(Exception):
                 old.purge()
-        self._producer = self._new_producer()
+        self._producer = self._new_producer(self._slot)
         self._producer_renewed = True
         self.txn.open = False  # it went with the old producer; txn.start still rewinds the input
 
@@ -562,6 +583,7 @@ class Processor:
         self.log.warning("transaction aborted", extra={
             "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
         txn.reset()
+        self._next_producer()
         # Back off when something keeps failing (broker down, topic deleted): no tight loop.
         self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
 

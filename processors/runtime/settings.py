@@ -51,7 +51,8 @@ class _ProcessorFileSource(PydanticBaseSettingsSource):
 
 class ProcessorSettings(KafkaSettings):
     group_id: str = ""  # default "<topic_prefix>-processor"
-    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    # No "~": it separates the instance's second transactional id (`transactional_ids`).
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200, pattern=r"^[^~]+$")
     state_dir: Path = Path(".runfold/state")
     batch_size: int = Field(default=500, ge=1, le=100_000)
     # Longest a transaction stays open while input keeps arriving; it commits earlier
@@ -100,6 +101,12 @@ class ProcessorSettings(KafkaSettings):
         return f"{self.topic_prefix}-processor-{self.instance_id}"
 
     @property
+    def transactional_ids(self) -> tuple[str, str]:
+        """The two transactional producers of this instance, used in turn (loop.py): the first
+        is `transactional_id`, so an instance of an older version with one producer is fenced."""
+        return self.transactional_id, f"{self.transactional_id}~1"
+
+    @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
 
@@ -127,9 +134,9 @@ class ProcessorSettings(KafkaSettings):
             enable_partition_eof=True,
         )
 
-    def producer_config(self) -> dict[str, Any]:
+    def producer_config(self, slot: int = 0) -> dict[str, Any]:
         return transactional_producer_config(
-            self, self.transactional_id,
+            self, self.transactional_ids[slot],
             transaction_timeout_ms=self.transaction_timeout_ms,
             partitioner=PARTITIONER,
             # commit_transaction flushes, and a flush ignores linger (librdkafka#3489), so a
