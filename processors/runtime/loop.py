@@ -481,6 +481,17 @@ class Processor:
 
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
+        if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
+                and self._session_lost_recently()):
+            # The offsets' group metadata names a member id the coordinator replaced while we
+            # rejoined after our own session loss (librdkafka#3437): our consumer is stale, not
+            # fenced by another instance. Abort (a producer another instance fenced fails right
+            # there and stops us) and rejoin with a new consumer.
+            self.log.warning("offsets refused: stale group membership after a session loss; "
+                             "aborting and replacing the consumer", extra={"error": err.str()})
+            self._abort(f"{stage}: {err.str()}")
+            self._consumer_failed = err
+            return
         if err.code() in _FENCED_CODES and (self._producer_renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
                 f"fenced at {stage}: another processor with transactional.id "
@@ -686,12 +697,11 @@ class Processor:
         processor runs with our instance id, or the consumer failed for another reason: stop.
         A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
         self._consumer_failed = None
-        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        stuck = not err.fatal() and err.code() != KafkaError._FATAL  # no offsets fetched, or no assignment
-        if stuck:
+        stuck = (not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID))
+        if stuck:  # no offsets fetched, or no assignment
             # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
             self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
-        elif time.monotonic() - self._session_lost_at > window:
+        elif not self._session_lost_recently():
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(EXIT_FENCED, (
                     f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
@@ -715,6 +725,12 @@ class Processor:
         threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
                          daemon=True).start()
         self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
+
+    def _session_lost_recently(self) -> bool:
+        """Our own session loss (on_lost) happened within the window where a FENCED_INSTANCE_ID is
+        our stale membership rather than another instance with our id; one replacement per loss."""
+        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
+        return time.monotonic() - self._session_lost_at <= window
 
     def _check_membership(self) -> None:
         """A consumer that gets no assignment (not even an empty one) long after subscribing or
