@@ -116,13 +116,7 @@ class Processor:
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
         self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
-        # Two transactional producers, used in turn: a transaction begun right after the previous
-        # one's EndTxn on the same transactional id finds the coordinator still writing its
-        # markers, and librdkafka retries AddPartitionsToTxn after a fixed 20 ms (9-25 % of
-        # transactions, docs/runtime.md). The other id's last transaction ended a whole commit
-        # earlier. Strictly one transaction at a time: N is committed before N+1 begins.
-        self._producers: list[Producer | None] = [None, None]
-        self._slot = 0  # index of the producer of the current / next transaction
+        self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -172,7 +166,7 @@ class Processor:
                                                    "transactional_id": s.transactional_id})
         self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
-        self._producers = [self._new_producer(0), self._new_producer(1)]
+        self._producer = self._new_producer()
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
@@ -190,25 +184,13 @@ class Processor:
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
 
-    @property
-    def _producer(self) -> Producer | None:
-        return self._producers[self._slot]
-
-    @_producer.setter
-    def _producer(self, producer: Producer | None) -> None:
-        self._producers[self._slot] = producer
-
-    def _next_producer(self) -> None:
-        """After a commit or an abort: the next transaction uses the other producer."""
-        self._slot ^= 1
-
-    def _new_producer(self, slot: int) -> Producer:
+    def _new_producer(self) -> Producer:
         s = self.settings
-        producer = Producer({**s.producer_config(slot), "error_cb": self._on_client_error})
+        producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
         try:
             producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
         except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
+            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
                                                f"{e.args[0].str()}") from e
         return producer
 
@@ -247,10 +229,8 @@ class Processor:
         if self.partitions is not None:
             self.partitions.close_all()
             self.partitions.close_readers()
-        if self._fatal is None:
-            for producer in self._producers:
-                if producer is not None:
-                    producer.flush(5)
+        if self._producer is not None and self._fatal is None:
+            self._producer.flush(5)
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -458,7 +438,6 @@ class Processor:
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
         txn.reset()
-        self._next_producer()
 
     def _commit_transaction(self, producer: Producer) -> None:
         for attempt in range(5):
@@ -481,17 +460,6 @@ class Processor:
 
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
-        if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
-                and self._session_lost_recently()):
-            # The offsets' group metadata names a member id the coordinator replaced while we
-            # rejoined after our own session loss (librdkafka#3437): our consumer is stale, not
-            # fenced by another instance. Abort (a producer another instance fenced fails right
-            # there and stops us) and rejoin with a new consumer.
-            self.log.warning("offsets refused: stale group membership after a session loss; "
-                             "aborting and replacing the consumer", extra={"error": err.str()})
-            self._abort(f"{stage}: {err.str()}")
-            self._consumer_failed = err
-            return
         if err.code() in _FENCED_CODES and (self._producer_renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
                 f"fenced at {stage}: another processor with transactional.id "
@@ -568,7 +536,7 @@ class Processor:
         if old is not None:
             with contextlib.suppress(Exception):
                 old.purge()
-        self._producer = self._new_producer(self._slot)
+        self._producer = self._new_producer()
         self._producer_renewed = True
         self.txn.open = False  # it went with the old producer; txn.start still rewinds the input
 
@@ -594,7 +562,6 @@ class Processor:
         self.log.warning("transaction aborted", extra={
             "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
         txn.reset()
-        self._next_producer()
         # Back off when something keeps failing (broker down, topic deleted): no tight loop.
         self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
 
@@ -697,11 +664,12 @@ class Processor:
         processor runs with our instance id, or the consumer failed for another reason: stop.
         A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
         self._consumer_failed = None
-        stuck = (not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID))
-        if stuck:  # no offsets fetched, or no assignment
+        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
+        stuck = not err.fatal() and err.code() != KafkaError._FATAL  # no offsets fetched, or no assignment
+        if stuck:
             # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
             self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
-        elif not self._session_lost_recently():
+        elif time.monotonic() - self._session_lost_at > window:
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(EXIT_FENCED, (
                     f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
@@ -725,12 +693,6 @@ class Processor:
         threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
                          daemon=True).start()
         self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
-
-    def _session_lost_recently(self) -> bool:
-        """Our own session loss (on_lost) happened within the window where a FENCED_INSTANCE_ID is
-        our stale membership rather than another instance with our id; one replacement per loss."""
-        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        return time.monotonic() - self._session_lost_at <= window
 
     def _check_membership(self) -> None:
         """A consumer that gets no assignment (not even an empty one) long after subscribing or

@@ -51,8 +51,7 @@ class _ProcessorFileSource(PydanticBaseSettingsSource):
 
 class ProcessorSettings(KafkaSettings):
     group_id: str = ""  # default "<topic_prefix>-processor"
-    # No "~": it separates the instance's second transactional id (`transactional_ids`).
-    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200, pattern=r"^[^~]+$")
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
     state_dir: Path = Path(".runfold/state")
     batch_size: int = Field(default=500, ge=1, le=100_000)
     # Longest a transaction stays open while input keeps arriving; it commits earlier
@@ -101,12 +100,6 @@ class ProcessorSettings(KafkaSettings):
         return f"{self.topic_prefix}-processor-{self.instance_id}"
 
     @property
-    def transactional_ids(self) -> tuple[str, str]:
-        """The two transactional producers of this instance, used in turn (loop.py): the first
-        is `transactional_id`, so an instance of an older version with one producer is fenced."""
-        return self.transactional_id, f"{self.transactional_id}~1"
-
-    @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
 
@@ -134,9 +127,9 @@ class ProcessorSettings(KafkaSettings):
             enable_partition_eof=True,
         )
 
-    def producer_config(self, slot: int = 0) -> dict[str, Any]:
+    def producer_config(self) -> dict[str, Any]:
         return transactional_producer_config(
-            self, self.transactional_ids[slot],
+            self, self.transactional_id,
             transaction_timeout_ms=self.transaction_timeout_ms,
             partitioner=PARTITIONER,
             # commit_transaction flushes, and a flush ignores linger (librdkafka#3489), so a
