@@ -12,15 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from processors.metrics_endpoint import MetricsEndpoint
 
 _HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -32,33 +26,7 @@ def _bump(tally: dict[Any, int], key: Any, n: int = 1) -> None:
     tally[key] = tally.get(key, 0) + n
 
 
-class _Served:
-    """The /metrics HTTP endpoint of one registry."""
-
-    registry: CollectorRegistry
-
-    def _new_registry(self, registry: CollectorRegistry | None) -> CollectorRegistry:
-        r = registry or CollectorRegistry()
-        # The process's CPU, memory and GC next to the loop's own figures (same scrape).
-        r.register(PROCESS_COLLECTOR)
-        r.register(GC_COLLECTOR)
-        self._server: Any = None
-        return r
-
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Start the /metrics endpoint; returns the bound port (port 0 = ephemeral)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = server
-        return int(server.server_address[1])
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-class WorkerMetrics(_Served):
+class WorkerMetrics(MetricsEndpoint):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = self._new_registry(registry)
         self.activations = Counter("runfold_worker_activations", "Activations received (first delivery)",
@@ -162,7 +130,7 @@ class ChildBatchTally:
         _bump(self.finished, status)
 
 
-class ChildExecutorMetrics(_Served):
+class ChildExecutorMetrics(MetricsEndpoint):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = self._new_registry(registry)
         self.activations = Counter("runfold_child_executor_activations", "ChildRunActivation records handled",

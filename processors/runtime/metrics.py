@@ -6,28 +6,17 @@ The hot loop never touches a metric per record: it counts into plain dicts and
 
 from __future__ import annotations
 
-from typing import Any
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    start_http_server,
-)
+from processors.metrics_endpoint import MetricsEndpoint
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
 
 
-class ProcessorMetrics:
+class ProcessorMetrics(MetricsEndpoint):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
-        # The process's CPU, memory and GC next to the loop's own figures (same scrape).
-        r.register(PROCESS_COLLECTOR)
-        r.register(GC_COLLECTOR)
+        r = self.registry = self._new_registry(registry)
         self.records_in = Counter("runfold_processor_records_in", "Input records consumed", ["topic"], registry=r)
         self.records_out = Counter("runfold_processor_records_out", "Records produced", ["topic"], registry=r)
         self.transactions = Counter("runfold_processor_transactions", "Kafka transactions", ["outcome"],
@@ -67,7 +56,6 @@ class ProcessorMetrics:
         self.definition_errors = Counter("runfold_processor_definition_errors",
                                          "Definition records that failed validation", registry=r)
         self._status_counts: dict[str, int] = {}
-        self._server: Any = None
 
     def flush_batch(self, records_in: dict[str, int], records_out: dict[str, int],
                     dead: dict[str, int], dropped: dict[str, int], rejected: dict[str, int],
@@ -93,15 +81,3 @@ class ProcessorMetrics:
                     totals[name[7:]] = totals.get(name[7:], 0) + value
         for status in ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled"):
             self.runs_by_status.labels(status).set(totals.get(status, 0))
-
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Start the /metrics HTTP endpoint; returns the bound port (port 0 = ephemeral)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = server
-        return int(server.server_address[1])
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
