@@ -1,7 +1,8 @@
 """`runfold processor`: run one processor instance until SIGTERM/SIGINT.
 
 Exit codes: 0 stopped cleanly (signal), 2 fatal error (bad topology, Kafka fatal error,
-store failure), 3 fenced (another processor started with the same instance id).
+store failure), 3 fenced (another processor started with the same instance id), 4 the loop
+stalled for stall_timeout_ms (stuck in a Kafka client call; logged with its stack).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def processor(
         finished_retention_ms=finished_retention_ms)
     logs.configure(settings.log_level)
     tune_gc()
-    code = Processor(settings, stop=stop).run()
+    code = Processor(settings, stop=stop, exit_on_stall=True).run()
     raise typer.Exit(code)
 
 

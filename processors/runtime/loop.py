@@ -15,6 +15,9 @@ ends the loop with a non-zero exit code and a message saying why.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,11 +34,13 @@ from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.timers import TimerFirer
+from processors.runtime.watchdog import Watchdog
 from schemas import Codec
 
 EXIT_OK = 0
 EXIT_FATAL = 2
 EXIT_FENCED = 3
+EXIT_STALLED = 4
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
 _KAFKA_TIMEOUT_S = 30.0
@@ -91,7 +96,10 @@ def _now_ms() -> int:
 
 class Processor:
     def __init__(self, settings: ProcessorSettings, stop: threading.Event | None = None,
-                 ceilings: Ceilings | None = None, codec: Codec | None = None) -> None:
+                 ceilings: Ceilings | None = None, codec: Codec | None = None,
+                 exit_on_stall: bool = False) -> None:
+        """`exit_on_stall`: a loop stuck for `stall_timeout_ms` ends the process (the CLI's
+        choice: its supervisor restarts it); otherwise the stall is only logged."""
         self.settings = settings
         self.stop_event = stop or threading.Event()
         self.log = logs.get_logger()
@@ -116,7 +124,14 @@ class Processor:
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
         self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
-        self._producer: Producer | None = None
+        # Two transactional producers, used in turn: a transaction begun right after the previous
+        # one's EndTxn on the same transactional id finds the coordinator still writing its
+        # markers, and librdkafka retries AddPartitionsToTxn after a fixed 20 ms (9-25 % of
+        # transactions, docs/runtime.md). The other id's last transaction ended a whole commit
+        # earlier. Strictly one transaction at a time: N is committed before N+1 begins.
+        self._producers: list[Producer | None] = [None, None]
+        self._slot = 0  # index of the producer of the current / next transaction
+        self._producer_failed: list[KafkaError | None] = [None, None]  # a fatal error_cb, per slot
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -130,14 +145,21 @@ class Processor:
                              settings.finished_retention_ms)
         self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
                                  settings.timers_per_transaction)
+        self._exit_on_stall = exit_on_stall
+        self.watchdog = Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall) \
+            if settings.stall_timeout_ms else None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
         """Run until `stop_event` is set; returns the process exit code."""
         code = EXIT_OK
         try:
+            if self.watchdog is not None:
+                self.watchdog.start()
             self._start()
             while not self.stop_event.is_set():
+                if self.watchdog is not None:
+                    self.watchdog.beat()
                 self._iterate()
                 if self._fatal is not None:
                     raise self._fatal
@@ -155,6 +177,8 @@ class Processor:
             self.log.exception("processor crashed", extra={"exit_code": code})
         finally:
             self._shutdown()
+            if self.watchdog is not None:
+                self.watchdog.stop()
         return code
 
     def stop(self) -> None:
@@ -166,7 +190,7 @@ class Processor:
                                                    "transactional_id": s.transactional_id})
         self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
-        self._producer = self._new_producer()
+        self._producers = [self._new_producer(0), self._new_producer(1)]
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
@@ -184,13 +208,26 @@ class Processor:
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
 
-    def _new_producer(self) -> Producer:
+    @property
+    def _producer(self) -> Producer | None:
+        return self._producers[self._slot]
+
+    @_producer.setter
+    def _producer(self, producer: Producer | None) -> None:
+        self._producers[self._slot] = producer
+
+    def _next_producer(self) -> None:
+        """After a commit or an abort: the next transaction uses the other producer."""
+        self._slot ^= 1
+
+    def _new_producer(self, slot: int) -> Producer:
         s = self.settings
-        producer = Producer({**s.producer_config(), "error_cb": self._on_client_error})
+        producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self._on_producer_error, slot)})
         try:
-            producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
+            with self._bounded("init_transactions"):
+                producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
         except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_id}: "
+            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
                                                f"{e.args[0].str()}") from e
         return producer
 
@@ -229,8 +266,10 @@ class Processor:
         if self.partitions is not None:
             self.partitions.close_all()
             self.partitions.close_readers()
-        if self._producer is not None and self._fatal is None:
-            self._producer.flush(5)
+        if self._fatal is None:
+            for producer in self._producers:
+                if producer is not None:
+                    producer.flush(5)
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -382,8 +421,18 @@ class Processor:
         if txn.open:
             return
         assert self._producer is not None
+        # Serve this producer's error callbacks first: it sat idle through the other's whole
+        # transaction, and begin_transaction on a producer already failed fatally can block
+        # for good (librdkafka#4420).
+        self._producer.poll(0)
+        failed = self._producer_failed[self._slot]
+        if failed is not None:
+            if self._producer_renewed:  # the other one was just replaced too: not a one-off, stop
+                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
+            self._renew_producer(failed, "begin (failed while idle)")
         try:
-            self._producer.begin_transaction()
+            with self._bounded("begin_transaction"):
+                self._producer.begin_transaction()
         except KafkaException as e:  # only fatal or state errors can happen here
             err: KafkaError = e.args[0]
             if err.fatal() and err.code() not in _FENCED_CODES and not self._producer_renewed:
@@ -404,9 +453,11 @@ class Processor:
                 self.folder.snapshots(ov, p, txn.counters)
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
-                producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
-                                                     _KAFKA_TIMEOUT_S)
-            self._commit_transaction(producer)
+                with self._bounded("send_offsets_to_transaction"):
+                    producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
+                                                         _KAFKA_TIMEOUT_S)
+            with self._bounded("commit_transaction"):
+                self._commit_transaction(producer)
         except KafkaException as e:
             self._txn_failed(e, "commit")
             return
@@ -438,17 +489,27 @@ class Processor:
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
         txn.reset()
+        self._next_producer()
+
+    def _bounded(self, call: str) -> contextlib.AbstractContextManager[None]:
+        """A transactional call, watched against its timeout (watchdog.py)."""
+        return self.watchdog.call(call, _KAFKA_TIMEOUT_S) if self.watchdog is not None else contextlib.nullcontext()
 
     def _commit_transaction(self, producer: Producer) -> None:
-        for attempt in range(5):
+        """A retriable failure (e.g. a timeout while the coordinator moves) is retried within one
+        `_KAFKA_TIMEOUT_S` in all: a commit still pending by then goes to `_txn_failed` (abort)."""
+        deadline = time.monotonic() + _KAFKA_TIMEOUT_S
+        while True:
             try:
-                producer.commit_transaction(_KAFKA_TIMEOUT_S)
+                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
                 return
             except KafkaException as e:
                 err = e.args[0]
-                if err.retriable() and not err.txn_requires_abort() and not err.fatal() and attempt < 4:
-                    continue
-                raise
+                if (not err.retriable() or err.txn_requires_abort() or err.fatal()
+                        or time.monotonic() >= deadline):
+                    raise
+                self.log.warning("commit_transaction failed, retrying", extra={"error": err.str()})
+                time.sleep(0.05)
 
     def _txn_timed_out(self) -> bool:
         """The open transaction began longer than transaction_timeout_ms ago (this process was
@@ -460,6 +521,17 @@ class Processor:
 
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
+        if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
+                and self._session_lost_recently()):
+            # The offsets' group metadata names a member id the coordinator replaced while we
+            # rejoined after our own session loss (librdkafka#3437): our consumer is stale, not
+            # fenced by another instance. Abort (a producer another instance fenced fails right
+            # there and stops us) and rejoin with a new consumer.
+            self.log.warning("offsets refused: stale group membership after a session loss; "
+                             "aborting and replacing the consumer", extra={"error": err.str()})
+            self._abort(f"{stage}: {err.str()}")
+            self._consumer_failed = err
+            return
         if err.code() in _FENCED_CODES and (self._producer_renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
                 f"fenced at {stage}: another processor with transactional.id "
@@ -485,7 +557,8 @@ class Processor:
         if err.code() == KafkaError._STATE and self.txn.open:
             assert self._producer is not None
             try:
-                self._producer.commit_transaction(_KAFKA_TIMEOUT_S)
+                with self._bounded("commit_transaction"):
+                    self._producer.commit_transaction(_KAFKA_TIMEOUT_S)
             except KafkaException as e:
                 self._txn_failed(e, stage)
                 return
@@ -530,13 +603,14 @@ class Processor:
         aborts what is left) carries on; the caller rewinds the input like any abort. At most
         once between two commits."""
         self.log.warning("transactional producer failed fatally; replacing it", extra={
-            "stage": stage, "error": err.str(), "transactional_id": self.settings.transactional_id})
+            "stage": stage, "error": err.str(), "transactional_id": self.settings.transactional_ids[self._slot]})
         old = self._producer
         self._producer = None
         if old is not None:
             with contextlib.suppress(Exception):
                 old.purge()
-        self._producer = self._new_producer()
+        self._producer = self._new_producer(self._slot)
+        self._producer_failed[self._slot] = None
         self._producer_renewed = True
         self.txn.open = False  # it went with the old producer; txn.start still rewinds the input
 
@@ -546,7 +620,8 @@ class Processor:
         assert producer is not None and consumer is not None
         if txn.open:
             try:
-                producer.abort_transaction(_KAFKA_TIMEOUT_S)
+                with self._bounded("abort_transaction"):
+                    producer.abort_transaction(_KAFKA_TIMEOUT_S)
             except KafkaException as e:
                 err = e.args[0]
                 if err.code() in _FENCED_CODES or err.fatal():
@@ -562,6 +637,7 @@ class Processor:
         self.log.warning("transaction aborted", extra={
             "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
         txn.reset()
+        self._next_producer()
         # Back off when something keeps failing (broker down, topic deleted): no tight loop.
         self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
 
@@ -625,6 +701,21 @@ class Processor:
         self.log.warning("partitions lost", extra={"partitions": lost})
 
     # ---- errors and lag --------------------------------------------------------------------
+    def _on_stall(self, stalled_s: float, stack: str) -> None:
+        """Watchdog thread: the loop has not begun an iteration for `stall_timeout_ms`."""
+        self.metrics.loop_stalls.inc()
+        self.log.error("processor loop stalled" + ("; exiting so that it is restarted" if self._exit_on_stall
+                                                   else ""),
+                       extra={"stalled_s": round(stalled_s, 1), "exit_code": EXIT_STALLED, "stack": stack})
+        if self._exit_on_stall:
+            logging.shutdown()  # flush the handlers: the loop thread holds no lock we need
+            os._exit(EXIT_STALLED)  # the stuck call cannot be interrupted; uncommitted work is redone
+
+    def _on_producer_error(self, slot: int, err: KafkaError) -> None:
+        if err.fatal() and err.code() not in _FENCED_CODES:
+            self._producer_failed[slot] = err
+        self._on_client_error(err)
+
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
             if err.code() in _FENCED_CODES and not self._txn_timed_out():
@@ -664,12 +755,11 @@ class Processor:
         processor runs with our instance id, or the consumer failed for another reason: stop.
         A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
         self._consumer_failed = None
-        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        stuck = not err.fatal() and err.code() != KafkaError._FATAL  # no offsets fetched, or no assignment
-        if stuck:
+        stuck = (not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID))
+        if stuck:  # no offsets fetched, or no assignment
             # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
             self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
-        elif time.monotonic() - self._session_lost_at > window:
+        elif not self._session_lost_recently():
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(EXIT_FENCED, (
                     f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
@@ -693,6 +783,12 @@ class Processor:
         threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
                          daemon=True).start()
         self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
+
+    def _session_lost_recently(self) -> bool:
+        """Our own session loss (on_lost) happened within the window where a FENCED_INSTANCE_ID is
+        our stale membership rather than another instance with our id; one replacement per loss."""
+        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
+        return time.monotonic() - self._session_lost_at <= window
 
     def _check_membership(self) -> None:
         """A consumer that gets no assignment (not even an empty one) long after subscribing or

@@ -26,6 +26,8 @@ class ProcessorMetrics(MetricsEndpoint):
                                         registry=r)
         self.batch_size = Histogram("runfold_processor_batch_records", "Input records per transaction",
                                     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
+        self.loop_stalls = Counter("runfold_processor_loop_stalls",
+                                   "Times the loop began no iteration for stall_timeout_ms (watchdog)", registry=r)
         self.runs_purged = Counter("runfold_processor_runs_purged",
                                    "Finished runs purged from the local store after finished_retention_ms",
                                    registry=r)

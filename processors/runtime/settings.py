@@ -51,7 +51,8 @@ class _ProcessorFileSource(PydanticBaseSettingsSource):
 
 class ProcessorSettings(KafkaSettings):
     group_id: str = ""  # default "<topic_prefix>-processor"
-    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    # No "~": it separates the instance's second transactional id (`transactional_ids`).
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200, pattern=r"^[^~]+$")
     state_dir: Path = Path(".runfold/state")
     batch_size: int = Field(default=500, ge=1, le=100_000)
     # Longest a transaction stays open while input keeps arriving; it commits earlier
@@ -62,6 +63,10 @@ class ProcessorSettings(KafkaSettings):
     restore_chunk: int = Field(default=2_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
+    # A loop that begins no iteration for this long is stuck in a call (watchdog.py): logged
+    # with its stack, and `runfold processor` exits 4 so that its supervisor restarts it.
+    # Above the longest legitimate blocking (offsets, commit and abort at 30 s each). 0 = off.
+    stall_timeout_ms: int = Field(default=180_000, ge=0)
     # How long a finished run's state and event log stay in the local store (queries, late
     # receipts, idempotent StartRun); then they are purged. The run-events topic keeps the
     # record. 0 keeps finished runs forever (the store grows without bound).
@@ -100,6 +105,12 @@ class ProcessorSettings(KafkaSettings):
         return f"{self.topic_prefix}-processor-{self.instance_id}"
 
     @property
+    def transactional_ids(self) -> tuple[str, str]:
+        """The two transactional producers of this instance, used in turn (loop.py): the first
+        is `transactional_id`, so an instance of an older version with one producer is fenced."""
+        return self.transactional_id, f"{self.transactional_id}~1"
+
+    @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
 
@@ -127,9 +138,9 @@ class ProcessorSettings(KafkaSettings):
             enable_partition_eof=True,
         )
 
-    def producer_config(self) -> dict[str, Any]:
+    def producer_config(self, slot: int = 0) -> dict[str, Any]:
         return transactional_producer_config(
-            self, self.transactional_id,
+            self, self.transactional_ids[slot],
             transaction_timeout_ms=self.transaction_timeout_ms,
             partitioner=PARTITIONER,
             # commit_transaction flushes, and a flush ignores linger (librdkafka#3489), so a

@@ -25,6 +25,11 @@ def test_defaults_and_derived_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert consumer["group.instance.id"] == "acme-processor-p7"
     producer = s.producer_config()
     assert producer["transactional.id"] == "acme-processor-p7"
+    # the second producer, used in turn with the first (loop.py); "~" cannot be in an instance id
+    assert s.producer_config(1)["transactional.id"] == "acme-processor-p7~1"
+    assert s.transactional_ids == ("acme-processor-p7", "acme-processor-p7~1")
+    with pytest.raises(ValueError, match="instance_id"):
+        ProcessorSettings(topic_prefix="acme", instance_id="p7~1")
     assert producer["partitioner"] == "murmur2_random"
     assert ProcessorSettings(topic_prefix="a", static_membership=False).input_consumer_config().get(
         "group.instance.id") is None

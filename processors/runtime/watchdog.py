@@ -1,0 +1,84 @@
+"""Liveness of the transaction loop.
+
+A loop that stops iterating holds its partitions and its open transaction while doing
+nothing, and a call stuck inside the Kafka client cannot be interrupted from Python. The
+watchdog, on its own thread, notices that no iteration has begun for `limit_s`, logs where
+the loop is stuck (its Python stack), and acts: the CLI exits the process so that its
+supervisor restarts it. That is as safe as a `kill -9`: nothing of the open transaction is
+committed and the store is only written after a commit.
+
+A call given a timeout is watched more closely (`call`). librdkafka's
+`send_offsets_to_transaction` waits for its internal request flow without a limit of its
+own (the timeout is enforced inside that flow) and was seen blocked for minutes past its
+30 s timeout right after a broker restart; `begin_transaction` has no timeout at all
+(librdkafka#4420). Such a call is a stall once its timeout plus `CALL_GRACE_S` has passed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+CALL_GRACE_S = 15.0
+
+
+class Watchdog:
+    def __init__(self, limit_s: float, on_stall: Callable[[float, str], None],
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = 1.0) -> None:
+        self.limit_s = limit_s
+        self._on_stall = on_stall
+        self._clock = clock
+        self._interval_s = interval_s
+        self._last = clock()
+        self._call: tuple[str, float] | None = None  # (name, deadline) of the watched call in progress
+        self._thread_id: int | None = None  # the loop's thread, whose stack is reported
+        self._reported_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """The loop began an iteration."""
+        self._last = self._clock()
+
+    @contextmanager
+    def call(self, name: str, timeout_s: float) -> Iterator[None]:
+        """The loop is inside `name`, which should return within `timeout_s`."""
+        self._call = (name, self._clock() + timeout_s + CALL_GRACE_S)
+        try:
+            yield
+        finally:
+            self._call = None
+
+    def start(self) -> None:
+        """Watch the calling thread (the loop's)."""
+        self._thread_id = threading.get_ident()
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="runfold-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self) -> bool:
+        """Report a stall once per stall (again only after the loop moved on); True when reported."""
+        last, call, now = self._last, self._call, self._clock()
+        stalled_s = now - last
+        overdue = call if call is not None and now >= call[1] else None
+        if (stalled_s < self.limit_s and overdue is None) or self._reported_at == last:
+            return False
+        self._reported_at = last
+        where = f"{overdue[0]} did not return within its timeout\n" if overdue is not None else ""
+        self._on_stall(stalled_s, where + self.stack())
+        return True
+
+    def stack(self) -> str:
+        frame = sys._current_frames().get(self._thread_id) if self._thread_id is not None else None
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(loop thread not found)"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.check()

@@ -1,0 +1,71 @@
+"""The loop watchdog: a stall is reported once, with the stuck thread's stack; a loop that
+moves on re-arms it."""
+
+from __future__ import annotations
+
+import threading
+
+from processors.runtime.watchdog import CALL_GRACE_S, Watchdog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reports_a_stall_once_then_again_only_after_the_loop_moved_on() -> None:
+    clock, reports = Clock(), []
+    dog = Watchdog(30.0, lambda s, stack: reports.append(s), clock=clock)
+    dog.beat()
+    clock.now += 29.9
+    assert not dog.check() and reports == []
+    clock.now += 0.2
+    assert dog.check() and [round(s, 3) for s in reports] == [30.1]
+    clock.now += 60
+    assert not dog.check() and len(reports) == 1  # the same stall: reported once
+    dog.beat()
+    clock.now += 31
+    assert dog.check() and round(reports[-1], 3) == 31
+
+
+def stuck_in_a_client_call(release: threading.Event, entered: threading.Event, dog: Watchdog) -> None:
+    dog.start()  # watches this thread
+    entered.set()
+    release.wait(10)
+
+
+def test_the_report_names_where_the_loop_thread_is_stuck() -> None:
+    stacks: list[str] = []
+    release, entered = threading.Event(), threading.Event()
+    dog = Watchdog(0.05, lambda s, stack: stacks.append(stack), interval_s=0.01)
+    loop = threading.Thread(target=stuck_in_a_client_call, args=(release, entered, dog))
+    loop.start()
+    try:
+        assert entered.wait(5)
+        deadline = threading.Event()
+        while not stacks and not deadline.wait(0.01):
+            pass
+    finally:
+        release.set()
+        loop.join(5)
+        dog.stop()
+    assert len(stacks) == 1
+    assert "stuck_in_a_client_call" in stacks[0] and "release.wait(10)" in stacks[0]
+
+
+def test_a_call_past_its_timeout_is_a_stall_long_before_the_loop_limit() -> None:
+    clock, reports = Clock(), []
+    dog = Watchdog(180.0, lambda s, stack: reports.append(stack), clock=clock)
+    dog.beat()
+    with dog.call("send_offsets_to_transaction", 30.0):
+        clock.now += 30.0 + CALL_GRACE_S - 0.1
+        assert not dog.check()  # within its timeout and the grace
+        clock.now += 0.2
+        assert dog.check()
+    assert reports[0].startswith("send_offsets_to_transaction did not return within its timeout\n")
+    dog.beat()  # the loop moved on
+    clock.now += 60
+    assert not dog.check()  # no call in progress, and the loop limit is far off
