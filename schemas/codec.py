@@ -206,13 +206,7 @@ class _Topic:
 
     def encode(self, msg: dict[str, Any]) -> bytes:
         record_type = msg.get("type", self.single_type)
-        flat = self.flat.get(record_type)  # type: ignore[arg-type]
-        if flat is None:
-            raise EncodeError(
-                f"unknown record type {record_type!r} (expected one of {sorted(self.flat)})",
-                self.kind, record_type, "type",
-            )
-        fast = self.fast[record_type]  # type: ignore[index]
+        fast = self.fast.get(record_type)  # type: ignore[arg-type]
         if fast is not None:
             out = bytearray(self.header)
             try:
@@ -220,6 +214,12 @@ class _Topic:
                 return bytes(out)
             except Exception:
                 pass
+        flat = self.flat.get(record_type)  # type: ignore[arg-type]
+        if flat is None:
+            raise EncodeError(
+                f"unknown record type {record_type!r} (expected one of {sorted(self.flat)})",
+                self.kind, record_type, "type",
+            )
         buf = BytesIO()
         buf.write(self.header)
         try:

@@ -130,11 +130,10 @@ class _Gen:
         if isinstance(t, str):
             if t == "string":  # inlined: the most frequent field type
                 raw = self.var()
-                out.append(f"{ind}if type({v}) is not str: raise Unsupported")
-                out.append(f"{ind}{raw} = {v}.encode()")
-                out.append(f"{ind}if len({raw}) < 64: b.append(len({raw}) << 1)")
-                out.append(f"{ind}else: b += _varint(len({raw}))")
-                out.append(f"{ind}b += {raw}")
+                # str.encode unbound: a TypeError for anything but a str (or a subclass, whose
+                # UTF-8 fastavro writes as well), so no separate type check
+                out.append(f"{ind}{raw} = _utf8({v})")
+                self.length_prefixed(raw, ind, out)
             elif t == "long":
                 out.append(f"{ind}if type({v}) is int and 0 <= {v} < 64: b.append({v} << 1)")
                 out.append(f"{ind}else: b += _long({v})")
@@ -167,7 +166,10 @@ class _Gen:
             return
         kind = t.get("type")
         if kind == "string" and t.get("logicalType") == "json":
-            out.append(f"{ind}_json({v}, b)")
+            # fastavro: orjson.dumps(v).decode() written as UTF-8: the same bytes
+            raw = self.var()
+            out.append(f"{ind}{raw} = _dumps({v})")
+            self.length_prefixed(raw, ind, out)
         elif kind in ("string", "bytes", "int", "long", "boolean", "null") and "logicalType" not in t:
             self.value(kind, v, ind, out)
         elif kind == "array":
@@ -184,13 +186,23 @@ class _Gen:
             out.append(f"{ind}if {v}:")
             out.append(f"{ind}    b += _varint(len({v}))")
             out.append(f"{ind}    for {key}, {val} in {v}.items():")
-            out.append(f"{ind}        _string({key}, b)")
+            self.value("string", key, ind + "        ", out)
             self.value(t["values"], val, ind + "        ", out)
             out.append(f"{ind}b.append(0)")
         elif kind == "record":
             out.append(f"{ind}{self.record(t)}({v}, b)")
         else:
             raise NotImplementedError(str(kind))
+
+    @staticmethod
+    def length_prefixed(raw: str, ind: str, out: list[str]) -> None:
+        """Lines appending the bytes in `raw` with their length (one- and two-byte varints inline)."""
+        n = raw + "n"
+        out.append(f"{ind}{n} = len({raw})")
+        out.append(f"{ind}if {n} < 64: b.append({n} << 1)")
+        out.append(f"{ind}elif {n} < 8192: b.append(({n} << 1) & 0x7F | 0x80); b.append({n} >> 6)")
+        out.append(f"{ind}else: b += _varint({n})")
+        out.append(f"{ind}b += {raw}")
 
     def _is_record(self, t: Any) -> bool:
         if isinstance(t, str) and t in self.named:
@@ -208,6 +220,14 @@ class _Gen:
         for f in schema["fields"]:
             v = self.var()
             t = f["type"]
+            default = f.get("default")
+            if t in ("int", "long") and type(default) is int and 0 <= default < 64:
+                # envelope constants (schema_version, the body's union index): callers leave them out
+                lines.append(f"    if {f['name']!r} not in m: b.append({default << 1})")
+                lines.append("    else:")
+                lines.append(f"        {v} = m[{f['name']!r}]")
+                self.value(t, v, "        ", lines)
+                continue
             if "default" in f:
                 lines.append(f"    {v} = g({f['name']!r}, {self.const(f['default'])})")
             elif isinstance(t, list) and "null" in t:
@@ -229,7 +249,8 @@ def compile_writer(schema: dict[str, Any]) -> Writer | None:
         return None
     env: dict[str, Any] = {
         "Unsupported": Unsupported, "_varint": _varint, "_long": _long, "_int": _int, "_boolean": _boolean,
-        "_string": _string, "_bytes": _bytes, "_json": _json, **gen.consts,
+        "_string": _string, "_bytes": _bytes, "_json": _json, "_utf8": str.encode, "_dumps": orjson.dumps,
+        **gen.consts,
     }  # fmt: skip
     exec("\n\n".join(gen.helpers), env)
     writer: Writer = env[top]
