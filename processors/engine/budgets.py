@@ -23,6 +23,9 @@ DIMENSIONS: dict[str, str] = {
     "cost_micros": "max_cost_micros",
     "wall_time_ms": "wall_time_ms",
 }
+_DIMENSION_ITEMS = tuple(DIMENSIONS.items())
+_ORDER = ("steps", "retries", "agents", "tokens", "cost_micros", "wall_time_ms")  # enforce's `amounts`
+assert tuple(DIMENSIONS) == _ORDER
 RECORDED_AFTER = ("tokens", "cost_micros")  # exhausted when the recorded usage exceeds the limit
 OVERRIDABLE = frozenset({*LIMIT_DIMENSIONS, "warn_at_percent"})
 
@@ -120,12 +123,18 @@ def enforce(em: Emitter) -> bool:
     state = em.state
     limits = state["budgets"]
     percent = int(limits.get("warn_at_percent") or 80)
-    for dimension, limit_key in DIMENSIONS.items():
+    # `used` of every dimension at once (this runs after every receipt; a BudgetWarning
+    # changes none of them), in the order of DIMENSIONS
+    ledger, wall = state["usage"], state["wall"]
+    running = em.ts - wall["since_ms"] if wall["since_ms"] is not None else 0
+    amounts = (
+        int(ledger["steps"]), int(ledger["retries"]), int(ledger["agents"]),
+        int(ledger["prompt_tokens"] + ledger["completion_tokens"]), int(ledger["cost_micros"]),
+        int(wall["used_ms"] + max(running, 0)),
+    )  # fmt: skip
+    for (dimension, limit_key), amount in zip(_DIMENSION_ITEMS, amounts, strict=True):
         cap = limits.get(limit_key) or 0
-        if cap <= 0:
-            continue
-        amount = used(state, dimension, em.ts)
-        if amount * 100 < cap * percent:
+        if cap <= 0 or amount * 100 < cap * percent:
             continue
         if dimension in RECORDED_AFTER and amount > cap:
             pause_for(em, dimension, f"workflow {dimension.replace('_', ' ')} budget exhausted")

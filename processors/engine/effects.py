@@ -7,7 +7,8 @@ Timer ids are deterministic (ids.py), so re-arming one replaces it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from processors.engine.ids import child_run_id, instance_key, step_timer_id, wall_timer_id
@@ -24,15 +25,21 @@ RUN_STOPPING = frozenset({"RunPaused", "RunSucceeded", "RunFailed", "RunCancelle
 
 @dataclass(slots=True)
 class Effects:
-    messages: list[Message] = field(default_factory=list)
-    set_timers: list[dict[str, Any]] = field(default_factory=list)
-    clear_timers: list[str] = field(default_factory=list)
+    """What an event implies. Read-only for callers: most events imply nothing and share
+    one empty instance (`NONE`), so the fields are sequences (empty ones are tuples)."""
+
+    messages: Sequence[Message] = ()
+    set_timers: Sequence[dict[str, Any]] = ()
+    clear_timers: Sequence[str] = ()
+
+
+NONE = Effects()
 
 
 def effects(state: RunState | None, event: Event) -> Effects:
     etype = event["type"]
     if state is None or etype == "RunRejected":
-        return Effects()
+        return NONE
     if etype == "StepScheduled":
         return _scheduled(state, event)
     if etype in SETTLING:
@@ -45,13 +52,13 @@ def effects(state: RunState | None, event: Event) -> Effects:
         return Effects(set_timers=[timer])
     if etype == "RunWaiting":
         if event.get("due_ms") is None:
-            return Effects()
+            return NONE
         step = state["steps"][instance_key(event["node"], event["lineage"])]
         return Effects(set_timers=[_timer(state, step, "wait_timeout", event["due_ms"])])
     if etype in ("RunStarted", "RunResumed"):
         wall = state["wall"]
         if wall["due_ms"] is None:
-            return Effects()
+            return NONE
         return Effects(set_timers=[{
             "type": "TimerFired", "run_id": state["run_id"], "timer_id": wall_timer_id(state["run_id"], wall["epoch"]),
             "timer_kind": "wall_time", "due_ms": wall["due_ms"], "node": None, "lineage": None, "attempt": None,
@@ -62,7 +69,7 @@ def effects(state: RunState | None, event: Event) -> Effects:
         return Effects(
             clear_timers=[wall_timer_id(state["run_id"], wall["epoch"])] if wall["due_ms"] is not None else []
         )
-    return Effects()
+    return NONE
 
 
 def _timer(state: RunState, ident: dict[str, Any], kind: str, due: int) -> dict[str, Any]:
@@ -87,7 +94,7 @@ def _scheduled(state: RunState, event: Event) -> Effects:
     if kind == "sleep":
         return Effects(set_timers=[_timer(state, event, "sleep", deadline or event["ts_ms"])])
     if kind not in (*EXECUTOR_KINDS, "workflow"):
-        return Effects()
+        return NONE
     p = pinned(state["bundle"], state["bundle_hash"])
     node = p.node(event["node"])
     timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []

@@ -84,7 +84,7 @@ def _run_accepted(ev: Event) -> RunState:
         "budgets": ev["budgets"],
         "accepted_ms": ev["ts_ms"],
         "updated_ms": ev["ts_ms"],
-        "state": copy.deepcopy(definition.state),
+        "state": _copy_json(definition.state),
         "superstep": 0,
         "frontier": [],
         "maps": {},
@@ -100,6 +100,21 @@ def _run_accepted(ev: Event) -> RunState:
         "failure": None,
         "cancel_reason": None,
     }
+
+
+def _copy_json(value: Any) -> Any:
+    """`copy.deepcopy` of a JSON value (dicts, lists, immutable scalars), without its memo."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_json(item) for item in value]
+    if value is None or kind in _SCALARS:
+        return value
+    return copy.deepcopy(value)
+
+
+_SCALARS = frozenset({str, int, float, bool})
 
 
 def _run_started(s: RunState, ev: Event) -> None:

@@ -166,7 +166,6 @@ def _next_attempt(old: dict[str, Any] | None) -> int:
 
 def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attempt: int) -> None:
     state = em.state
-    did = dispatch_id(em.run_id, name, lineage, attempt)
     scope = Scope(input=state["input"], state=state["state"], item=item)
     try:
         node_input = state["input"] if node.input is None else resolve(node.input, scope)
@@ -177,7 +176,8 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
                 {"op": m.op, "target": m.target, "value": resolve(m.value, scope)} for m in node.mutations
             ]
     except RefError as exc:
-        em.emit("StepFailed", node=name, lineage=lineage, attempt=attempt, dispatch_id=did,
+        em.emit("StepFailed", node=name, lineage=lineage, attempt=attempt,
+                dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
                 failure=failure("UnknownReference", f"input of {name}: {exc.message}", node=name,
                                 lineage=lineage),
                 usage=dict(_ZERO_USAGE))  # fmt: skip
@@ -198,8 +198,16 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         "StepScheduled", node=name, lineage=lineage, attempt=attempt,
         dispatch_id=dispatch_id(em.run_id, name, lineage, attempt), kind=kind,
         queue=node.queue if kind in ("action", "agent") else None, input=node_input,
-        input_hash=input_hash(node_input), deadline_ms=deadline, superstep=em.state["superstep"],
+        input_hash=_input_hash(em.state, node_input), deadline_ms=deadline, superstep=em.state["superstep"],
     )  # fmt: skip
+
+
+def _input_hash(state: dict[str, Any], node_input: Any) -> str:
+    """`input_hash(node_input)`; a node without an input template gets the run's input,
+    whose hash the state already holds."""
+    if node_input is state["input"]:
+        return state["input_hash"]  # type: ignore[no-any-return]
+    return input_hash(node_input)
 
 
 def _settle_instantly(em: Emitter, name: str, node: Node, lineage: str) -> None:
