@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from processors.engine import EngineContext, decide, dump_state, effects, evolve, load_state, run_status
+from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
 from processors.runtime import deadletter
@@ -184,6 +185,8 @@ class Folder:
             if state is None:
                 continue
             fx = effects(state, ev)
+            if fx is NO_EFFECTS:  # most events
+                continue
             for m in fx.messages:
                 messages.append(self._route(m, state))
             set_timers.extend(fx.set_timers)
@@ -205,16 +208,14 @@ class Folder:
               run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]], messages: list[tuple[str, bytes]],
               set_timers: list[Any], clear_timers: list[str]) -> None:
         produce = self._produce
+        topic = self.run_events
         # Only the record's last event reports its delivery: one producer writes a partition's
         # events in produce order, so the transaction's last report per partition is its max offset.
-        last = len(events) - 1
-        for i, (sequence, raw) in enumerate(events):
-            if i == last:
-                produce(self.run_events, raw, key, partition=partition, on_delivery=self._on_event_delivery)
-            else:
-                produce(self.run_events, raw, key, partition=partition)
-            overlay.add_event(run_id, sequence, raw)
-        _inc(counters.records_out, self.run_events, len(events))
+        for _, raw in events[:-1]:
+            produce(topic, raw, key, partition=partition)
+        produce(topic, events[-1][1], key, partition=partition, on_delivery=self._on_event_delivery)
+        overlay.add_events(run_id, events)
+        _inc(counters.records_out, topic, len(events))
         for topic, raw in messages:
             produce(topic, raw, key)
             _inc(counters.records_out, topic)

@@ -12,7 +12,14 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from processors.runtime.store import PartitionStore, event_key, purge_key, timer_key, timer_ref_key
+from processors.runtime.store import (
+    PartitionStore,
+    event_key,
+    event_prefix,
+    purge_key,
+    timer_key,
+    timer_ref_key,
+)
 
 RunState = dict[str, Any]
 
@@ -51,6 +58,14 @@ class PartitionOverlay:
     def add_event(self, run_id: str, sequence: int, value: bytes) -> None:
         if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
             self.events.append((event_key(run_id, sequence), value))
+
+    def add_events(self, run_id: str, events: list[tuple[int, bytes]]) -> None:
+        """`add_event` of one record's (sequence, value) events (one key prefix)."""
+        prefix = event_prefix(run_id)
+        append = self.events.append
+        for sequence, value in events:
+            if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
+                append((prefix + sequence.to_bytes(8, "big"), value))
 
     # ---- timers ----------------------------------------------------------------------------
     def _stored_tkey(self, rkey: bytes) -> bytes | None:
