@@ -49,21 +49,24 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-# The latest large long and its bytes (a decision's messages share one ts_ms). One tuple,
-# read and replaced as a whole, so concurrent encoders never see a mixed pair.
-_last_long: list[tuple[int, bytes]] = [(-1, _varint(-1))]
+# Recently written large longs and their bytes: a decision's messages share one ts_ms, and
+# every RunAccepted carries the same budget limits. Bounded (cleared when full); a dict's
+# get and set are atomic, so concurrent encoders only ever read a complete entry.
+_LONGS: dict[int, bytes] = {}
+_LONGS_MAX = 4096
 
 
 def _long(v: Any) -> bytes:
-    last = _last_long[0]
     if type(v) is not int:
         raise Unsupported
-    if v == last[0]:
-        return last[1]
-    if not _LONG_MIN <= v <= _LONG_MAX:
-        raise Unsupported
-    out = _varint(v)
-    _last_long[0] = (v, out)
+    out = _LONGS.get(v)
+    if out is None:
+        if not _LONG_MIN <= v <= _LONG_MAX:
+            raise Unsupported
+        out = _varint(v)
+        if len(_LONGS) >= _LONGS_MAX:
+            _LONGS.clear()
+        _LONGS[v] = out
     return out
 
 
