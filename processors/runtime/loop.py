@@ -146,6 +146,9 @@ class Processor:
         self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
                                  settings.timers_per_transaction)
         self._exit_on_stall = exit_on_stall
+        # Offsets and commit get no longer than the transaction itself: the coordinator aborts
+        # a transaction older than transaction_timeout_ms, so waiting longer gains nothing.
+        self._txn_call_s = min(_KAFKA_TIMEOUT_S, settings.transaction_timeout_ms / 1000.0)
         self.watchdog = Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall) \
             if settings.stall_timeout_ms else None
 
@@ -218,7 +221,8 @@ class Processor:
 
     def _next_producer(self) -> None:
         """After a commit or an abort: the next transaction uses the other producer."""
-        self._slot ^= 1
+        if self.settings.alternate_producers:
+            self._slot ^= 1
 
     def _new_producer(self, slot: int) -> Producer:
         s = self.settings
@@ -317,6 +321,9 @@ class Processor:
                 self._purge_finished()
             self._refresh_statuses()
             self._check_membership()
+            idle = self._producers[self._slot ^ 1]
+            if idle is not None:
+                idle.poll(0)  # its error callbacks, also when it is not alternated with
 
     def _idle_timeout(self) -> float:
         assert self.partitions is not None
@@ -453,10 +460,10 @@ class Processor:
                 self.folder.snapshots(ov, p, txn.counters)
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
-                with self._bounded("send_offsets_to_transaction"):
+                with self._bounded("send_offsets_to_transaction", self._txn_call_s):
                     producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
-                                                         _KAFKA_TIMEOUT_S)
-            with self._bounded("commit_transaction"):
+                                                         self._txn_call_s)
+            with self._bounded("commit_transaction", self._txn_call_s):
                 self._commit_transaction(producer)
         except KafkaException as e:
             self._txn_failed(e, "commit")
@@ -491,14 +498,14 @@ class Processor:
         txn.reset()
         self._next_producer()
 
-    def _bounded(self, call: str) -> contextlib.AbstractContextManager[None]:
+    def _bounded(self, call: str, timeout_s: float = _KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
         """A transactional call, watched against its timeout (watchdog.py)."""
-        return self.watchdog.call(call, _KAFKA_TIMEOUT_S) if self.watchdog is not None else contextlib.nullcontext()
+        return self.watchdog.call(call, timeout_s) if self.watchdog is not None else contextlib.nullcontext()
 
     def _commit_transaction(self, producer: Producer) -> None:
         """A retriable failure (e.g. a timeout while the coordinator moves) is retried within one
-        `_KAFKA_TIMEOUT_S` in all: a commit still pending by then goes to `_txn_failed` (abort)."""
-        deadline = time.monotonic() + _KAFKA_TIMEOUT_S
+        `_txn_call_s` in all: a commit still pending by then goes to `_txn_failed` (abort)."""
+        deadline = time.monotonic() + self._txn_call_s
         while True:
             try:
                 producer.commit_transaction(max(1.0, deadline - time.monotonic()))

@@ -59,6 +59,11 @@ class ProcessorSettings(KafkaSettings):
     # when the consumer has nothing more buffered (low latency at low load).
     commit_interval_ms: int = Field(default=50, ge=1, le=60_000)
     transaction_timeout_ms: int = Field(default=10_000, ge=1_000, le=900_000)
+    # Transactions alternate between the instance's two transactional producers (loop.py): a
+    # transaction begun right after the previous commit on the same id waits 20 ms whenever
+    # the coordinator is still writing that commit's markers. False: every transaction on the
+    # first (both are still initialised, so a zombie's second one is fenced too).
+    alternate_producers: bool = True
     # Bound on records per restore chunk and on timers fired per transaction.
     restore_chunk: int = Field(default=2_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)

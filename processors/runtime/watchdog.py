@@ -10,7 +10,7 @@ committed and the store is only written after a commit.
 A call given a timeout is watched more closely (`call`). librdkafka's
 `send_offsets_to_transaction` waits for its internal request flow without a limit of its
 own (the timeout is enforced inside that flow) and was seen blocked for minutes past its
-30 s timeout right after a broker restart; `begin_transaction` has no timeout at all
+timeout right after a broker restart; `begin_transaction` has no timeout at all
 (librdkafka#4420). Such a call is a stall once its timeout plus `CALL_GRACE_S` has passed.
 """
 
@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-CALL_GRACE_S = 15.0
+CALL_GRACE_S = 10.0
 
 
 class Watchdog:

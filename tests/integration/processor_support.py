@@ -150,8 +150,11 @@ class Commands:
     def raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.producer.produce(topic, value, key)
 
-    def flush(self) -> None:
-        self.producer.flush(10)
+    def flush(self, timeout: float = 60.0) -> None:
+        """Every record sent so far is delivered (a broker just back from a freeze or a restart
+        can take more than a few seconds to take writes again), or the test fails saying so."""
+        left = self.producer.flush(timeout)
+        assert left == 0, f"{left} command/receipt records still undelivered after {timeout} s"
 
 
 class Reader:

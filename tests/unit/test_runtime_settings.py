@@ -72,3 +72,15 @@ def test_dead_letter_keeps_coordinates_and_bytes() -> None:
     assert d["record_id"] == "dl:p.commands:2:41" and d["original"] == b"\x00junk" and d["producer"] == "processor"
     assert deadletter.dead_letter("t", 0, 1, None, None, "x" * 5000, 1)["error"] == "x" * 2000
     assert deadletter.dead_letter("t", 0, 1, None, None, "null", 1)["original"] == b""
+
+
+def test_alternating_producers_can_be_turned_off() -> None:
+    from processors.runtime.loop import Processor
+
+    for alternate, slots in ((True, [1, 0, 1]), (False, [0, 0, 0])):
+        proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=alternate))
+        seen = []
+        for _ in range(3):
+            proc._next_producer()
+            seen.append(proc._slot)
+        assert seen == slots
