@@ -59,7 +59,8 @@ class WorkerMetrics(MetricsEndpoint):
         self.consumer_replacements = Counter("runfold_worker_consumer_replacements",
                                              "Consumers replaced by the stall watchdog", registry=r)
         self.offset_commits = Counter("runfold_worker_offset_commits",
-                                      "Offset commits requested (async during the loop), by outcome",
+                                      "Offset commits: requested (async during the loop), failed to request, "
+                                      "and the coordinator's answer (committed, rejected)",
                                       ["outcome"], registry=r)
         self.offsets_committed = Counter("runfold_worker_offsets_committed",
                                          "Partition offsets in the commit requests", registry=r)

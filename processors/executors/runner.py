@@ -215,7 +215,14 @@ class WorkerRunner:
     # ------------------------------------------------------------------ consumer (and its replacement)
 
     def _new_consumer(self) -> Consumer:
-        return Consumer(consumer_config(self.kafka, self.group_id, read_committed=True))
+        return Consumer({**consumer_config(self.kafka, self.group_id, read_committed=True),
+                         "on_commit": self._on_commit})
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The group coordinator's answer to a commit request (served by poll): a rebalance in
+        between rejects it, and the next owner re-runs those activations (leases cover it)."""
+        rejected = err is not None or any(tp.error is not None for tp in partitions)
+        self.metrics.count("offset_commits", "rejected" if rejected else "committed")
 
     def _subscribe(self) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,

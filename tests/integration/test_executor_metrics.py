@@ -91,6 +91,8 @@ def test_worker_metrics_over_http(kafka_settings: KafkaSettings) -> None:
     assert value(m, "runfold_worker_receipt_errors_total", outcome="lost") is None
     assert value(m, "runfold_worker_consumer_replacements_total") == 0
     assert (value(m, "runfold_worker_offset_commits_total", outcome="requested") or 0) >= 1
+    assert (value(m, "runfold_worker_offset_commits_total", outcome="committed") or 0) >= 1
+    assert value(m, "runfold_worker_offset_commits_total", outcome="rejected") is None
     assert value(m, "runfold_worker_in_flight") == 0
     assert (value(m, "process_resident_memory_bytes") or 0) > 0
 
