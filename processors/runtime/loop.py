@@ -463,8 +463,7 @@ class Processor:
                 with self._bounded("send_offsets_to_transaction", self._txn_call_s):
                     producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
                                                          self._txn_call_s)
-            with self._bounded("commit_transaction", self._txn_call_s):
-                self._commit_transaction(producer)
+            self._commit_transaction(producer)
         except KafkaException as e:
             self._txn_failed(e, "commit")
             return
@@ -503,20 +502,21 @@ class Processor:
         return self.watchdog.call(call, timeout_s) if self.watchdog is not None else contextlib.nullcontext()
 
     def _commit_transaction(self, producer: Producer) -> None:
-        """A retriable failure (e.g. a timeout while the coordinator moves) is retried within one
-        `_txn_call_s` in all: a commit still pending by then goes to `_txn_failed` (abort)."""
-        deadline = time.monotonic() + self._txn_call_s
-        while True:
+        """A retriable failure (a timeout: the commit goes on in the background) must be resumed
+        by calling commit_transaction again, never aborted ("Conflicting commit_transaction API
+        call"): its outcome is unknown until a call returns it. After 5 attempts the error goes
+        to `_txn_failed`, whose abort then stops the processor (a restart restores from the log)."""
+        for attempt in range(5):
             try:
-                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                with self._bounded("commit_transaction", self._txn_call_s):
+                    producer.commit_transaction(self._txn_call_s)
                 return
             except KafkaException as e:
                 err = e.args[0]
-                if (not err.retriable() or err.txn_requires_abort() or err.fatal()
-                        or time.monotonic() >= deadline):
+                if not err.retriable() or err.txn_requires_abort() or err.fatal() or attempt == 4:
                     raise
-                self.log.warning("commit_transaction failed, retrying", extra={"error": err.str()})
-                time.sleep(0.05)
+                self.log.warning("commit_transaction failed, resuming it", extra={
+                    "error": err.str(), "attempt": attempt + 1})
 
     def _txn_timed_out(self) -> bool:
         """The open transaction began longer than transaction_timeout_ms ago (this process was
