@@ -76,25 +76,11 @@ def _int(v: Any) -> bytes:
     return _varint(v)
 
 
-def _string(v: Any, b: bytearray) -> None:
-    if type(v) is not str:
-        raise Unsupported
-    raw = v.encode()
-    b += _varint(len(raw))
-    b += raw
-
-
 def _bytes(v: Any, b: bytearray) -> None:
     if type(v) is not bytes:
         raise Unsupported
     b += _varint(len(v))
     b += v
-
-
-def _json(v: Any, b: bytearray) -> None:
-    raw = orjson.dumps(v)  # fastavro: orjson.dumps(v).decode() written as UTF-8: the same bytes
-    b += _varint(len(raw))
-    b += raw
 
 
 def _boolean(v: Any) -> bytes:
@@ -106,7 +92,7 @@ def _boolean(v: Any) -> bytes:
 
 
 _PRIMITIVE_BYTES = {"int": "_int", "long": "_long", "boolean": "_boolean"}  # value -> bytes
-_PRIMITIVE_APPEND = {"string": "_string", "bytes": "_bytes"}  # (value, buffer) -> None
+_PRIMITIVE_APPEND = {"bytes": "_bytes"}  # (value, buffer) -> None; strings are inlined
 
 
 class _Gen:
@@ -252,7 +238,7 @@ def compile_writer(schema: dict[str, Any]) -> Writer | None:
         return None
     env: dict[str, Any] = {
         "Unsupported": Unsupported, "_varint": _varint, "_long": _long, "_int": _int, "_boolean": _boolean,
-        "_string": _string, "_bytes": _bytes, "_json": _json, "_utf8": str.encode, "_dumps": orjson.dumps,
+        "_bytes": _bytes, "_utf8": str.encode, "_dumps": orjson.dumps,
         **gen.consts,
     }  # fmt: skip
     exec("\n\n".join(gen.helpers), env)

@@ -24,21 +24,25 @@ DIMENSIONS: dict[str, str] = {
     "wall_time_ms": "wall_time_ms",
 }
 _DIMENSION_ITEMS = tuple(DIMENSIONS.items())
-_ORDER = ("steps", "retries", "agents", "tokens", "cost_micros", "wall_time_ms")  # enforce's `amounts`
-assert tuple(DIMENSIONS) == _ORDER
+_POSITION = {dimension: i for i, dimension in enumerate(DIMENSIONS)}
 RECORDED_AFTER = ("tokens", "cost_micros")  # exhausted when the recorded usage exceeds the limit
 OVERRIDABLE = frozenset({*LIMIT_DIMENSIONS, "warn_at_percent"})
 
 
+def usage(state: RunState, now: int | None = None) -> tuple[int, ...]:
+    """What the run used of every dimension, in the order of DIMENSIONS (the wall time
+    running since `wall.since_ms` counts only when `now` is given)."""
+    ledger, wall = state["usage"], state["wall"]
+    running = (now - wall["since_ms"]) if now is not None and wall["since_ms"] is not None else 0
+    return (
+        int(ledger["steps"]), int(ledger["retries"]), int(ledger["agents"]),
+        int(ledger["prompt_tokens"] + ledger["completion_tokens"]), int(ledger["cost_micros"]),
+        int(wall["used_ms"] + max(running, 0)),
+    )  # fmt: skip
+
+
 def used(state: RunState, dimension: str, now: int | None = None) -> int:
-    ledger = state["usage"]
-    if dimension == "tokens":
-        return int(ledger["prompt_tokens"] + ledger["completion_tokens"])
-    if dimension == "wall_time_ms":
-        wall = state["wall"]
-        running = (now - wall["since_ms"]) if now is not None and wall["since_ms"] is not None else 0
-        return int(wall["used_ms"] + max(running, 0))
-    return int(ledger[dimension])
+    return usage(state, now)[_POSITION[dimension]]
 
 
 def limit(state: RunState, dimension: str) -> int:
@@ -123,16 +127,9 @@ def enforce(em: Emitter) -> bool:
     state = em.state
     limits = state["budgets"]
     percent = int(limits.get("warn_at_percent") or 80)
-    # `used` of every dimension at once (this runs after every receipt; a BudgetWarning
-    # changes none of them), in the order of DIMENSIONS
-    ledger, wall = state["usage"], state["wall"]
-    running = em.ts - wall["since_ms"] if wall["since_ms"] is not None else 0
-    amounts = (
-        int(ledger["steps"]), int(ledger["retries"]), int(ledger["agents"]),
-        int(ledger["prompt_tokens"] + ledger["completion_tokens"]), int(ledger["cost_micros"]),
-        int(wall["used_ms"] + max(running, 0)),
-    )  # fmt: skip
-    for (dimension, limit_key), amount in zip(_DIMENSION_ITEMS, amounts, strict=True):
+    # every dimension's usage at once: this runs after every receipt, and a BudgetWarning
+    # changes none of them
+    for (dimension, limit_key), amount in zip(_DIMENSION_ITEMS, usage(state, em.ts), strict=True):
         cap = limits.get(limit_key) or 0
         if cap <= 0 or amount * 100 < cap * percent:
             continue

@@ -14,7 +14,6 @@ from rocksdict import WriteBatch
 
 from processors.runtime.store import (
     PartitionStore,
-    event_key,
     event_prefix,
     purge_key,
     timer_key,
@@ -56,11 +55,11 @@ class PartitionOverlay:
         return state
 
     def add_event(self, run_id: str, sequence: int, value: bytes) -> None:
-        if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
-            self.events.append((event_key(run_id, sequence), value))
+        self.add_events(run_id, [(sequence, value)])
 
     def add_events(self, run_id: str, events: list[tuple[int, bytes]]) -> None:
-        """`add_event` of one record's (sequence, value) events (one key prefix)."""
+        """One record's (sequence, value) events for the run's log, keyed as `event_key`
+        (its prefix computed once)."""
         prefix = event_prefix(run_id)
         append = self.events.append
         for sequence, value in events:
