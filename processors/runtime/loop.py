@@ -33,6 +33,7 @@ from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
+from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
 from processors.runtime.watchdog import Watchdog
 from schemas import Codec
@@ -45,6 +46,7 @@ _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, Kafka
                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
 _KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
+_PURGE_EVERY_S = 1.0
 _REPLACE_SPACING_S = 5.0
 
 
@@ -141,6 +143,9 @@ class Processor:
         self.query_port: int | None = None
         self.ready = threading.Event()  # set once definitions are loaded and the group joined
         self._next_lag = 0.0
+        self._next_purge = 0.0
+        self._purge_more = False  # the last purge pass left due runs behind (a full page)
+        self.purge_page = PURGE_PAGE  # finished runs purged per partition and transaction
         self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, _now_ms,
                              settings.finished_retention_ms)
         self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
@@ -315,10 +320,10 @@ class Processor:
                     break
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
             self._commit()
+        if not txn.open and (self._purge_more or time.monotonic() >= self._next_purge):
+            self._purge_finished()
         if time.monotonic() >= self._next_lag:
             self._report_lag()
-            if not txn.open:
-                self._purge_finished()
             self._refresh_statuses()
             self._check_membership()
             idle = self._producers[self._slot ^ 1]
@@ -823,11 +828,15 @@ class Processor:
         """Finished runs past `finished_retention_ms` leave the local store and the run-state
         table: a transaction of their run-state tombstones, whose commit applies the store
         deletions (overlay). Only between transactions, so no overlay holds a purged run; an
-        abort leaves them for the next pass."""
+        abort leaves them for the next pass. A pass takes at most a page per partition; while
+        one fills a page the next pass follows at once, so a backlog (a burst of runs finishing
+        together) drains at the loop's pace rather than a page a second."""
         assert self.partitions is not None
+        self._next_purge = time.monotonic() + _PURGE_EVERY_S
         now = _now_ms()
-        due = [(store, store.due_purges(now)) for store in self.partitions.ready()]
+        due = [(store, store.due_purges(now, self.purge_page)) for store in self.partitions.ready()]
         due = [(store, runs) for store, runs in due if runs]
+        self._purge_more = any(len(runs) >= self.purge_page for _, runs in due)
         if not due:
             return
         self._begin()

@@ -33,6 +33,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
 NO_OFFSET = -1
+PURGE_PAGE = 1_000  # finished runs a purge pass takes per partition (one transaction)
 _SEP = b"\x1f"
 # Decoded states kept per partition. Only live runs are kept: a finished run gets at most
 # a stray late receipt, and caching 100k finished runs cost ~500 MiB of Python objects.
@@ -189,7 +190,7 @@ class PartitionStore:
         return count
 
     # ---- writes (loop thread) --------------------------------------------------------------
-    def due_purges(self, now_ms: int, limit: int = 1_000) -> list[tuple[bytes, str, str]]:
+    def due_purges(self, now_ms: int, limit: int = PURGE_PAGE) -> list[tuple[bytes, str, str]]:
         """Up to `limit` finished runs whose retention ended by `now_ms`, earliest first:
         (x-key, run_id, final status)."""
         if self.next_purge_ms is None or self.next_purge_ms > now_ms:

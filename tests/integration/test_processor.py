@@ -190,17 +190,23 @@ def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_
     setup_topology(settings)
     events = Reader(settings, [settings.topics.run_events], "run_events")
     cmd = Commands(settings)
+    runs = [f"old-{i}" for i in range(1, 13)]
     with running(settings) as pt, Responder(settings, complete_all):
-        for run_id in ("old-1", "old-2"):
+        pt.processor.purge_page = 1  # a backlog of pages: passes must follow each other, not wait 1 s
+        for run_id in runs:
             cmd.start(run_id, "three")
         cmd.flush()
-        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in ("old-1", "old-2")), what="2 finished runs")
+        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), what="12 finished runs")
+        finished_at = time.monotonic()
         base = f"http://127.0.0.1:{pt.processor.query_port}"
         purged = pt.processor.metrics.runs_purged
-        deadline = time.monotonic() + 20  # purge passes run every 5 s
-        while purged._value.get() < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert purged._value.get() == 2
+        deadline = time.monotonic() + 20
+        while purged._value.get() < len(runs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert purged._value.get() == len(runs)
+        # retention 1 s + at most one 1 s pass interval + the pages at the loop's pace; a page
+        # per pass interval would take 4 s or more for the larger partition's share
+        assert time.monotonic() - finished_at < 3.5
         answer = httpx.get(f"{base}/runs/old-1", timeout=5)
         assert answer.status_code == 404 and "finished runs are kept 1 s" in answer.json()["message"]
         assert httpx.get(f"{base}/runs/old-1/events", timeout=5).status_code == 404
@@ -216,4 +222,4 @@ def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_
     # counts the purged runs instead of reporting missing snapshots
     report = verify(settings, timeout_s=60)
     assert report.ok, report.differences
-    assert report.purged == 2 and report.runs == 2 and report.snapshots == 0
+    assert report.purged == 12 and report.runs == 12 and report.snapshots == 0
