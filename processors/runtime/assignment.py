@@ -133,7 +133,7 @@ class Partitions:
 
     def _open_store(self, p: int) -> PartitionStore:
         path = self._root / f"p{p}"
-        store = PartitionStore(path, p)
+        store = PartitionStore(path, p, self._settings.state_cache_runs)
         if store.applied_offset == NO_OFFSET:
             return store
         try:
@@ -151,7 +151,7 @@ class Partitions:
             "partition": p, "store_offset": store.applied_offset, "log_end": log_end, "path": str(path)})
         store.close()
         PartitionStore.destroy(path)
-        return PartitionStore(path, p)
+        return PartitionStore(path, p, self._settings.state_cache_runs)
 
     def close(self, partitions: list[int]) -> None:
         stop_reading = [TopicPartition(self._events_topic, p) for p in partitions if p in self.restoring]

@@ -32,6 +32,7 @@ from topology.settings import (
 )
 
 from .partitioning import PARTITIONER
+from .store import STATE_CACHE_RUNS
 
 
 class _ProcessorFileSource(PydanticBaseSettingsSource):
@@ -68,6 +69,10 @@ class ProcessorSettings(KafkaSettings):
     restore_chunk: int = Field(default=2_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
+    # Decoded run states kept in memory per partition (the least recently written leave
+    # first; ~5 KiB each). Above the runs in motion per partition, or every record pays a
+    # RocksDB read and a JSON parse of its run's state (~100 µs). 0 = no cache.
+    state_cache_runs: int = Field(default=STATE_CACHE_RUNS, ge=0)
     # A loop that begins no iteration for this long is stuck in a call (watchdog.py): logged
     # with its stack, and `runfold processor` exits 4 so that its supervisor restarts it.
     # Above the longest legitimate blocking (offsets, commit and abort at 30 s each). 0 = off.

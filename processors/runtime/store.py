@@ -22,6 +22,7 @@ prefix scan that stops at `now`.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import threading
 from pathlib import Path
@@ -35,9 +36,10 @@ STATS_KEY = b"m:stats"
 NO_OFFSET = -1
 PURGE_PAGE = 1_000  # finished runs a purge pass takes per partition (one transaction)
 _SEP = b"\x1f"
-# Decoded states kept per partition. Only live runs are kept: a finished run gets at most
-# a stray late receipt, and caching 100k finished runs cost ~500 MiB of Python objects.
-_CACHE_LIMIT = 5_000
+# Decoded states kept per partition (default of the `state_cache_runs` setting). Only live
+# runs are kept: a finished run gets at most a stray late receipt, and caching 100k finished
+# runs cost ~500 MiB of Python objects (~5 KiB a state: it carries its pinned bundle).
+STATE_CACHE_RUNS = 5_000
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # RocksDB memory is bounded per process, not per partition: one LRU block cache shared by
 # every store and small memtables (a store holds one partition's runs; writes are one batch
@@ -98,14 +100,16 @@ class PartitionStore:
     """Committed state of one partition. Reads are thread-safe (the query server reads
     from its own threads); `write` and `close` are called by the loop thread only."""
 
-    def __init__(self, path: Path, partition: int) -> None:
+    def __init__(self, path: Path, partition: int, cache_runs: int = STATE_CACHE_RUNS) -> None:
         self.path = path
         self.partition = partition
+        self.cache_runs = cache_runs
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db: Rdict | None = Rdict(str(path), _options())
         self._lock = threading.RLock()
-        # Decoded committed states of recently used runs: saves load_state per record.
-        # Engine states are never mutated in place, so sharing the objects is safe.
+        # Decoded committed states of recently written runs, oldest write first: saves
+        # load_state per record. Engine states are never mutated in place, so sharing the
+        # objects is safe.
         self.cache: dict[str, Any] = {}
         raw = self._db.get(OFFSET_KEY)
         self.applied_offset: int = int.from_bytes(raw, "big", signed=True) if raw else NO_OFFSET
@@ -209,6 +213,20 @@ class PartitionStore:
             self.next_purge_ms = self._first_due(now_ms + 1, b"x")
         return due
 
+    def _cache_states(self, states: dict[str, Any]) -> None:
+        """Keep the states just written, most recent last; past `cache_runs`, drop the least
+        recently written (a tenth more than the excess, so eviction is not paid every write).
+        Runs that wait long (signals, sleeps, slow tools) leave; the runs in motion stay."""
+        cache = self.cache
+        for run_id, state in states.items():
+            cache.pop(run_id, None)  # re-inserted below: insertion order is write order
+            if state is not None and state.get("status") not in _FINISHED:  # the engine state's field
+                cache[run_id] = state
+        excess = len(cache) - self.cache_runs
+        if excess > 0:
+            for run_id in list(itertools.islice(cache, excess + self.cache_runs // 10)):
+                del cache[run_id]
+
     def _purge_into(self, batch: WriteBatch, purged: list[tuple[bytes, str, str]]) -> None:
         """Delete purged runs (state, event log, leftover timers), keeping a marker of each id."""
         for xkey, run_id, status in purged:
@@ -242,13 +260,7 @@ class PartitionStore:
             batch.put(STATS_KEY, orjson.dumps(self.stats))
         with self._lock:
             self.db.write(batch)
-        if len(self.cache) + len(states) > _CACHE_LIMIT:
-            self.cache.clear()
-        for run_id, state in states.items():
-            if state is None or state.get("status") in _FINISHED:  # the engine state's own field
-                self.cache.pop(run_id, None)
-            else:
-                self.cache[run_id] = state
+        self._cache_states(states)
         if timers_deleted and self.next_due_ms is not None:
             # The earliest timer may be gone; re-seek from the old bound (skips only the
             # tombstones just written, not the whole history).

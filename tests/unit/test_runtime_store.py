@@ -146,3 +146,24 @@ def test_stats_accumulate(store: PartitionStore) -> None:
     ov.count("timers_fired", 3)
     ov.write(None)
     assert store.stats["timers_fired"] == 5
+
+
+def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_ones(tmp_path: Path) -> None:
+    from rocksdict import WriteBatch
+
+    s = PartitionStore(tmp_path / "p0", 0, cache_runs=10)
+
+    def write(*run_ids: str, status: str = "running") -> None:
+        s.write(WriteBatch(raw_mode=True), {r: {"run_id": r, "status": status} for r in run_ids}, None, False, None, {})
+
+    write(*(f"r{i}" for i in range(10)))
+    write("r0")  # written again: now the most recent
+    write("r10")  # one over: the least recently written go, a tenth more than the excess
+    assert list(s.cache) == ["r3", "r4", "r5", "r6", "r7", "r8", "r9", "r0", "r10"]
+    write("r5", status="succeeded")  # a finished run is not kept
+    assert "r5" not in s.cache and len(s.cache) == 8
+    s.close()
+    none = PartitionStore(tmp_path / "p1", 1, cache_runs=0)
+    none.write(WriteBatch(raw_mode=True), {"a": {"run_id": "a", "status": "running"}}, None, False, None, {})
+    assert none.cache == {}
+    none.close()
