@@ -134,6 +134,7 @@ class Processor:
         self._producers: list[Producer | None] = [None, None]
         self._slot = 0  # index of the producer of the current / next transaction
         self._producer_failed: list[KafkaError | None] = [None, None]  # a fatal error_cb, per slot
+        self._producer_cut_off = [False, False]  # saw every broker down since its init, per slot
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -442,6 +443,8 @@ class Processor:
             if self._producer_renewed:  # the other one was just replaced too: not a one-off, stop
                 raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
             self._renew_producer(failed, "begin (failed while idle)")
+        elif self._producer_cut_off[self._slot] and self._cluster_answers():
+            self._refresh_producer()
         try:
             with self._bounded("begin_transaction"):
                 self._producer.begin_transaction()
@@ -607,6 +610,21 @@ class Processor:
         for key in [k for k in self._poison if k[2] < txn.next.get((k[0], k[1]), -1)]:
             del self._poison[key]  # committed as a dead letter
 
+    def _cluster_answers(self) -> bool:
+        assert self._producer is not None
+        try:
+            self._producer.list_topics(self.topics.commands, timeout=2.0)
+        except KafkaException:
+            return False
+        return True
+
+    def _refresh_producer(self) -> None:
+        """Replace a producer that saw every broker down, once the cluster answers again and
+        before its next transaction. librdkafka keeps its coordinator and broker handles across
+        such an outage, and `send_offsets_to_transaction` can then wait for good on a
+        coordinator handle that never comes back up (librdkafka#5456, #5511; docs/runtime.md)."""
+        self._replace_producer("it saw the whole cluster unreachable", "cluster_unreachable")
+
     def _renew_producer(self, err: KafkaError, stage: str) -> None:
         """A fatal transactional error that is not another instance's fencing: typically this
         process was frozen past transaction_timeout_ms, the coordinator aborted the transaction
@@ -614,17 +632,26 @@ class Processor:
         INVALID_TXN_STATE when queued messages timed out first). A new producer (init_transactions
         aborts what is left) carries on; the caller rewinds the input like any abort. At most
         once between two commits."""
-        self.log.warning("transactional producer failed fatally; replacing it", extra={
-            "stage": stage, "error": err.str(), "transactional_id": self.settings.transactional_ids[self._slot]})
+        self._replace_producer("it failed fatally", "fatal", stage=stage, error=err.str())
+        self._producer_renewed = True
+
+    def _replace_producer(self, why: str, reason: str, **extra: Any) -> None:
+        """A new producer for the current slot; the old one is dropped, never called again.
+        The new one's init_transactions fences the old one and aborts what it left open, so
+        the transaction in progress, if any, is gone: the caller rewinds the input."""
+        slot = self._slot
+        self.log.warning(f"replacing the transactional producer: {why}", extra={
+            "transactional_id": self.settings.transactional_ids[slot], **extra})
         old = self._producer
         self._producer = None
         if old is not None:
             with contextlib.suppress(Exception):
                 old.purge()
-        self._producer = self._new_producer(self._slot)
-        self._producer_failed[self._slot] = None
-        self._producer_renewed = True
-        self.txn.open = False  # it went with the old producer; txn.start still rewinds the input
+        self._producer = self._new_producer(slot)
+        self._producer_failed[slot] = None
+        self._producer_cut_off[slot] = False
+        self.txn.open = False
+        self.metrics.producers_replaced.labels(reason).inc()
 
     def _abort(self, reason: str) -> None:
         txn = self.txn
@@ -639,7 +666,12 @@ class Processor:
                 if err.code() in _FENCED_CODES or err.fatal():
                     self._txn_failed(e, "abort")  # stops, or replaces the producer and rewinds
                     return
-                raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
+                if not err.retriable():
+                    raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
+                # Timed out: the abort goes on inside librdkafka and can wait for good on a
+                # coordinator lost across a broker restart. A new producer's init_transactions
+                # aborts the transaction at the coordinator instead.
+                self._replace_producer("abort_transaction timed out", "abort_timed_out", error=err.str())
         for (t, p), off in txn.start.items():
             # A partition no longer assigned raises: its next owner starts from the committed offset.
             with contextlib.suppress(KafkaException):
@@ -726,6 +758,8 @@ class Processor:
     def _on_producer_error(self, slot: int, err: KafkaError) -> None:
         if err.fatal() and err.code() not in _FENCED_CODES:
             self._producer_failed[slot] = err
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._producer_cut_off[slot] = True
         self._on_client_error(err)
 
     def _on_client_error(self, err: KafkaError) -> None:

@@ -28,6 +28,10 @@ class ProcessorMetrics(MetricsEndpoint):
                                     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
         self.loop_stalls = Counter("runfold_processor_loop_stalls",
                                    "Times the loop began no iteration for stall_timeout_ms (watchdog)", registry=r)
+        self.producers_replaced = Counter(
+            "runfold_processor_producers_replaced",
+            "Transactional producers replaced, by reason: fatal, cluster_unreachable, abort_timed_out",
+            ["reason"], registry=r)
         self.runs_purged = Counter("runfold_processor_runs_purged",
                                    "Finished runs purged from the local store after finished_retention_ms",
                                    registry=r)
