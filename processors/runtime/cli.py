@@ -8,6 +8,8 @@ stalled for stall_timeout_ms (stuck in a Kafka client call; logged with its stac
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -53,7 +55,11 @@ def processor(
         finished_retention_ms=finished_retention_ms)
     logs.configure(settings.log_level)
     tune_gc()
-    code = Processor(settings, stop=stop, exit_on_stall=True).run()
+    processor = Processor(settings, stop=stop, exit_on_stall=True)
+    code = processor.run()
+    if processor.abandoned:  # clients left inside calls that never returned: destroying them could hang
+        logging.shutdown()
+        os._exit(code)
     raise typer.Exit(code)
 
 

@@ -35,7 +35,7 @@ from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
-from processors.runtime.watchdog import Watchdog
+from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, Watchdog
 from schemas import Codec
 
 EXIT_OK = 0
@@ -47,6 +47,12 @@ _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, Kafka
 _KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
+# A call librdkafka does not return in time is given up after its own timeout plus this,
+# before the watchdog's grace (CALL_GRACE_S) would restart the process for it.
+_ABANDON_AFTER_S = CALL_GRACE_S / 2
+# Producers left inside calls that never returned (each holds a thread and a client): past
+# this many, the process is restarted instead.
+_MAX_ABANDONED = 3
 _REPLACE_SPACING_S = 5.0
 
 
@@ -135,6 +141,8 @@ class Processor:
         self._slot = 0  # index of the producer of the current / next transaction
         self._producer_failed: list[KafkaError | None] = [None, None]  # a fatal error_cb, per slot
         self._producer_cut_off = [False, False]  # saw every broker down since its init, per slot
+        self._calls = CallThread("runfold-txn-call")  # send_offsets_to_transaction, which may never return
+        self.abandoned: list[Producer] = []  # inside such a call: never called nor destroyed again
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -280,6 +288,7 @@ class Processor:
             for producer in self._producers:
                 if producer is not None:
                     producer.flush(5)
+        self._calls.close()
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -468,12 +477,16 @@ class Processor:
                 self.folder.snapshots(ov, p, txn.counters)
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
-                with self._bounded("send_offsets_to_transaction", self._txn_call_s):
-                    producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(),
-                                                         self._txn_call_s)
+                group, wait_s = consumer.consumer_group_metadata(), self._txn_call_s
+                with self._bounded("send_offsets_to_transaction", wait_s):
+                    self._calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, wait_s),
+                                    wait_s + _ABANDON_AFTER_S)
             self._commit_transaction(producer)
         except KafkaException as e:
             self._txn_failed(e, "commit")
+            return
+        except CallAbandoned as e:
+            self._call_abandoned("send_offsets_to_transaction", e)
             return
         except RecordTooLarge as e:  # a run-state snapshot: which input made it is not known
             self._output_too_large(str(e))
@@ -634,6 +647,20 @@ class Processor:
         once between two commits."""
         self._replace_producer("it failed fatally", "fatal", stage=stage, error=err.str())
         self._producer_renewed = True
+
+    def _call_abandoned(self, call: str, e: CallAbandoned) -> None:
+        """`call` did not return (librdkafka#5456, #5511: it can wait for good on a coordinator
+        lost across a broker restart). Leave it, its thread and its producer behind, and go on
+        with a new producer, whose init_transactions aborts the open transaction at the
+        coordinator; the input is rewound as for any abort."""
+        assert self._producer is not None
+        self.abandoned.append(self._producer)
+        if len(self.abandoned) > _MAX_ABANDONED:
+            raise ProcessorStopped(EXIT_STALLED, f"{call} did not return {len(self.abandoned)} times; "
+                                                 "restart the process to free the clients left inside it")
+        self._producer = None  # not purged nor dropped: its call may still be running
+        self._replace_producer(f"{call} did not return", "call_abandoned", error=str(e))
+        self._abort(f"{call} did not return")
 
     def _replace_producer(self, why: str, reason: str, **extra: Any) -> None:
         """A new producer for the current slot; the old one is dropped, never called again.

@@ -30,7 +30,8 @@ class ProcessorMetrics(MetricsEndpoint):
                                    "Times the loop began no iteration for stall_timeout_ms (watchdog)", registry=r)
         self.producers_replaced = Counter(
             "runfold_processor_producers_replaced",
-            "Transactional producers replaced, by reason: fatal, cluster_unreachable, abort_timed_out",
+            "Transactional producers replaced, by reason: fatal, cluster_unreachable, abort_timed_out, "
+            "call_abandoned",
             ["reason"], registry=r)
         self.runs_purged = Counter("runfold_processor_runs_purged",
                                    "Finished runs purged from the local store after finished_retention_ms",

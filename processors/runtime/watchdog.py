@@ -12,18 +12,81 @@ A call given a timeout is watched more closely (`call`). librdkafka's
 own (the timeout is enforced inside that flow) and was seen blocked for minutes past its
 timeout right after a broker restart; `begin_transaction` has no timeout at all
 (librdkafka#4420). Such a call is a stall once its timeout plus `CALL_GRACE_S` has passed.
+
+`CallThread` lets the loop stop waiting for such a call before that: the call runs on a
+helper thread and the loop gives up on it after a deadline (`CallAbandoned`), leaving the
+call, its thread and its client behind, never to be touched again.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 CALL_GRACE_S = 10.0
+T = TypeVar("T")
+
+
+class CallAbandoned(Exception):
+    """The call did not return in time; it goes on, alone, on its helper thread."""
+
+
+class _Job:
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class CallThread:
+    """Runs blocking calls one at a time on a helper thread, so that the caller can stop
+    waiting for one that never returns. The thread of an abandoned call is left to it; the
+    next call starts a new one. Costs a thread handoff per call (tens of µs)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self.abandoned = 0
+
+    def run(self, fn: Callable[[], T], wait_s: float) -> T:
+        """fn()'s result or exception; CallAbandoned if it has not returned after wait_s."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._jobs,), name=self._name, daemon=True).start()
+        job = _Job(fn)
+        self._jobs.put(job)
+        if not job.done.wait(wait_s):
+            self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
+            self._jobs = None
+            self.abandoned += 1
+            raise CallAbandoned(f"no return after {wait_s:.0f} s")
+        if job.error is not None:
+            raise job.error
+        result: T = job.result
+        return result
+
+    def close(self) -> None:
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while (job := jobs.get()) is not None:
+            try:
+                job.result = job.fn()
+            except BaseException as e:  # handed to the caller, which re-raises it
+                job.error = e
+            job.done.set()
 
 
 class Watchdog:

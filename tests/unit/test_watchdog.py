@@ -1,11 +1,14 @@
 """The loop watchdog: a stall is reported once, with the stuck thread's stack; a loop that
-moves on re-arms it."""
+moves on re-arms it. The call thread: a call that does not return in time is left behind."""
 
 from __future__ import annotations
 
 import threading
+import time
 
-from processors.runtime.watchdog import CALL_GRACE_S, Watchdog
+import pytest
+
+from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, Watchdog
 
 
 class Clock:
@@ -69,3 +72,30 @@ def test_a_call_past_its_timeout_is_a_stall_long_before_the_loop_limit() -> None
     dog.beat()  # the loop moved on
     clock.now += 60
     assert not dog.check()  # no call in progress, and the loop limit is far off
+
+
+def test_call_thread_returns_results_and_raises_the_calls_errors() -> None:
+    calls = CallThread("test-calls")
+    assert calls.run(lambda: 41 + 1, 5.0) == 42
+    with pytest.raises(KeyError, match="missing"):
+        calls.run(lambda: {}["missing"], 5.0)
+    assert calls.run(threading.get_ident, 5.0) != threading.get_ident()  # on its helper thread
+    calls.close()
+
+
+def test_a_call_that_does_not_return_is_abandoned_and_the_next_gets_a_new_thread() -> None:
+    calls = CallThread("test-calls")
+    release = threading.Event()
+    first = calls.run(threading.get_ident, 5.0)
+    t0 = time.monotonic()
+    with pytest.raises(CallAbandoned):
+        calls.run(release.wait, 0.2)
+    assert time.monotonic() - t0 < 2.0 and calls.abandoned == 1
+    second = calls.run(threading.get_ident, 5.0)
+    assert second != first  # the stuck thread is the abandoned call's
+    release.set()  # the abandoned call returns: its thread ends
+    deadline = time.monotonic() + 5
+    while any(t.ident == first for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.ident == first for t in threading.enumerate())
+    calls.close()
