@@ -219,8 +219,12 @@ logger.cleaner.level = WARN
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, base64url without padding (what `random-uuid` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, base64url without padding (what `random-uuid` prints).
+    Like Kafka's Uuid.randomUuid, never one starting with '-': the storage tool would take
+    `--cluster-id -…` for an option and refuse to format (1 start in 64)."""
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cid
 
 
 def _format_storage(cfg: LocalKafkaConfig, java: str, libs: Path, props: Path) -> None:

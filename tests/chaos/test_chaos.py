@@ -308,6 +308,7 @@ def test_broker_restart_in_the_middle_of_the_load(chaos_settings: ProcessorSetti
     # unless the process had to be restarted first (a call in flight when the broker stopped)
     replaced = fleet.log("p1").read_text(errors="replace").count("saw the whole cluster unreachable")
     proof = prove("broker restart under 300 runs", s, started=set(runs),
-                  extra={"self_exits_restarted": exits, "producers_replaced": replaced, "id": uuid.uuid4().hex[:6]})
+                  extra={"self_exits_restarted": exits, "producers_replaced": replaced, "commands_resent": cmd.resent,
+                         "id": uuid.uuid4().hex[:6]})
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
     assert replaced >= 1 or exits, fleet.tails()

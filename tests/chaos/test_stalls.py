@@ -128,5 +128,6 @@ def test_broker_frozen_until_it_fences_itself(chaos_settings: ProcessorSettings,
         events.close()
     assert codes["p1"] == 0, fleet.tails()
     runs = set(before + after)
-    proof = prove("broker frozen (SIGSTOP) 13 s: fences itself, group sessions time out", s, started=runs)
+    proof = prove("broker frozen (SIGSTOP) 13 s: fences itself, group sessions time out", s, started=runs,
+                  extra={"commands_resent": cmd.resent})
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}

@@ -117,15 +117,31 @@ def running(settings: ProcessorSettings, partitions: int | None = 2) -> Iterator
 
 
 class Commands:
+    """Sends commands and receipts as a service or an executor would; `flush` makes sure they
+    arrived."""
+
     def __init__(self, settings: ProcessorSettings) -> None:
         self.settings = settings
         self.producer = Producer(producer_config(settings, linger_ms=0))
         self.topics = settings.topics
+        self._undelivered: dict[int, tuple[str, bytes | None, bytes | None]] = {}
+        self._next = 0
+        self.resent = 0
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None) -> None:
+        n = self._next = self._next + 1
+        self._undelivered[n] = (topic, value, key)
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is None:
+                self._undelivered.pop(n, None)
+
+        self.producer.produce(topic, value, key, on_delivery=delivered)
 
     def send(self, kind: str, run_id: str, body: dict[str, Any], topic: str | None = None) -> None:
         msg = {"run_id": run_id, "ts_ms": now_ms(), "record_id": uuid.uuid4().hex, **body}
         target = topic or (self.topics.commands if kind == "commands" else self.topics.receipts)
-        self.producer.produce(target, CODEC.encode(kind, msg), run_id.encode())
+        self._produce(target, CODEC.encode(kind, msg), run_id.encode())
         self.producer.poll(0)
 
     def start(self, run_id: str, definition_id: str, input: Any = None) -> None:
@@ -148,12 +164,27 @@ class Commands:
                      usage=ZERO_USAGE)
 
     def raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
-        self.producer.produce(topic, value, key)
+        self._produce(topic, value, key)
 
     def flush(self, timeout: float = 60.0) -> None:
-        """Every record sent so far is delivered (a broker just back from a freeze or a restart
-        can take more than a few seconds to take writes again), or the test fails saying so."""
-        left = self.producer.flush(timeout)
+        """Every record sent so far is delivered, or the test fails saying so. A broker just back
+        from a freeze or a restart can take seconds to take writes again, and a librdkafka
+        producer was seen stuck for good after one (stale broker handles, as in
+        docs/runtime.md): after 20 s a new producer resends what was not delivered, as a
+        service would (commands and receipts are idempotent by run and record id)."""
+        deadline = time.monotonic() + timeout
+        self.producer.flush(min(20.0, timeout))
+        if self._undelivered:
+            with contextlib.suppress(Exception):
+                self.producer.purge()
+            self.producer.flush(0)  # serves the purged records' reports
+            self.producer = Producer(producer_config(self.settings, linger_ms=0))
+            pending, self._undelivered = list(self._undelivered.values()), {}
+            self.resent += len(pending)
+            for topic, value, key in pending:
+                self._produce(topic, value, key)
+            self.producer.flush(max(0.0, deadline - time.monotonic()))
+        left = len(self._undelivered)
         assert left == 0, f"{left} command/receipt records still undelivered after {timeout} s"
 
 
