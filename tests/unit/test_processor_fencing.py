@@ -73,3 +73,52 @@ def test_a_fenced_error_callback_stops_instead_of_replacing(monkeypatch: pytest.
     proc._on_producer_error(0, KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
     assert proc._producer_failed == [None, None]
     assert proc._fatal is not None and proc._fatal.code == EXIT_FENCED and proc.stop_event.is_set()
+
+
+def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc, _ = _processor(monkeypatch)
+    proc._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}), Producer({"bootstrap.servers": "127.0.0.1:9"})]
+    proc._on_producer_error(0, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert proc._producer_cut_off == [True, False] and proc._producer_failed == [None, None]
+    replaced: list[str] = []
+    monkeypatch.setattr(proc, "_refresh_producer", lambda: replaced.append("refreshed"))
+    monkeypatch.setattr(proc, "_cluster_answers", lambda: False)
+    with pytest.raises(ProcessorStopped):  # still down: the old one goes on (offline, it cannot begin)
+        proc._begin()
+    assert replaced == []
+    monkeypatch.setattr(proc, "_cluster_answers", lambda: True)
+    with pytest.raises(ProcessorStopped):
+        proc._begin()
+    assert replaced == ["refreshed"]
+
+
+class _AbortTimesOut:
+    def __init__(self) -> None:
+        self.purged = False
+
+    def abort_transaction(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out waiting for operation to finish, "
+                                        "retry call to resume", retriable=True))
+
+    def purge(self) -> None:
+        self.purged = True
+
+
+def test_an_abort_that_times_out_replaces_the_producer_and_rewinds_instead_of_stopping() -> None:
+    from confluent_kafka import Consumer
+
+    proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=False))
+    stuck, fresh = _AbortTimesOut(), object()
+    proc._producers = [stuck, None]  # type: ignore[list-item]
+    proc._new_producer = lambda slot: fresh  # type: ignore[assignment,method-assign,return-value]
+    proc._consumer = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
+    proc.txn.open, proc.txn.start = True, {("t.commands", 0): 5}
+    proc._abort("commit: timed out")
+    assert proc._producers[0] is fresh and stuck.purged
+    assert proc.txn.open is False and proc.txn.start == {}
+    assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 1
+    assert proc.metrics.transactions.labels("aborted")._value.get() == 1
+    assert not proc._producer_renewed  # not a fatal renewal: a later fence still means another instance
+    proc._consumer.close()
