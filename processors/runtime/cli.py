@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -57,8 +58,10 @@ def processor(
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
     code = processor.run()
-    if processor.abandoned:  # clients left inside calls that never returned: destroying them could hang
+    if processor.stuck_calls():  # clients left inside calls that never returned: destroying them could hang
         logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     raise typer.Exit(code)
 

@@ -142,7 +142,9 @@ class Processor:
         self._producer_failed: list[KafkaError | None] = [None, None]  # a fatal error_cb, per slot
         self._producer_cut_off = [False, False]  # saw every broker down since its init, per slot
         self._calls = CallThread("runfold-txn-call")  # send_offsets_to_transaction, which may never return
-        self.abandoned: list[Producer] = []  # inside such a call: never called nor destroyed again
+        # Producers left inside such a call, with the call's done event: never called again,
+        # nor destroyed while the call runs.
+        self._abandoned: list[tuple[Producer, threading.Event]] = []
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -193,9 +195,12 @@ class Processor:
             code = EXIT_FATAL
             self.log.exception("processor crashed", extra={"exit_code": code})
         finally:
-            self._shutdown()
-            if self.watchdog is not None:
-                self.watchdog.stop()
+            try:
+                self._shutdown()
+            finally:
+                self._calls.close()
+                if self.watchdog is not None:
+                    self.watchdog.stop()
         return code
 
     def stop(self) -> None:
@@ -288,7 +293,6 @@ class Processor:
             for producer in self._producers:
                 if producer is not None:
                     producer.flush(5)
-        self._calls.close()
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -316,6 +320,8 @@ class Processor:
             msgs = [first] if first is not None else []
             if first is not None and batch > 1:
                 msgs.extend(consumer.consume(batch - 1, 0))
+        if self._fatal is not None:  # a rebalance callback inside poll/consume failed: stop now
+            return
         if msgs:
             self._fold(msgs)
         now = _now_ms()
@@ -654,13 +660,19 @@ class Processor:
         with a new producer, whose init_transactions aborts the open transaction at the
         coordinator; the input is rewound as for any abort."""
         assert self._producer is not None
-        self.abandoned.append(self._producer)
-        if len(self.abandoned) > _MAX_ABANDONED:
-            raise ProcessorStopped(EXIT_STALLED, f"{call} did not return {len(self.abandoned)} times; "
-                                                 "restart the process to free the clients left inside it")
+        self._abandoned.append((self._producer, e.done))
         self._producer = None  # not purged nor dropped: its call may still be running
+        if self.stuck_calls() > _MAX_ABANDONED:
+            self.txn.reset()  # its records went with the abandoned producer; the restart rewinds
+            raise ProcessorStopped(EXIT_STALLED, f"{self.stuck_calls()} {call} calls never returned; "
+                                                 "restart the process to free the clients left inside them")
         self._replace_producer(f"{call} did not return", "call_abandoned", error=str(e))
         self._abort(f"{call} did not return")
+
+    def stuck_calls(self) -> int:
+        """Abandoned calls still running. Producers whose call has returned since are let go."""
+        self._abandoned = [(p, done) for p, done in self._abandoned if not done.is_set()]
+        return len(self._abandoned)
 
     def _replace_producer(self, why: str, reason: str, **extra: Any) -> None:
         """A new producer for the current slot; the old one is dropped, never called again.
@@ -693,11 +705,13 @@ class Processor:
                 if err.code() in _FENCED_CODES or err.fatal():
                     self._txn_failed(e, "abort")  # stops, or replaces the producer and rewinds
                     return
-                if not err.retriable():
+                if err.code() != KafkaError._TIMED_OUT:
+                    # Notably _CONFLICT after a commit that timed out: the commit may still land,
+                    # so the input must not be replayed here; the restart restores from the log.
                     raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
-                # Timed out: the abort goes on inside librdkafka and can wait for good on a
-                # coordinator lost across a broker restart. A new producer's init_transactions
-                # aborts the transaction at the coordinator instead.
+                # The abort itself timed out: it goes on inside librdkafka and can wait for good
+                # on a coordinator lost across a broker restart. A new producer's
+                # init_transactions aborts the transaction at the coordinator instead.
                 self._replace_producer("abort_transaction timed out", "abort_timed_out", error=err.str())
         for (t, p), off in txn.start.items():
             # A partition no longer assigned raises: its next owner starts from the committed offset.

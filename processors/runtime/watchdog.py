@@ -34,7 +34,12 @@ T = TypeVar("T")
 
 
 class CallAbandoned(Exception):
-    """The call did not return in time; it goes on, alone, on its helper thread."""
+    """The call did not return in time; it goes on, alone, on its helper thread. `done` is set
+    if it ever returns."""
+
+    def __init__(self, message: str, done: threading.Event) -> None:
+        super().__init__(message)
+        self.done = done
 
 
 class _Job:
@@ -55,7 +60,6 @@ class CallThread:
     def __init__(self, name: str) -> None:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
-        self.abandoned = 0
 
     def run(self, fn: Callable[[], T], wait_s: float) -> T:
         """fn()'s result or exception; CallAbandoned if it has not returned after wait_s."""
@@ -67,8 +71,7 @@ class CallThread:
         if not job.done.wait(wait_s):
             self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
             self._jobs = None
-            self.abandoned += 1
-            raise CallAbandoned(f"no return after {wait_s:.0f} s")
+            raise CallAbandoned(f"no return after {wait_s:.0f} s", job.done)
         if job.error is not None:
             raise job.error
         result: T = job.result

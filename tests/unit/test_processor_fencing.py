@@ -95,11 +95,12 @@ def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answ
 
 
 class _AbortTimesOut:
-    def __init__(self) -> None:
+    def __init__(self, code: int = KafkaError._TIMED_OUT) -> None:
         self.purged = False
+        self.code = code
 
     def abort_transaction(self, timeout: float) -> None:
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out waiting for operation to finish, "
+        raise KafkaException(KafkaError(self.code, "Timed out waiting for operation to finish, "
                                         "retry call to resume", retriable=True))
 
     def purge(self) -> None:
@@ -122,3 +123,18 @@ def test_an_abort_that_times_out_replaces_the_producer_and_rewinds_instead_of_st
     assert proc.metrics.transactions.labels("aborted")._value.get() == 1
     assert not proc._producer_renewed  # not a fatal renewal: a later fence still means another instance
     proc._consumer.close()
+
+
+def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_without_replaying() -> None:
+    # librdkafka answers a retriable _CONFLICT: the commit may still land, so replaying the
+    # input on a new producer could emit its outputs twice; stopping restores from the log.
+    proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=False))
+    conflict = _AbortTimesOut(KafkaError._CONFLICT)
+    proc._producers = [conflict, None]  # type: ignore[list-item]
+    proc._new_producer = lambda slot: object()  # type: ignore[assignment,method-assign,return-value]
+    proc._consumer = object()  # type: ignore[assignment]
+    proc.txn.open = True
+    with pytest.raises(ProcessorStopped) as stopped:
+        proc._abort("commit: timed out 5 times")
+    assert stopped.value.code == EXIT_FATAL and proc._producers[0] is conflict and not conflict.purged
+    assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 0
