@@ -15,7 +15,6 @@ ends the loop with a non-zero exit code and a message saying why.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -29,30 +28,26 @@ from processors.engine import Catalog, Ceilings, EngineContext
 from processors.runtime import logs
 from processors.runtime.assignment import Partitions
 from processors.runtime.definitions import DefinitionsReader
+from processors.runtime.exits import (  # re-exported: the exit codes callers know the loop by
+    EXIT_FATAL,
+    EXIT_FENCED,
+    EXIT_OK,
+    EXIT_STALLED,
+    FENCED_CODES,
+    ProcessorStopped,
+)
 from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
-from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, Watchdog
+from processors.runtime.watchdog import CallAbandoned, Watchdog
 from schemas import Codec
 
-EXIT_OK = 0
-EXIT_FATAL = 2
-EXIT_FENCED = 3
-EXIT_STALLED = 4
-_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
-_KAFKA_TIMEOUT_S = 30.0
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
-# A call librdkafka does not return in time is given up after its own timeout plus this,
-# before the watchdog's grace (CALL_GRACE_S) would restart the process for it.
-_ABANDON_AFTER_S = CALL_GRACE_S / 2
-# Producers left inside calls that never returned (each holds a thread and a client): past
-# this many, the process is restarted instead.
-_MAX_ABANDONED = 3
 _REPLACE_SPACING_S = 5.0
 
 
@@ -67,14 +62,6 @@ class ProduceFailed(Exception):
     def __init__(self, err: KafkaError) -> None:
         super().__init__(err.str())
         self.err = err
-
-
-class ProcessorStopped(Exception):
-    """The loop cannot go on (fenced, fatal Kafka error, bad topology, store failure)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -122,7 +109,6 @@ class Processor:
         self._aborts_in_a_row = 0
         self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
         self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
-        self._producer_renewed = False  # a fatal producer was replaced and nothing committed since
         self._consumer_replaced_at = -1e9
         self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
         # Output too large: a transaction's input is replayed one record per transaction
@@ -132,19 +118,7 @@ class Processor:
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
         self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
-        # Two transactional producers, used in turn: a transaction begun right after the previous
-        # one's EndTxn on the same transactional id finds the coordinator still writing its
-        # markers, and librdkafka retries AddPartitionsToTxn after a fixed 20 ms (9-25 % of
-        # transactions, docs/runtime.md). The other id's last transaction ended a whole commit
-        # earlier. Strictly one transaction at a time: N is committed before N+1 begins.
-        self._producers: list[Producer | None] = [None, None]
-        self._slot = 0  # index of the producer of the current / next transaction
-        self._producer_failed: list[KafkaError | None] = [None, None]  # a fatal error_cb, per slot
-        self._producer_cut_off = [False, False]  # saw every broker down since its init, per slot
-        self._calls = CallThread("runfold-txn-call")  # send_offsets_to_transaction, which may never return
-        # Producers left inside such a call, with the call's done event: never called again,
-        # nor destroyed while the call runs.
-        self._abandoned: list[tuple[Producer, threading.Event]] = []
+        self.producers = TxnProducers(settings, self.metrics, self.log, self._bounded, self._on_client_error)
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
         self._definitions: DefinitionsReader | None = None
@@ -164,7 +138,7 @@ class Processor:
         self._exit_on_stall = exit_on_stall
         # Offsets and commit get no longer than the transaction itself: the coordinator aborts
         # a transaction older than transaction_timeout_ms, so waiting longer gains nothing.
-        self._txn_call_s = min(_KAFKA_TIMEOUT_S, settings.transaction_timeout_ms / 1000.0)
+        self._txn_call_s = min(KAFKA_TIMEOUT_S, settings.transaction_timeout_ms / 1000.0)
         self.watchdog = Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall) \
             if settings.stall_timeout_ms else None
 
@@ -198,7 +172,7 @@ class Processor:
             try:
                 self._shutdown()
             finally:
-                self._calls.close()
+                self.producers.close()
                 if self.watchdog is not None:
                     self.watchdog.stop()
         return code
@@ -212,11 +186,11 @@ class Processor:
                                                    "transactional_id": s.transactional_id})
         self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
-        self._producers = [self._new_producer(0), self._new_producer(1)]
+        self.producers.start()
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
-        n = self._definitions.catch_up(_KAFKA_TIMEOUT_S)
+        n = self._definitions.catch_up(KAFKA_TIMEOUT_S)
         if s.metrics_port is not None:
             self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
         if s.query_port is not None:
@@ -229,30 +203,6 @@ class Processor:
             "definitions": n, "partitions": partitions, "group": s.group,
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
-
-    @property
-    def _producer(self) -> Producer | None:
-        return self._producers[self._slot]
-
-    @_producer.setter
-    def _producer(self, producer: Producer | None) -> None:
-        self._producers[self._slot] = producer
-
-    def _next_producer(self) -> None:
-        """After a commit or an abort: the next transaction uses the other producer."""
-        if self.settings.alternate_producers:
-            self._slot ^= 1
-
-    def _new_producer(self, slot: int) -> Producer:
-        s = self.settings
-        producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self._on_producer_error, slot)})
-        try:
-            with self._bounded("init_transactions"):
-                producer.init_transactions(_KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
-        except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
-                                               f"{e.args[0].str()}") from e
-        return producer
 
     def _new_consumer(self) -> Consumer:
         return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
@@ -269,7 +219,7 @@ class Processor:
         t = self.topics
         names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
                  t.child_activations, *(t.activations(q) for q in self.settings.activation_queues)]
-        meta = self._consumer.list_topics(timeout=_KAFKA_TIMEOUT_S)
+        meta = self._consumer.list_topics(timeout=KAFKA_TIMEOUT_S)
         missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
         if missing:
             raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
@@ -290,9 +240,7 @@ class Processor:
             self.partitions.close_all()
             self.partitions.close_readers()
         if self._fatal is None:
-            for producer in self._producers:
-                if producer is not None:
-                    producer.flush(5)
+            self.producers.flush(5)
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:
@@ -342,9 +290,7 @@ class Processor:
             self._report_lag()
             self._refresh_statuses()
             self._check_membership()
-            idle = self._producers[self._slot ^ 1]
-            if idle is not None:
-                idle.poll(0)  # its error callbacks, also when it is not alternated with
+            self.producers.poll_idle()
 
     def _idle_timeout(self) -> float:
         assert self.partitions is not None
@@ -422,14 +368,15 @@ class Processor:
 
     # ---- transactions ----------------------------------------------------------------------
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
-        assert self._producer is not None
+        producer = self.producers.current
+        assert producer is not None
         try:
             try:
-                self._producer.produce(topic, value, key, **kw)
+                producer.produce(topic, value, key, **kw)
             except BufferError:
                 # Local queue full: let deliveries drain, then try once more (raises if still full).
-                self._producer.poll(0.5)
-                self._producer.produce(topic, value, key, **kw)
+                producer.poll(0.5)
+                producer.produce(topic, value, key, **kw)
         except KafkaException as e:
             err: KafkaError = e.args[0]
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -448,25 +395,16 @@ class Processor:
         txn = self.txn
         if txn.open:
             return
-        assert self._producer is not None
-        # Serve this producer's error callbacks first: it sat idle through the other's whole
-        # transaction, and begin_transaction on a producer already failed fatally can block
-        # for good (librdkafka#4420).
-        self._producer.poll(0)
-        failed = self._producer_failed[self._slot]
-        if failed is not None:
-            if self._producer_renewed:  # the other one was just replaced too: not a one-off, stop
-                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
-            self._renew_producer(failed, "begin (failed while idle)")
-        elif self._producer_cut_off[self._slot] and self._cluster_answers():
-            self._refresh_producer()
+        self.producers.prepare_current()
+        producer = self.producers.current
+        assert producer is not None
         try:
             with self._bounded("begin_transaction"):
-                self._producer.begin_transaction()
+                producer.begin_transaction()
         except KafkaException as e:  # only fatal or state errors can happen here
             err: KafkaError = e.args[0]
-            if err.fatal() and err.code() not in _FENCED_CODES and not self._producer_renewed:
-                self._renew_producer(err, "begin")
+            if err.fatal() and err.code() not in FENCED_CODES and not self.producers.renewed:
+                self.producers.renew(err, "begin")
                 return self._begin()
             self._fatal = ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}")
             raise self._fatal from e
@@ -475,7 +413,7 @@ class Processor:
 
     def _commit(self) -> None:
         txn = self.txn
-        producer, consumer = self._producer, self._consumer
+        producer, consumer = self.producers.current, self._consumer
         assert producer is not None and consumer is not None
         t0 = time.perf_counter()
         try:
@@ -483,10 +421,7 @@ class Processor:
                 self.folder.snapshots(ov, p, txn.counters)
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
-                group, wait_s = consumer.consumer_group_metadata(), self._txn_call_s
-                with self._bounded("send_offsets_to_transaction", wait_s):
-                    self._calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, wait_s),
-                                    wait_s + _ABANDON_AFTER_S)
+                self.producers.send_offsets(offsets, consumer.consumer_group_metadata(), self._txn_call_s)
             self._commit_transaction(producer)
         except KafkaException as e:
             self._txn_failed(e, "commit")
@@ -518,13 +453,13 @@ class Processor:
         if txn.overlays:
             self._refresh_statuses()
         self._aborts_in_a_row = 0
-        self._producer_renewed = False
+        self.producers.renewed = False
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
         txn.reset()
-        self._next_producer()
+        self.producers.advance()
 
-    def _bounded(self, call: str, timeout_s: float = _KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+    def _bounded(self, call: str, timeout_s: float = KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
         """A transactional call, watched against its timeout (watchdog.py)."""
         return self.watchdog.call(call, timeout_s) if self.watchdog is not None else contextlib.nullcontext()
 
@@ -566,13 +501,13 @@ class Processor:
             self._abort(f"{stage}: {err.str()}")
             self._consumer_failed = err
             return
-        if err.code() in _FENCED_CODES and (self._producer_renewed or not self._txn_timed_out()):
+        if err.code() in FENCED_CODES and (self.producers.renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
                 f"fenced at {stage}: another processor with transactional.id "
                 f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
                 f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
         if err.fatal():
-            if self._producer_renewed:  # a second one in a row: not a one-off, stop
+            if self.producers.renewed:  # a second one in a row: not a one-off, stop
                 raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
             self._renew_producer(err, stage)
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit
@@ -585,14 +520,15 @@ class Processor:
         already failed the transaction (e.g. a record over the broker's limit, reported
         asynchronously): commit_transaction cannot succeed in that state and returns the
         delivery's error, which `_txn_failed` acts on (too large → find and park the input)."""
-        if err.code() in _FENCED_CODES or err.fatal():
+        if err.code() in FENCED_CODES or err.fatal():
             self._txn_failed(KafkaException(err), stage)
             return
         if err.code() == KafkaError._STATE and self.txn.open:
-            assert self._producer is not None
+            producer = self.producers.current
+            assert producer is not None
             try:
                 with self._bounded("commit_transaction"):
-                    self._producer.commit_transaction(_KAFKA_TIMEOUT_S)
+                    producer.commit_transaction(KAFKA_TIMEOUT_S)
             except KafkaException as e:
                 self._txn_failed(e, stage)
                 return
@@ -629,80 +565,38 @@ class Processor:
         for key in [k for k in self._poison if k[2] < txn.next.get((k[0], k[1]), -1)]:
             del self._poison[key]  # committed as a dead letter
 
-    def _cluster_answers(self) -> bool:
-        assert self._producer is not None
-        try:
-            self._producer.list_topics(self.topics.commands, timeout=2.0)
-        except KafkaException:
-            return False
-        return True
-
-    def _refresh_producer(self) -> None:
-        """Replace a producer that saw every broker down, once the cluster answers again and
-        before its next transaction. librdkafka keeps its coordinator and broker handles across
-        such an outage, and `send_offsets_to_transaction` can then wait for good on a
-        coordinator handle that never comes back up (librdkafka#5456, #5511; docs/runtime.md)."""
-        self._replace_producer("it saw the whole cluster unreachable", "cluster_unreachable")
-
     def _renew_producer(self, err: KafkaError, stage: str) -> None:
-        """A fatal transactional error that is not another instance's fencing: typically this
-        process was frozen past transaction_timeout_ms, the coordinator aborted the transaction
-        and bumped the epoch, and the producer's next call fails (PRODUCER_FENCED, or
-        INVALID_TXN_STATE when queued messages timed out first). A new producer (init_transactions
-        aborts what is left) carries on; the caller rewinds the input like any abort. At most
-        once between two commits."""
-        self._replace_producer("it failed fatally", "fatal", stage=stage, error=err.str())
-        self._producer_renewed = True
+        """A fatal error on the current producer (producers.py); its transaction went with it."""
+        self.producers.renew(err, stage)
+        self.txn.open = False  # txn.start still rewinds the input
 
     def _call_abandoned(self, call: str, e: CallAbandoned) -> None:
         """`call` did not return (librdkafka#5456, #5511: it can wait for good on a coordinator
-        lost across a broker restart). Leave it, its thread and its producer behind, and go on
-        with a new producer, whose init_transactions aborts the open transaction at the
-        coordinator; the input is rewound as for any abort."""
-        assert self._producer is not None
-        self._abandoned.append((self._producer, e.done))
-        self._producer = None  # not purged nor dropped: its call may still be running
-        if self.stuck_calls() > _MAX_ABANDONED:
+        lost across a broker restart): its producer is left behind, and a new one's
+        init_transactions aborts the open transaction at the coordinator; the input is
+        rewound as for any abort."""
+        try:
+            self.producers.abandon(call, e)
+        except ProcessorStopped:
             self.txn.reset()  # its records went with the abandoned producer; the restart rewinds
-            raise ProcessorStopped(EXIT_STALLED, f"{self.stuck_calls()} {call} calls never returned; "
-                                                 "restart the process to free the clients left inside them")
-        self._replace_producer(f"{call} did not return", "call_abandoned", error=str(e))
+            raise
+        self.txn.open = False
         self._abort(f"{call} did not return")
 
     def stuck_calls(self) -> int:
-        """Abandoned calls still running. Producers whose call has returned since are let go."""
-        self._abandoned = [(p, done) for p, done in self._abandoned if not done.is_set()]
-        return len(self._abandoned)
-
-    def _replace_producer(self, why: str, reason: str, **extra: Any) -> None:
-        """A new producer for the current slot; the old one is dropped, never called again.
-        The new one's init_transactions fences the old one and aborts what it left open, so
-        the transaction in progress, if any, is gone: the caller rewinds the input."""
-        slot = self._slot
-        self.log.warning(f"replacing the transactional producer: {why}", extra={
-            "transactional_id": self.settings.transactional_ids[slot], **extra})
-        old = self._producer
-        self._producer = None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                old.purge()
-        self._producer = self._new_producer(slot)
-        self._producer_failed[slot] = None
-        self._producer_cut_off[slot] = False
-        self.txn.open = False
-        self.metrics.producers_replaced.labels(reason).inc()
+        return self.producers.stuck_calls()
 
     def _abort(self, reason: str) -> None:
         txn = self.txn
-        producer, consumer = self._producer, self._consumer
+        producer, consumer = self.producers.current, self._consumer
         assert producer is not None and consumer is not None
         if txn.open:
             try:
                 with self._bounded("abort_transaction"):
-                    producer.abort_transaction(_KAFKA_TIMEOUT_S)
+                    producer.abort_transaction(KAFKA_TIMEOUT_S)
             except KafkaException as e:
                 err = e.args[0]
-                if err.code() in _FENCED_CODES or err.fatal():
+                if err.code() in FENCED_CODES or err.fatal():
                     self._txn_failed(e, "abort")  # stops, or replaces the producer and rewinds
                     return
                 if err.code() != KafkaError._TIMED_OUT:
@@ -712,7 +606,7 @@ class Processor:
                 # The abort itself timed out: it goes on inside librdkafka and can wait for good
                 # on a coordinator lost across a broker restart. A new producer's
                 # init_transactions aborts the transaction at the coordinator instead.
-                self._replace_producer("abort_transaction timed out", "abort_timed_out", error=err.str())
+                self.producers.replace("abort_transaction timed out", "abort_timed_out", error=err.str())
         for (t, p), off in txn.start.items():
             # A partition no longer assigned raises: its next owner starts from the committed offset.
             with contextlib.suppress(KafkaException):
@@ -722,7 +616,7 @@ class Processor:
         self.log.warning("transaction aborted", extra={
             "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
         txn.reset()
-        self._next_producer()
+        self.producers.advance()
         # Back off when something keeps failing (broker down, topic deleted): no tight loop.
         self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
 
@@ -796,16 +690,9 @@ class Processor:
             logging.shutdown()  # flush the handlers: the loop thread holds no lock we need
             os._exit(EXIT_STALLED)  # the stuck call cannot be interrupted; uncommitted work is redone
 
-    def _on_producer_error(self, slot: int, err: KafkaError) -> None:
-        if err.fatal() and err.code() not in _FENCED_CODES:
-            self._producer_failed[slot] = err
-        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
-            self._producer_cut_off[slot] = True
-        self._on_client_error(err)
-
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
-            if err.code() in _FENCED_CODES and not self._txn_timed_out():
+            if err.code() in FENCED_CODES and not self._txn_timed_out():
                 self._fatal = ProcessorStopped(EXIT_FENCED, (
                     f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
                     f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))

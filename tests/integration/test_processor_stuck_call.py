@@ -58,7 +58,7 @@ def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_sett
 def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(settings: ProcessorSettings) -> None:
     release = threading.Event()
     pt = ProcessorThread(settings)
-    new_producer = pt.processor._new_producer
+    new_producer = pt.processor.producers.new
     stuck: list[_FirstSendOffsetsNeverReturns] = []
 
     def first_one_sticks(slot: int) -> Any:
@@ -68,7 +68,7 @@ def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
         stuck.append(_FirstSendOffsetsNeverReturns(producer, release))
         return stuck[0]
 
-    pt.processor._new_producer = first_one_sticks  # type: ignore[method-assign]
+    pt.processor.producers.new = first_one_sticks  # type: ignore[method-assign]
     events = Reader(settings, [settings.topics.run_events], "run_events")
     activations = Reader(settings, [settings.topics.activations("default")], "activations")
     cmd = Commands(settings)
@@ -86,7 +86,7 @@ def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
     finally:
         release.set()
     p = pt.processor
-    assert stuck[0].calls == 1 and [a for a, _ in p._abandoned] == [stuck[0]]
+    assert stuck[0].calls == 1 and [a for a, _ in p.producers._abandoned] == [stuck[0]]
     assert p.metrics.producers_replaced.labels("call_abandoned")._value.get() == 1
     # exactly once, as a read_committed reader sees it: the abandoned transaction was aborted
     assert Counter(e["type"] for e in events.records if e["type"].startswith("Run")) == {

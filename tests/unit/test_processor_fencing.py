@@ -50,19 +50,20 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
 ) -> None:
     proc, _ = _processor(monkeypatch)
     # a real client (poll(0) serves callbacks offline); it never reaches begin_transaction here
-    proc._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}), Producer({"bootstrap.servers": "127.0.0.1:9"})]
-    proc._slot = 1
+    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}),
+                                 Producer({"bootstrap.servers": "127.0.0.1:9"})]
+    proc.producers.slot = 1
     fatal = KafkaError(KafkaError._FATAL, "idempotent producer: unrecoverable", fatal=True)
-    proc._on_producer_error(1, fatal)
-    assert proc._producer_failed == [None, fatal]
+    proc.producers.on_error(1, fatal)
+    assert proc.producers.failed == [None, fatal]
 
     def renew(err: KafkaError, stage: str) -> None:
         raise _Renewed(stage, err.str())
 
-    monkeypatch.setattr(proc, "_renew_producer", renew)
+    monkeypatch.setattr(proc.producers, "renew", renew)
     with pytest.raises(_Renewed, match="failed while idle"):
         proc._begin()
-    proc._producer_renewed = True  # the other producer was just replaced: a second failure stops
+    proc.producers.renewed = True  # the other producer was just replaced: a second failure stops
     with pytest.raises(ProcessorStopped) as stopped:
         proc._begin()
     assert stopped.value.code == EXIT_FATAL and "unrecoverable" in str(stopped.value)
@@ -70,8 +71,8 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
 
 def test_a_fenced_error_callback_stops_instead_of_replacing(monkeypatch: pytest.MonkeyPatch) -> None:
     proc, _ = _processor(monkeypatch)
-    proc._on_producer_error(0, KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
-    assert proc._producer_failed == [None, None]
+    proc.producers.on_error(0, KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+    assert proc.producers.failed == [None, None]
     assert proc._fatal is not None and proc._fatal.code == EXIT_FENCED and proc.stop_event.is_set()
 
 
@@ -79,19 +80,20 @@ def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answ
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc, _ = _processor(monkeypatch)
-    proc._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}), Producer({"bootstrap.servers": "127.0.0.1:9"})]
-    proc._on_producer_error(0, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
-    assert proc._producer_cut_off == [True, False] and proc._producer_failed == [None, None]
+    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}),
+                                 Producer({"bootstrap.servers": "127.0.0.1:9"})]
+    proc.producers.on_error(0, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert proc.producers.cut_off == [True, False] and proc.producers.failed == [None, None]
     replaced: list[str] = []
-    monkeypatch.setattr(proc, "_refresh_producer", lambda: replaced.append("refreshed"))
-    monkeypatch.setattr(proc, "_cluster_answers", lambda: False)
+    monkeypatch.setattr(proc.producers, "replace", lambda why, reason, **kw: replaced.append(reason))
+    monkeypatch.setattr(proc.producers, "cluster_answers", lambda: False)
     with pytest.raises(ProcessorStopped):  # still down: the old one goes on (offline, it cannot begin)
         proc._begin()
     assert replaced == []
-    monkeypatch.setattr(proc, "_cluster_answers", lambda: True)
+    monkeypatch.setattr(proc.producers, "cluster_answers", lambda: True)
     with pytest.raises(ProcessorStopped):
         proc._begin()
-    assert replaced == ["refreshed"]
+    assert replaced == ["cluster_unreachable"]
 
 
 class _AbortTimesOut:
@@ -112,16 +114,16 @@ def test_an_abort_that_times_out_replaces_the_producer_and_rewinds_instead_of_st
 
     proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=False))
     stuck, fresh = _AbortTimesOut(), object()
-    proc._producers = [stuck, None]  # type: ignore[list-item]
-    proc._new_producer = lambda slot: fresh  # type: ignore[assignment,method-assign,return-value]
+    proc.producers._producers = [stuck, None]  # type: ignore[list-item]
+    proc.producers.new = lambda slot: fresh  # type: ignore[assignment,method-assign,return-value]
     proc._consumer = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
     proc.txn.open, proc.txn.start = True, {("t.commands", 0): 5}
     proc._abort("commit: timed out")
-    assert proc._producers[0] is fresh and stuck.purged
+    assert proc.producers.current is fresh and stuck.purged
     assert proc.txn.open is False and proc.txn.start == {}
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 1
     assert proc.metrics.transactions.labels("aborted")._value.get() == 1
-    assert not proc._producer_renewed  # not a fatal renewal: a later fence still means another instance
+    assert not proc.producers.renewed  # not a fatal renewal: a later fence still means another instance
     proc._consumer.close()
 
 
@@ -130,11 +132,11 @@ def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_wi
     # input on a new producer could emit its outputs twice; stopping restores from the log.
     proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=False))
     conflict = _AbortTimesOut(KafkaError._CONFLICT)
-    proc._producers = [conflict, None]  # type: ignore[list-item]
-    proc._new_producer = lambda slot: object()  # type: ignore[assignment,method-assign,return-value]
+    proc.producers._producers = [conflict, None]  # type: ignore[list-item]
+    proc.producers.new = lambda slot: object()  # type: ignore[assignment,method-assign,return-value]
     proc._consumer = object()  # type: ignore[assignment]
     proc.txn.open = True
     with pytest.raises(ProcessorStopped) as stopped:
         proc._abort("commit: timed out 5 times")
-    assert stopped.value.code == EXIT_FATAL and proc._producers[0] is conflict and not conflict.purged
+    assert stopped.value.code == EXIT_FATAL and proc.producers.current is conflict and not conflict.purged
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 0

@@ -81,6 +81,6 @@ def test_alternating_producers_can_be_turned_off() -> None:
         proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=alternate))
         seen = []
         for _ in range(3):
-            proc._next_producer()
-            seen.append(proc._slot)
+            proc.producers.advance()
+            seen.append(proc.producers.slot)
         assert seen == slots
