@@ -48,6 +48,7 @@ from schemas import Codec
 
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
+_MAX_STALE_REFUSALS = 3
 _REPLACE_SPACING_S = 5.0
 
 
@@ -108,6 +109,8 @@ class Processor:
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
         self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
+        self._stale_refusals = 0  # offsets refused FENCED_INSTANCE_ID since the last commit
+        self._rejoin_stale = False  # the consumer is replaced for a stale membership, not another instance
         self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
         self._consumer_replaced_at = -1e9
         self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
@@ -453,6 +456,7 @@ class Processor:
         if txn.overlays:
             self._refresh_statuses()
         self._aborts_in_a_row = 0
+        self._stale_refusals = 0
         self.producers.renewed = False
         if self._isolate_left or self._poison:
             self._after_isolated_commit()
@@ -491,15 +495,19 @@ class Processor:
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
         if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
-                and self._session_lost_recently()):
-            # The offsets' group metadata names a member id the coordinator replaced while we
-            # rejoined after our own session loss (librdkafka#3437): our consumer is stale, not
-            # fenced by another instance. Abort (a producer another instance fenced fails right
-            # there and stops us) and rejoin with a new consumer.
-            self.log.warning("offsets refused: stale group membership after a session loss; "
-                             "aborting and replacing the consumer", extra={"error": err.str()})
+                and self._stale_refusals < _MAX_STALE_REFUSALS):
+            # The offsets' group metadata names a member id the coordinator has replaced: our
+            # consumer rejoined (after our own session loss, or a broker restart) and the id
+            # sent is stale (librdkafka#3437), or another instance joined with our id. That one
+            # initialised its transactional producers, with our ids, before joining, so ours are
+            # fenced and the abort fails right there and stops us (exit 3). Otherwise rejoin with
+            # a new consumer. Refused again and again with no commit between: stop as fenced.
+            self._stale_refusals += 1
+            self.log.warning("offsets refused: stale group membership; aborting and replacing the consumer",
+                             extra={"error": err.str(), "refusals": self._stale_refusals})
             self._abort(f"{stage}: {err.str()}")
             self._consumer_failed = err
+            self._rejoin_stale = True
             return
         if err.code() in FENCED_CODES and (self.producers.renewed or not self._txn_timed_out()):
             raise ProcessorStopped(EXIT_FENCED, (
@@ -733,7 +741,7 @@ class Processor:
         if stuck:  # no offsets fetched, or no assignment
             # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
             self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
-        elif not self._session_lost_recently():
+        elif not (self._session_lost_recently() or self._rejoin_stale):
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(EXIT_FENCED, (
                     f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
@@ -750,6 +758,7 @@ class Processor:
         self._consumer = self._new_consumer()
         self._subscribe()
         self._session_lost_at = -1e9  # one replacement per session loss
+        self._rejoin_stale = False
         self._consumer_replaced_at = time.monotonic()
         # Closing a failed consumer can block until its in-flight group requests time out (a
         # JoinGroup waits up to the rebalance timeout): close it aside; its rebalance callbacks

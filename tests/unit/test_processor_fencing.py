@@ -33,12 +33,21 @@ def test_stale_membership_right_after_our_own_session_loss_aborts_and_rejoins(
     assert proc._consumer_failed is not None and proc._consumer_failed.code() == KafkaError.FENCED_INSTANCE_ID
 
 
-def test_without_a_recent_session_loss_it_is_another_instance_with_our_id(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stale_membership_without_a_session_loss_rejoins_too_but_not_again_and_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seen after a broker restart: the consumer rejoined under a new member id and the offsets
+    # named the old one. Another instance with our id would have fenced our producers first
+    # (the abort would stop us), so this rejoins; refused 3 times with no commit between: fenced.
     proc, aborted = _processor(monkeypatch)  # _session_lost_at: never
+    for n in range(1, 4):
+        proc._consumer_failed = None
+        proc._txn_failed(_fenced_instance(), "commit")
+        assert len(aborted) == n and proc._consumer_failed is not None and proc._rejoin_stale
     with pytest.raises(ProcessorStopped) as stopped:
         proc._txn_failed(_fenced_instance(), "commit")
     assert stopped.value.code == EXIT_FENCED and "instance_id" in str(stopped.value)
-    assert aborted == [] and proc._consumer_failed is None
+    assert len(aborted) == 3
 
 
 class _Renewed(Exception):
