@@ -58,7 +58,7 @@ def processor(
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
     code = processor.run()
-    if processor.stuck_calls():  # clients left inside calls that never returned: destroying them could hang
+    if processor.producers.stuck_calls():  # clients left inside calls that never returned: destroying them could hang
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -591,9 +591,6 @@ class Processor:
         self.txn.open = False
         self._abort(f"{call} did not return")
 
-    def stuck_calls(self) -> int:
-        return self.producers.stuck_calls()
-
     def _abort(self, reason: str) -> None:
         txn = self.txn
         producer, consumer = self.producers.current, self._consumer

@@ -60,7 +60,7 @@ class ProcessorSettings(KafkaSettings):
     # when the consumer has nothing more buffered (low latency at low load).
     commit_interval_ms: int = Field(default=50, ge=1, le=60_000)
     transaction_timeout_ms: int = Field(default=10_000, ge=1_000, le=900_000)
-    # Transactions alternate between the instance's two transactional producers (loop.py): a
+    # Transactions alternate between the instance's two transactional producers (producers.py): a
     # transaction begun right after the previous commit on the same id waits 20 ms whenever
     # the coordinator is still writing that commit's markers. False: every transaction on the
     # first (both are still initialised, so a zombie's second one is fenced too).
@@ -116,7 +116,7 @@ class ProcessorSettings(KafkaSettings):
 
     @property
     def transactional_ids(self) -> tuple[str, str]:
-        """The two transactional producers of this instance, used in turn (loop.py): the first
+        """The two transactional producers of this instance, used in turn (producers.py): the first
         is `transactional_id`, so an instance of an older version with one producer is fenced."""
         return self.transactional_id, f"{self.transactional_id}~1"
 

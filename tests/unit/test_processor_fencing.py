@@ -50,6 +50,11 @@ def test_stale_membership_without_a_session_loss_rejoins_too_but_not_again_and_a
     assert len(aborted) == 3
 
 
+def _offline_producers() -> list[Producer | None]:
+    """Real clients with no broker behind them: poll(0) serves callbacks offline."""
+    return [Producer({"bootstrap.servers": "127.0.0.1:9"}), Producer({"bootstrap.servers": "127.0.0.1:9"})]
+
+
 class _Renewed(Exception):
     pass
 
@@ -58,9 +63,8 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc, _ = _processor(monkeypatch)
-    # a real client (poll(0) serves callbacks offline); it never reaches begin_transaction here
-    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}),
-                                 Producer({"bootstrap.servers": "127.0.0.1:9"})]
+    # it never reaches begin_transaction here
+    proc.producers._producers = _offline_producers()
     proc.producers.slot = 1
     fatal = KafkaError(KafkaError._FATAL, "idempotent producer: unrecoverable", fatal=True)
     proc.producers.on_error(1, fatal)
@@ -89,8 +93,7 @@ def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answ
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc, _ = _processor(monkeypatch)
-    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9"}),
-                                 Producer({"bootstrap.servers": "127.0.0.1:9"})]
+    proc.producers._producers = _offline_producers()
     proc.producers.on_error(0, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
     assert proc.producers.cut_off == [True, False] and proc.producers.failed == [None, None]
     replaced: list[str] = []
