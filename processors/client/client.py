@@ -66,6 +66,9 @@ class RunClient:
         self._dec_event = self._codec.decoder("run_events")
         self._dec_snapshot = self._codec.decoder("run_state")
         self._producer: Producer | None = None
+        # Producers left behind after a send got no answer at all; never used or destroyed again
+        # (destroying one with a stuck request can block, librdkafka#5456).
+        self._abandoned: list[Producer] = []
         self._broker_errors: list[KafkaError] = []
         self._reader: PartitionReader | None = None
         self._snapshots: SnapshotIndex | None = None
@@ -118,10 +121,18 @@ class RunClient:
         while not result and time.monotonic() < deadline:
             producer.poll(0.05)
         if not result:
-            raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s")
+            # librdkafka did not even time the record out (message.timeout.ms is our timeout):
+            # this producer is stuck, and every later send on it would wait in vain as well.
+            self._abandoned.append(producer)
+            self._producer = None
+            raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s "
+                                 "(the record may still be written; the next call uses a new connection)")
         err, msg = result[0]
         if err is not None:
             if err.code() == KafkaError._MSG_TIMED_OUT:
+                # Start the next call afresh: a producer whose record timed out may hold a stale
+                # broker or coordinator handle that a new one would not.
+                self._producer = None
                 if any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
                        for e in self._broker_errors):
                     raise BrokerUnavailable(f"no Kafka broker answered at {self.settings.bootstrap_servers} "

@@ -134,3 +134,56 @@ def test_error_messages_say_what_and_where() -> None:
     assert str(UnknownDefinition("d", 3, [1, 2])) == "definition 'd' revision 3 is not registered (registered revisions: 1, 2)"
     err = RunRejected("r-1", "InvalidInput", "input.topic: is required")
     assert (err.run_id, err.code) == ("r-1", "InvalidInput") and "r-1" in str(err)
+
+
+class _Delivered:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class _ScriptedProducer:
+    """A librdkafka producer whose first instance never reports a delivery (the stuck-handle
+    case), and whose later ones acknowledge each record at once."""
+
+    made: list[_ScriptedProducer] = []
+
+    def __init__(self, config: dict) -> None:
+        self.stuck = not _ScriptedProducer.made
+        self.callbacks: list = []
+        _ScriptedProducer.made.append(self)
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery) -> None:
+        self.callbacks.append(on_delivery)
+
+    def poll(self, timeout: float) -> int:
+        if self.stuck:
+            return 0
+        for cb in self.callbacks:
+            cb(None, _Delivered(len(self.callbacks) - 1))
+        self.callbacks.clear()
+        return 1
+
+    def flush(self, timeout: float) -> int:
+        return len(self.callbacks)
+
+
+def test_a_send_that_gets_no_answer_leaves_its_producer_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from processors.client import RunClient
+    from processors.client import client as client_module
+    from topology.settings import KafkaSettings
+
+    _ScriptedProducer.made = []
+    monkeypatch.setattr(client_module, "Producer", _ScriptedProducer)
+    client = RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1"), timeout_s=0.1)
+    with pytest.raises(RunfoldTimeout, match="may still be written; the next call uses a new connection"):
+        client.produce("t", "run-1", b"v")
+    assert client.produce("t", "run-1", b"v") == (0, 0)  # a new producer, not the stuck one
+    assert len(_ScriptedProducer.made) == 2 and client._abandoned == [_ScriptedProducer.made[0]]
+    assert _ScriptedProducer.made[0].callbacks  # the stuck one is kept, its record unanswered
+    client.close()
