@@ -2,7 +2,8 @@
 
     GET /runs/{run_id}                  200 {run_id, partition, status, sequence, state}
     GET /runs/{run_id}/events?since=N   200 {run_id, partition, events: [...]}   (sequence > N)
-    GET /health                         200 {ready, owned, restoring}
+    GET /health                         200 {ready, stalled_s, owned, restoring}; 503 while the loop
+                                        is stalled (a liveness probe's cue to restart it)
 
 Run ids with `/` (child runs) should be percent-encoded (`%2F`); unencoded ones work too
 unless they end in `/events`. Only committed data is read (the store, never the open
@@ -59,7 +60,7 @@ class QueryServer:
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, bytes]:
         parts = [p for p in path.split("/") if p]
         if parts == ["health"]:
-            return 200, self._health()
+            return self._health()
         if len(parts) < 2 or parts[0] != "runs":
             return 404, _err("no_route", f"no route for {path}; try /runs/<run_id> or /runs/<run_id>/events")
         events = parts[-1] == "events" and len(parts) >= 3
@@ -104,10 +105,14 @@ class QueryServer:
         return _err("not_found", f"run {run_id!r} not found in partition {p}{kept} (the run-events topic keeps "
                     "every run's record)", partition=p)
 
-    def _health(self) -> bytes:
+    def _health(self) -> tuple[int, bytes]:
+        """503 while the loop is stalled (see `Watchdog.stalled_s`), else 200."""
         parts = self.processor.partitions
-        return orjson.dumps({
+        dog = self.processor.watchdog
+        stalled_s = dog.stalled_s() if dog is not None else 0.0
+        return 503 if stalled_s else 200, orjson.dumps({
             "ready": self.processor.ready.is_set(),
+            "stalled_s": round(stalled_s, 1),
             "instance_id": self.processor.settings.instance_id,
             "owned": parts.owned() if parts is not None else [],
             "restoring": sorted(parts.restoring) if parts is not None else [],

@@ -129,6 +129,13 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    def stalled_s(self) -> float:
+        """How long the loop has been stalled (0.0 when it is not): what `/health` reports, so
+        a liveness probe can restart a processor that is embedded and cannot exit by itself."""
+        last, call, now = self._last, self._call, self._clock()
+        overdue = call is not None and now >= call[1]
+        return now - last if now - last >= self.limit_s or overdue else 0.0
+
     def check(self) -> bool:
         """Report a stall once per stall (again only after the loop moved on); True when reported."""
         last, call, now = self._last, self._call, self._clock()

@@ -61,6 +61,9 @@ def test_start_to_succeeded_with_snapshot_query_and_metrics(settings: ProcessorS
         evs = httpx.get(f"{base}/runs/run-0/events", params={"since": 2}, timeout=5).json()["events"]
         assert [e["sequence"] for e in evs] == list(range(3, body["sequence"] + 1))
         assert httpx.get(f"{base}/runs/nope", timeout=5).status_code == 404
+        health = httpx.get(f"{base}/health", timeout=5)
+        assert health.status_code == 200 and health.json()["ready"] and health.json()["stalled_s"] == 0
+        assert sorted(health.json()["owned"]) == list(range(pt.processor.partition_count))
         metrics = httpx.get(f"http://127.0.0.1:{pt.processor.metrics_port}/metrics", timeout=5).text
         assert 'runfold_processor_transactions_total{outcome="committed"}' in metrics
         assert 'runfold_processor_runs{status="succeeded"} 6.0' in metrics
