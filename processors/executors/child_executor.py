@@ -2,7 +2,10 @@
 
 Inputs (one consumer, `read_committed`, group `<prefix>-child-executor`):
 - `<p>.child-activations`: `ChildRunActivation` -> `StartRun` for `child_run_id` (the pinned
-  bundle, the parent ref, the input); `ChildRunCancel` -> `CancelRun` for the child.
+  bundle, the parent ref, the input); `ChildRunCancel` -> `CancelRun` for the child. An
+  activation whose `deadline_ms` has passed starts nothing (deadlines are absolute, so time
+  queued counts): the parent's node-timeout timer, due at the same deadline, settles the step
+  with `Timeout` under the node's retry policy, as it does for an action the worker refuses.
 - `<p>.run-events`: a child's `RunSucceeded` / `RunFailed` / `RunCancelled` -> a
   `ChildRunFinished` receipt keyed by the parent run id (a `RunRejected` of a child's
   `StartRun`, e.g. depth or input, -> `ChildRunFinished` failed, so the parent never hangs).
@@ -61,6 +64,12 @@ def parent_step_from_ref(child_run_id: str, parent: dict[str, Any]) -> dict[str,
             "dispatch_id": parent["parent_dispatch_id"]}
 
 
+def expired(act: dict[str, Any], now_ms: int) -> bool:
+    """The parent step's deadline passed before the child could start."""
+    deadline = act.get("deadline_ms")
+    return deadline is not None and now_ms >= deadline
+
+
 def start_command(act: dict[str, Any], ts_ms: int) -> dict[str, Any]:
     child = act["child_run_id"]
     return {"type": "StartRun", "run_id": child, "ts_ms": ts_ms, "record_id": f"start:{child}",
@@ -108,7 +117,7 @@ class ChildExecutor:
         self.batch = batch
         self.parents: dict[str, dict[str, Any]] = {}  # child_run_id -> parent step
         self.stopping = False
-        self.counts = {"started": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
+        self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
         self.metrics = ChildExecutorMetrics()
         self._metrics_at = (metrics_port, metrics_host)
         self.metrics_port: int | None = None  # bound /metrics port once serving
@@ -202,6 +211,12 @@ class ChildExecutor:
         now = int(time.time() * 1000)
         rtype = record["type"]
         if rtype == "ChildRunActivation":
+            if expired(record, now):
+                log.info("child %s not started: its parent step's deadline passed %d ms ago",
+                         record["child_run_id"], now - record["deadline_ms"])
+                self.counts["expired"] += 1
+                self._tally.expired += 1
+                return
             self._produce(self.names.commands, "commands", start_command(record, now))
             self.counts["started"] += 1
             self._tally.activations += 1

@@ -123,6 +123,7 @@ class ChildBatchTally:
     """What one child-executor transaction did (applied only if it commits)."""
 
     activations: int = 0
+    expired: int = 0  # activations past their deadline: no child started
     cancels: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # ChildRunFinished by status
     dead_letters: int = 0
@@ -136,6 +137,9 @@ class ChildExecutorMetrics(MetricsEndpoint):
         r = self.registry = self._new_registry(registry)
         self.activations = Counter("runfold_child_executor_activations", "ChildRunActivation records handled",
                                    registry=r)
+        self.expired = Counter("runfold_child_executor_expired",
+                               "ChildRunActivation records past their deadline: the child was not started",
+                               registry=r)
         self.cancels = Counter("runfold_child_executor_cancels", "ChildRunCancel records handled", registry=r)
         self.commands = Counter("runfold_child_executor_commands", "Commands produced (committed), by type",
                                 ["type"], registry=r)
@@ -157,6 +161,8 @@ class ChildExecutorMetrics(MetricsEndpoint):
         if tally.activations:
             self.activations.inc(tally.activations)
             self.commands.labels("StartRun").inc(tally.activations)
+        if tally.expired:
+            self.expired.inc(tally.expired)
         if tally.cancels:
             self.cancels.inc(tally.cancels)
             self.commands.labels("CancelRun").inc(tally.cancels)

@@ -108,8 +108,15 @@ def _one(wid: str, action: str) -> dict[str, Any]:
             "nodes": {"a": {"kind": "action", "action": action, "writes": {"out": {"from": "output"}}}}}
 
 
+def _late_parent() -> dict[str, Any]:
+    """A parent whose child step times out after 1 s, with no retry."""
+    parent = _parent("m-parent-late", "m-ok")
+    parent["nodes"]["child"]["timeout_ms"] = 1000
+    return parent
+
+
 DEFINITIONS = [_one("m-ok", "test.identity"), _one("m-reject", "test.reject"),
-               _parent("m-parent-ok", "m-ok"), _parent("m-parent-reject", "m-reject")]
+               _parent("m-parent-ok", "m-ok"), _parent("m-parent-reject", "m-reject"), _late_parent()]
 
 
 @pytest.fixture
@@ -155,3 +162,36 @@ def test_child_executor_metrics_over_http(settings: ProcessorSettings) -> None:
     assert value(m, "runfold_child_executor_dead_letters_total") == 1
     assert (value(m, "runfold_child_executor_transactions_total", outcome="committed") or 0) >= 2
     assert value(m, "runfold_child_executor_children_tracked") == 0
+
+
+def test_child_executor_starts_no_child_whose_deadline_passed(settings: ProcessorSettings) -> None:
+    """The child executor was down until the parent's child step timed out: when it comes up,
+    the queued activation is past its deadline and no child run starts; the parent failed on
+    its own node timeout, and the cancel that timeout sent finds no child."""
+    from processors.engine.ids import child_run_id
+
+    events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
+    child_id = child_run_id("p-late", "child", "", 1)
+    with running(settings):
+        commands.start("p-late", "m-parent-late", {})
+        commands.flush()
+        events.wait_for(lambda r: bool(events.of("p-late", "RunFailed")), 60, "the parent's step timed out")
+        child = ChildExecutor(settings, metrics_port=0, metrics_host="127.0.0.1")
+        thread = threading.Thread(target=lambda: child.run(install_signals=False), daemon=True)
+        thread.start()
+        try:
+            m = scrape_until(lambda: child.metrics_port,
+                             lambda s: value(s, "runfold_child_executor_expired_total") == 1
+                             and value(s, "runfold_child_executor_cancels_total") == 1)
+            # The child's commands share its partition, so a StartRun would be folded before
+            # the CancelRun, whose rejection (no such run) is the last word on the child.
+            events.wait_for(lambda r: bool(events.of(child_id, "RunRejected")), 30, "the cancel of no child")
+        finally:
+            child.request_stop()
+            thread.join(20)
+    events.close()
+    assert events.of("p-late", "RunFailed")[0]["failure"]["code"] == "Timeout"
+    assert [e["type"] for e in events.of(child_id)] == ["RunRejected"]
+    assert events.of(child_id, "RunRejected")[0]["code"] == "NotFound"
+    assert value(m, "runfold_child_executor_activations_total") == 0
+    assert value(m, "runfold_child_executor_commands_total", type="StartRun") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from processors.engine.ids import child_run_id, dispatch_id
 from processors.executors.child_executor import (
     cancel_command,
+    expired,
     finished_receipt,
     parent_step_from_id,
     parent_step_from_ref,
@@ -68,3 +69,10 @@ def test_finished_receipts_per_outcome() -> None:
         assert receipt["dispatch_id"] == dispatch_id("p", "w", "1", 1) and receipt["child_run_id"] == "p/w[1]"
     assert finished_receipt(step, "p/w[1]", events[0][0], 7)["output"] == {"ok": 1}
     assert finished_receipt(step, "p/w[1]", events[3][0], 7)["failure"]["code"] == "BudgetExceeded"
+
+
+def test_an_activation_is_expired_from_its_deadline_on() -> None:
+    act = _activation()
+    assert not expired(act, 10**13)  # no deadline: never
+    act["deadline_ms"] = 5_000
+    assert not expired(act, 4_999) and expired(act, 5_000) and expired(act, 9_000)
