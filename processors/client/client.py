@@ -46,6 +46,7 @@ from topology.settings import KafkaSettings, load_settings, producer_config, top
 # snapshot and events are written by the same processor, but clocks of different hosts
 # (after a rebalance) may disagree a little.
 _CLOCK_SLACK_MS = 5 * 60_000
+_STUCK_GRACE_S = 5.0
 
 
 def new_run_id() -> str:
@@ -117,12 +118,14 @@ class RunClient:
         except BufferError:
             producer.flush(self.timeout_s)
             producer.produce(topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg)))
-        deadline = time.monotonic() + self.timeout_s + 1.0
+        # librdkafka times the record out itself (message.timeout.ms is our timeout), checking
+        # about once a second: only well past that is a missing report a stuck producer.
+        deadline = time.monotonic() + self.timeout_s + _STUCK_GRACE_S
         while not result and time.monotonic() < deadline:
             producer.poll(0.05)
         if not result:
-            # librdkafka did not even time the record out (message.timeout.ms is our timeout):
-            # this producer is stuck, and every later send on it would wait in vain as well.
+            # No report at all, not even the timeout: this producer is stuck (a stale broker
+            # handle), and every later send on it would wait in vain as well.
             self._abandoned.append(producer)
             self._producer = None
             raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s "

@@ -180,6 +180,7 @@ def test_a_send_that_gets_no_answer_leaves_its_producer_behind(monkeypatch: pyte
 
     _ScriptedProducer.made = []
     monkeypatch.setattr(client_module, "Producer", _ScriptedProducer)
+    monkeypatch.setattr(client_module, "_STUCK_GRACE_S", 0.2)
     client = RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1"), timeout_s=0.1)
     with pytest.raises(RunfoldTimeout, match="may still be written; the next call uses a new connection"):
         client.produce("t", "run-1", b"v")
