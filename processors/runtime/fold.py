@@ -62,7 +62,8 @@ _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int, retention_ms: int) -> None:
     """Runs per status are store stats (written with the state, rebuilt by restore). A run
-    that finishes gets its purge time (restore computes the same one from the same event)."""
+    that finishes gets its purge time (restore computes the same one from the same event);
+    one resumed after it failed loses it again (its finishing event's time is `updated_ms`)."""
     old = run_status(before) if before is not None else None
     new = run_status(after) if after is not None else None
     if old != new:
@@ -72,6 +73,8 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
             overlay.count(STATUS_STAT + new)
             if retention_ms > 0 and new in _FINISHED and old not in _FINISHED:
                 overlay.purge_at(after["run_id"], ts_ms + retention_ms, new)
+        if retention_ms > 0 and old in _FINISHED and new not in _FINISHED:
+            overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
 
 
 _TOO_LARGE = (
@@ -160,7 +163,7 @@ class Folder:
             return
         if msg["type"] == "TimerFired":
             # The timer came back as input: it is done whatever the decision (no refire).
-            overlay.clear_timer(run_id, msg["timer_id"])
+            overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
 

@@ -377,9 +377,11 @@ class Processor:
             try:
                 producer.produce(topic, value, key, **kw)
             except BufferError:
-                # Local queue full: let deliveries drain, then try once more (raises if still full).
+                # Local queue full: let deliveries drain, then try once more.
                 producer.poll(0.5)
                 producer.produce(topic, value, key, **kw)
+        except BufferError as e:  # still full: the batch's outputs outgrow the queue (aborts)
+            raise ProduceFailed(KafkaError(KafkaError._QUEUE_FULL, f"local producer queue full: {e}")) from e
         except KafkaException as e:
             err: KafkaError = e.args[0]
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -437,9 +439,6 @@ class Processor:
             return
         except ProduceFailed as e:
             self._produce_failed(e.err, "commit")
-            return
-        except BufferError as e:
-            self._abort(f"producer queue full: {e}")
             return
         self.metrics.commit_latency.observe(time.perf_counter() - t0)
         self.metrics.transactions.labels("committed").inc()
@@ -531,6 +530,9 @@ class Processor:
         if err.code() in FENCED_CODES or err.fatal():
             self._txn_failed(KafkaException(err), stage)
             return
+        if err.code() == KafkaError._QUEUE_FULL and self._txn_inputs() > 1:
+            # The same batch would fill the queue again: replay it one record per transaction.
+            self._isolate_left = max(self._isolate_left, self._txn_inputs())
         if err.code() == KafkaError._STATE and self.txn.open:
             producer = self.producers.current
             assert producer is not None
@@ -808,12 +810,17 @@ class Processor:
         if not due:
             return
         self._begin()
-        for store, runs in due:
-            ov = self._overlay(store.partition, store)
-            for xkey, run_id, status in runs:
-                self._produce(self.topics.run_state, None, run_id.encode(), partition=store.partition)
-                ov.purge(xkey, run_id, status)
-        self.txn.counters.purged += sum(len(runs) for _, runs in due)
+        try:
+            for store, runs in due:
+                ov = self._overlay(store.partition, store)
+                for xkey, run_id, status in runs:
+                    if status is not None:  # else a stale entry: only it goes
+                        self._produce(self.topics.run_state, None, run_id.encode(), partition=store.partition)
+                        self.txn.counters.purged += 1
+                    ov.purge(xkey, run_id, status)
+        except ProduceFailed as e:  # the next pass takes them again
+            self._produce_failed(e.err, "purge")
+            return
         self._commit()
 
     def _report_lag(self) -> None:

@@ -25,7 +25,7 @@ RunState = dict[str, Any]
 
 class PartitionOverlay:
     __slots__ = ("dumped", "event_ts", "events", "min_new_due", "purged", "purges", "states", "stats", "store",
-                 "timer_dels", "timer_puts")
+                 "timer_dels", "timer_puts", "unpurges")
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
@@ -37,7 +37,8 @@ class PartitionOverlay:
         self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
         self.min_new_due: int | None = None
         self.purges: list[tuple[int, str, str]] = []  # (purge_ms, run_id, status) of runs finished here
-        self.purged: list[tuple[bytes, str, str]] = []  # (x-key, run_id, status) of runs purged here
+        self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
+        self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
         self.stats: dict[str, int] = {}
 
     # ---- run states ------------------------------------------------------------------------
@@ -91,6 +92,20 @@ class PartitionOverlay:
         if stored is not None:
             self.timer_dels[rkey] = stored
 
+    def clear_fired_timer(self, run_id: str, timer_id: str, due_ms: int) -> None:
+        """A TimerFired came back as input: that firing of the timer is done (no refire), but
+        a timer re-armed under the same id since (a lease extended by a heartbeat that was
+        folded first) is another firing and stays."""
+        rkey = timer_ref_key(run_id, timer_id)
+        fired = timer_key(due_ms, run_id, timer_id)
+        put = self.timer_puts.get(rkey)
+        stored = self._stored_tkey(rkey)
+        if (put[0] if put is not None else stored) != fired:
+            return
+        self.timer_puts.pop(rkey, None)
+        if stored is not None:
+            self.timer_dels[rkey] = stored
+
     def timer_pending(self, rkey: bytes, tkey: bytes) -> bool:
         """False when a stored timer was cleared or fired in this transaction."""
         put = self.timer_puts.get(rkey)
@@ -101,10 +116,20 @@ class PartitionOverlay:
     def purge_at(self, run_id: str, purge_ms: int, status: str) -> None:
         self.purges.append((purge_ms, run_id, status))
 
-    def purge(self, xkey: bytes, run_id: str, status: str) -> None:
-        """Remove a finished run whose retention ended (store.due_purges) at this commit."""
+    def unpurge_at(self, run_id: str, purge_ms: int) -> None:
+        """The run left the finished set (a resume): its pending purge is off."""
+        for i, (ms, rid, _) in enumerate(self.purges):
+            if ms == purge_ms and rid == run_id:
+                del self.purges[i]
+                return
+        self.unpurges.append(purge_key(purge_ms, run_id))
+
+    def purge(self, xkey: bytes, run_id: str, status: str | None) -> None:
+        """Remove a finished run whose retention ended (store.due_purges) at this commit;
+        status None: the run is not finished now (a stale purge entry), only the entry goes."""
         self.purged.append((xkey, run_id, status))
-        self.count(f"status.{status}", -1)
+        if status is not None:
+            self.count(f"status.{status}", -1)
 
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
@@ -112,7 +137,7 @@ class PartitionOverlay:
     # ---- commit ----------------------------------------------------------------------------
     def is_empty(self) -> bool:
         return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats
-                    or self.purges or self.purged)
+                    or self.purges or self.purged or self.unpurges)
 
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -126,6 +151,8 @@ class PartitionOverlay:
             batch.put(key, value)
         for run_id, raw in self.dumped.items():
             batch.put(b"s" + run_id.encode(), raw)
+        for xkey in self.unpurges:
+            batch.delete(xkey)
         for purge_ms, run_id, status in self.purges:
             batch.put(purge_key(purge_ms, run_id), status.encode())
         return batch

@@ -194,12 +194,14 @@ class PartitionStore:
         return count
 
     # ---- writes (loop thread) --------------------------------------------------------------
-    def due_purges(self, now_ms: int, limit: int = PURGE_PAGE) -> list[tuple[bytes, str, str]]:
+    def due_purges(self, now_ms: int, limit: int = PURGE_PAGE) -> list[tuple[bytes, str, str | None]]:
         """Up to `limit` finished runs whose retention ended by `now_ms`, earliest first:
-        (x-key, run_id, final status)."""
+        (x-key, run_id, status now). The status is read from the run's state, not the entry:
+        None when the run is not finished now (resumed since; an entry from before the
+        resume removed it, e.g. under another retention setting) or already gone."""
         if self.next_purge_ms is None or self.next_purge_ms > now_ms:
             return []
-        due: list[tuple[bytes, str, str]] = []
+        due: list[tuple[bytes, str, str | None]] = []
         with self._lock:
             it = self.db.iter()
             it.seek(b"x" + self.next_purge_ms.to_bytes(8, "big"))
@@ -207,7 +209,10 @@ class PartitionStore:
                 key = it.key()
                 if key[:1] != b"x" or due_of(key) > now_ms:
                     break
-                due.append((key, key[9:].decode(), it.value().decode()))
+                run_id = key[9:].decode()
+                raw = self.db.get(state_key(run_id))
+                status = orjson.loads(raw).get("status") if raw is not None else None
+                due.append((key, run_id, status if status in _FINISHED else None))
                 it.next()
         if not due:
             self.next_purge_ms = self._first_due(now_ms + 1, b"x")
@@ -227,9 +232,13 @@ class PartitionStore:
             for run_id in list(itertools.islice(cache, excess + self.cache_runs // 10)):
                 del cache[run_id]
 
-    def _purge_into(self, batch: WriteBatch, purged: list[tuple[bytes, str, str]]) -> None:
-        """Delete purged runs (state, event log, leftover timers), keeping a marker of each id."""
+    def _purge_into(self, batch: WriteBatch, purged: list[tuple[bytes, str, str | None]]) -> None:
+        """Delete purged runs (state, event log, leftover timers), keeping a marker of each id;
+        of a stale entry (status None) only the entry."""
         for xkey, run_id, status in purged:
+            if status is None:
+                batch.delete(xkey)
+                continue
             prefix = event_prefix(run_id)
             batch.delete_range(prefix, prefix + b"\xff" * 9)
             with self._lock:
@@ -246,7 +255,7 @@ class PartitionStore:
 
     def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
               timers_deleted: bool, applied_offset: int | None, stats: dict[str, int],
-              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str]] | None = None) -> None:
+              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str | None]] | None = None) -> None:
         """Apply one committed transaction's changes (`batch` holds every key but the
         deletions of `purged` runs, added here)."""
         if purged:
@@ -268,8 +277,9 @@ class PartitionStore:
         if min_new_due is not None and (self.next_due_ms is None or min_new_due < self.next_due_ms):
             self.next_due_ms = min_new_due
         if purged:
-            for _, run_id, _ in purged:
-                self.cache.pop(run_id, None)
+            for _, run_id, status in purged:
+                if status is not None:
+                    self.cache.pop(run_id, None)
             self.next_purge_ms = self._first_due(due_of(purged[-1][0]), b"x")
         if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
             self.next_purge_ms = min_new_purge

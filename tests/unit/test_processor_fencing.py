@@ -152,3 +152,24 @@ def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_wi
         proc._abort("commit: timed out 5 times")
     assert stopped.value.code == EXIT_FATAL and proc.producers.current is conflict and not conflict.purged
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 0
+
+
+def test_a_producer_queue_that_stays_full_aborts_and_replays_the_batch_a_record_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from processors.runtime.loop import ProduceFailed
+
+    proc, aborted = _processor(monkeypatch)
+    # offline, with room for two records: the third cannot get in, even after waiting
+    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9",
+                                           "queue.buffering.max.messages": 2}), None]
+    proc.producers.slot = 0
+    proc._produce("t", b"v", b"k")
+    proc._produce("t", b"v", b"k")
+    with pytest.raises(ProduceFailed) as full:
+        proc._produce("t", b"v", b"k")
+    assert full.value.err.code() == KafkaError._QUEUE_FULL
+    proc.txn.start, proc.txn.next = {("t.commands", 0): 10}, {("t.commands", 0): 15}  # 5 inputs folded
+    proc._produce_failed(full.value.err, "produce")
+    assert len(aborted) == 1 and "queue full" in aborted[0]  # not a crash: an abort ...
+    assert proc._isolate_left == 5  # ... and the same batch is not replayed whole

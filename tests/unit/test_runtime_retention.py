@@ -3,60 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from processors.engine import Catalog, EngineContext
-from processors.runtime.fold import Folder, TxnCounters
+import orjson
+from fold_rig import CODEC, RETENTION, TS, Rig, completed, purge, start, timer_ids
+
+from processors.runtime.fold import Folder
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.store import PartitionStore, timer_ref_key
-from schemas import Codec
-from topology.catalog import TopicNames
-
-TS = 1_764_400_000_000
-RETENTION = 60_000
-CODEC = Codec.default()
-TOPICS = TopicNames("t")
-ONE = {"schema": "runfold.workflow/v1", "id": "one", "revision": 1, "entry": ["a"], "state": {"a": None},
-       "nodes": {"a": {"kind": "action", "action": "a", "writes": {"a": {"from": "output"}}}},
-       "budgets": {"wall_time_ms": 3_600_000}}  # fmt: skip
-
-
-class Rig:
-    def __init__(self, path: Path) -> None:
-        catalog = Catalog()
-        catalog.register(ONE)
-        self.out: list[tuple[str, bytes]] = []
-        self.folder = Folder(EngineContext(catalog=catalog), CODEC, TOPICS,
-                             lambda topic, value, key, **kw: self.out.append((topic, value)),
-                             lambda err, msg: None, lambda: TS, RETENTION)  # fmt: skip
-        self.store = PartitionStore(path, 0)
-
-    def transaction(self, *inputs: tuple[str, dict[str, Any]]) -> None:
-        ov, counters = PartitionOverlay(self.store), TxnCounters()
-        for i, (kind, msg) in enumerate(inputs):
-            topic = TOPICS.commands if kind == "commands" else TOPICS.receipts
-            self.folder.fold_input(ov, counters, topic, 0, i, msg["run_id"].encode(), CODEC.encode(kind, msg))
-        self.folder.snapshots(ov, 0, counters)
-        ov.write(None)
-
-    def activation(self, run_id: str) -> dict[str, Any]:
-        acts = [CODEC.decode("activations", v) for t, v in self.out if t == TOPICS.activations("default")]
-        return next(a for a in acts if a["run_id"] == run_id)
-
-    def events(self) -> list[bytes]:
-        return [v for t, v in self.out if t == TOPICS.run_events]
-
-
-def start(run_id: str) -> tuple[str, dict[str, Any]]:
-    return "commands", {"type": "StartRun", "run_id": run_id, "ts_ms": TS, "record_id": f"c-{run_id}",
-                        "definition_id": "one", "revision": None, "input": {}}  # fmt: skip
-
-
-def completed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
-    return "receipts", {"type": "ActivationCompleted", "run_id": act["run_id"], "ts_ms": ts,
-                        "record_id": f"r-{act['dispatch_id']}", "node": act["node"], "lineage": act["lineage"],
-                        "attempt": act["attempt"], "dispatch_id": act["dispatch_id"], "worker_id": "w",
-                        "output": {"ok": 1}, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}}  # fmt: skip
 
 
 def test_a_finished_run_is_purged_after_its_retention_and_a_running_one_is_not(tmp_path: Path) -> None:
@@ -76,7 +29,7 @@ def test_a_finished_run_is_purged_after_its_retention_and_a_running_one_is_not(t
     assert store.next_purge_ms is None and purge(store, finished_at + 10 * RETENTION) == 0
     # the running run, its events and its wall-time timer are untouched
     assert store.state_bytes("busy") is not None and len(store.events("busy")) >= 3
-    assert store.get(timer_ref_key("busy", next(iter(_timer_ids(store, "busy"))))) is not None
+    assert store.get(timer_ref_key("busy", next(iter(timer_ids(store, "busy"))))) is not None
     # its id is not reused: a late duplicate StartRun is rejected, not started afresh
     before = len(rig.events())
     rig.transaction(start("done"))
@@ -106,22 +59,54 @@ def test_restore_from_the_events_sets_the_same_purge_time(tmp_path: Path) -> Non
     rig.store.close()
 
 
-def purge(store: PartitionStore, now_ms: int) -> int:
-    """What the loop does: the due runs go through a (committed) transaction's overlay."""
-    due = store.due_purges(now_ms)
-    ov = PartitionOverlay(store)
-    for xkey, run_id, status in due:
-        ov.purge(xkey, run_id, status)
+def failed(act: dict, ts: int) -> tuple[str, dict]:
+    return "receipts", {"type": "ActivationFailed", "run_id": act["run_id"], "ts_ms": ts, "record_id": f"f-{ts}",
+                        "node": act["node"], "lineage": act["lineage"], "attempt": act["attempt"],
+                        "dispatch_id": act["dispatch_id"], "worker_id": "w", "code": "Boom", "message": "no",
+                        "retryable": False, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}}  # fmt: skip
+
+
+def resume(run_id: str, ts: int) -> tuple[str, dict]:
+    return "commands", {"type": "ResumeRun", "run_id": run_id, "ts_ms": ts, "record_id": f"resume-{ts}",
+                        "budgets": None, "reason": "try again"}  # fmt: skip
+
+
+def test_a_run_resumed_after_it_failed_is_kept_and_then_purged_from_its_second_finish(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "live")
+    rig.transaction(start("r"))
+    failed_at, done_at = TS + 500, TS + 5 * RETENTION
+    rig.transaction(failed(rig.activation("r"), failed_at))
+    assert rig.store.stats["status.failed"] == 1 and rig.store.next_purge_ms == failed_at + RETENTION
+    rig.transaction(resume("r", failed_at + 1000))
+    assert orjson.loads(rig.store.state_bytes("r"))["status"] == "running"
+    # the failure's purge entry left with the resume: nothing is due, the running run stays
+    assert purge(rig.store, failed_at + RETENTION) == 0 and rig.store.state_bytes("r") is not None
+    rig.transaction(completed(rig.activation("r"), done_at))
+    assert purge(rig.store, done_at + RETENTION - 1) == 0 and rig.store.state_bytes("r") is not None
+    assert purge(rig.store, done_at + RETENTION) == 1 and rig.store.state_bytes("r") is None
+    assert {k: v for k, v in rig.store.stats.items() if k.startswith("status.")} == {
+        "status.running": 0, "status.failed": 0, "status.succeeded": 0}
+    # restore from the run's events makes the same decisions
+    restored = PartitionStore(tmp_path / "restored", 0)
+    ov = PartitionOverlay(restored)
+    for raw in rig.events():
+        rig.folder.fold_committed(ov, raw)
+    Folder.dump_all(ov)
     ov.write(None)
-    return len(due)
+    assert restored.next_purge_ms == done_at + RETENTION
+    assert purge(restored, done_at + RETENTION) == 1
+    restored.close()
+    rig.store.close()
 
 
-def _timer_ids(store: PartitionStore, run_id: str) -> list[str]:
-    it = store.db.iter()
-    prefix = b"r" + run_id.encode() + b"\x1f"
-    it.seek(prefix)
-    out = []
-    while it.valid() and it.key().startswith(prefix):
-        out.append(it.key()[len(prefix):].decode())
-        it.next()
-    return out
+def test_a_stale_purge_entry_of_a_live_run_is_dropped_not_acted_on(tmp_path: Path) -> None:
+    # e.g. the failure's entry under an older retention setting, which the resume did not find
+    rig = Rig(tmp_path / "live")
+    rig.transaction(start("r"))
+    ov = PartitionOverlay(rig.store)
+    ov.purge_at("r", TS + 10, "failed")
+    ov.write(None)
+    stats = dict(rig.store.stats)
+    assert purge(rig.store, TS + 10) == 0
+    assert rig.store.state_bytes("r") is not None and rig.store.purged_status("r") is None
+    assert rig.store.stats == stats and rig.store.next_purge_ms is None  # the entry is gone
