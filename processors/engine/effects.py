@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from processors.engine.ids import child_run_id, instance_key, step_timer_id, wall_timer_id
+from processors.engine.ids import child_run_id, dispatch_id, instance_key, step_timer_id, wall_timer_id
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.refs import ABSENT, RefError, Scope, resolve
 from processors.engine.state import RunState
@@ -98,6 +98,9 @@ def _scheduled(state: RunState, event: Event) -> Effects:
     p = pinned(state["bundle"], state["bundle_hash"])
     node = p.node(event["node"])
     timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []
+    # A retry: the backoff timer that led here has fired (the runtime dropped it then), but
+    # only this event tells a restore, which folds events and never sees the TimerFired.
+    clear = [_previous_retry_timer(state, event)] if event["attempt"] > 1 else []
     if kind == "workflow":
         assert node.workflow is not None and node.revision is not None
         message = _envelope(event, 0, "ChildRunActivation")
@@ -112,7 +115,7 @@ def _scheduled(state: RunState, event: Event) -> Effects:
             },
             deadline_ms=deadline,
         )  # fmt: skip
-        return Effects(messages=[message], set_timers=timers)
+        return Effects(messages=[message], set_timers=timers, clear_timers=clear)
     message = _envelope(event, 0, "ActionActivation")
     message.update(
         definition_id=state["definition_id"], root_run_id=state["root_run_id"], kind=kind,
@@ -120,7 +123,12 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         deadline_ms=deadline, lease_ms=node.lease_ms, heartbeat_ms=node.heartbeat_ms,
         capabilities=list(node.capabilities), agent=_agent_spec(state, p, event) if kind == "agent" else None,
     )  # fmt: skip
-    return Effects(messages=[message], set_timers=timers)
+    return Effects(messages=[message], set_timers=timers, clear_timers=clear)
+
+
+def _previous_retry_timer(state: RunState, event: Event) -> str:
+    previous = dispatch_id(state["run_id"], event["node"], event["lineage"], event["attempt"] - 1)
+    return step_timer_id("retry_backoff", previous)
 
 
 def _agent_spec(state: RunState, p: Pinned, event: Event) -> dict[str, Any]:

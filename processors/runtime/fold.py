@@ -62,8 +62,10 @@ _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int, retention_ms: int) -> None:
     """Runs per status are store stats (written with the state, rebuilt by restore). A run
-    that finishes gets its purge time (restore computes the same one from the same event);
-    one resumed after it failed loses it again (its finishing event's time is `updated_ms`)."""
+    that finishes gets its purge time, its last event's time + retention. A finished run that
+    changes (a resume: even failed → running → failed within one record, which restore folds
+    event by event) loses that purge time (its `updated_ms` + retention) for a new one when it
+    is finished again, so live and restore keep the same single entry."""
     old = run_status(before) if before is not None else None
     new = run_status(after) if after is not None else None
     if old != new:
@@ -71,10 +73,12 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
             overlay.count(STATUS_STAT + old, -1)
         if new is not None:
             overlay.count(STATUS_STAT + new)
-            if retention_ms > 0 and new in _FINISHED and old not in _FINISHED:
-                overlay.purge_at(after["run_id"], ts_ms + retention_ms, new)
-        if retention_ms > 0 and old in _FINISHED and new not in _FINISHED:
-            overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
+    if retention_ms <= 0 or after is before:
+        return
+    if old in _FINISHED:
+        overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
+    if new in _FINISHED:
+        overlay.purge_at(after["run_id"], ts_ms + retention_ms, new)
 
 
 _TOO_LARGE = (
@@ -148,7 +152,8 @@ class Folder:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.KEY_MISMATCH,
                              f"record key {key!r} is not the run_id {run_id!r} of its value")
             return
-        if msg["type"] == "StartRun" and self.finished_retention_ms and overlay.state(run_id, load_state) is None:
+        # Not only while retention is on: runs purged before it was switched off keep their ids.
+        if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
             status = overlay.store.purged_status(run_id)
             if status is not None:  # the engine would see a new run: the id would be reused
                 self._reject(overlay, counters, partition, key, run_id, rejection(
@@ -169,7 +174,7 @@ class Folder:
 
     def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
                 run_id: str) -> tuple[Any, Any, int, list[tuple[int, bytes]], list[tuple[str, bytes]],
-                                      list[Any], list[str]] | None:
+                                      dict[str, Any]] | None:
         state = before = overlay.state(run_id, load_state)
         decision = decide(state, msg, self.ctx)
         if decision.dropped:
@@ -178,8 +183,9 @@ class Folder:
             return None
         events: list[tuple[int, bytes]] = []
         messages: list[tuple[str, bytes]] = []
-        set_timers: list[Any] = []
-        clear_timers: list[str] = []
+        # timer id -> its body to arm, or None to clear: in event order, so a timer an event
+        # arms and a later event of the same record clears ends cleared, as restore folds it
+        timers: dict[str, Any] = {}
         for ev in decision.events:
             state = evolve(state, ev)
             events.append((ev["sequence"], self._enc_event(ev)))
@@ -192,9 +198,11 @@ class Folder:
                 continue
             for m in fx.messages:
                 messages.append(self._route(m, state))
-            set_timers.extend(fx.set_timers)
-            clear_timers.extend(fx.clear_timers)
-        return before, state, decision.events[-1]["ts_ms"], events, messages, set_timers, clear_timers
+            for tid in fx.clear_timers:
+                timers[tid] = None
+            for body in fx.set_timers:
+                timers[body["timer_id"]] = body
+        return before, state, decision.events[-1]["ts_ms"], events, messages, timers
 
     def _route(self, m: dict[str, Any], state: Any) -> tuple[str, bytes]:
         kind = m["type"]
@@ -209,7 +217,7 @@ class Folder:
 
     def _emit(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
               run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]], messages: list[tuple[str, bytes]],
-              set_timers: list[Any], clear_timers: list[str]) -> None:
+              timers: dict[str, Any]) -> None:
         produce = self._produce
         topic = self.run_events
         # Only the record's last event reports its delivery: one producer writes a partition's
@@ -222,11 +230,12 @@ class Folder:
         for topic, raw in messages:
             produce(topic, raw, key)
             _inc(counters.records_out, topic)
-        for tid in clear_timers:
-            overlay.clear_timer(run_id, tid)
-        for body in set_timers:
-            body = {**body, "run_id": run_id}
-            overlay.set_timer(run_id, body, orjson.dumps(body))
+        for tid, body in timers.items():
+            if body is None:
+                overlay.clear_timer(run_id, tid)
+            else:
+                body = {**body, "run_id": run_id}
+                overlay.set_timer(run_id, body, orjson.dumps(body))
         _count_status(overlay, before, state, ts_ms, self.finished_retention_ms)
         if state is not None or run_id in overlay.states:
             overlay.states[run_id] = state
@@ -270,7 +279,7 @@ class Folder:
         state = overlay.state(run_id, load_state)
         _inc(counters.rejected, event["code"])
         self._emit(overlay, counters, partition, key, run_id, state, state, event["ts_ms"],
-                   [(0, self._enc_event(event))], [], [], [])
+                   [(0, self._enc_event(event))], [], {})
 
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:

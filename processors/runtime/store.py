@@ -172,6 +172,8 @@ class PartitionStore:
                     break
                 out.append((key, it.value()))
                 it.next()
+            if not out:  # the bound was stale (timers deleted meanwhile): move it to the truth
+                self.next_due_ms = due_of(it.key()) if it.valid() and it.key()[:1] == b"t" else None
         return out
 
     def _first_due(self, from_ms: int, kind: bytes = b"t") -> int | None:
@@ -198,10 +200,12 @@ class PartitionStore:
         """Up to `limit` finished runs whose retention ended by `now_ms`, earliest first:
         (x-key, run_id, status now). The status is read from the run's state, not the entry:
         None when the run is not finished now (resumed since; an entry from before the
-        resume removed it, e.g. under another retention setting) or already gone."""
+        resume removed it, e.g. under another retention setting), already gone, or purged by
+        an earlier entry of the same page."""
         if self.next_purge_ms is None or self.next_purge_ms > now_ms:
             return []
         due: list[tuple[bytes, str, str | None]] = []
+        seen: set[str] = set()
         with self._lock:
             it = self.db.iter()
             it.seek(b"x" + self.next_purge_ms.to_bytes(8, "big"))
@@ -210,7 +214,8 @@ class PartitionStore:
                 if key[:1] != b"x" or due_of(key) > now_ms:
                     break
                 run_id = key[9:].decode()
-                raw = self.db.get(state_key(run_id))
+                raw = self.db.get(state_key(run_id)) if run_id not in seen else None  # once a page
+                seen.add(run_id)
                 status = orjson.loads(raw).get("status") if raw is not None else None
                 due.append((key, run_id, status if status in _FINISHED else None))
                 it.next()
@@ -270,7 +275,7 @@ class PartitionStore:
         with self._lock:
             self.db.write(batch)
         self._cache_states(states)
-        if timers_deleted and self.next_due_ms is not None:
+        if (timers_deleted or purged) and self.next_due_ms is not None:
             # The earliest timer may be gone; re-seek from the old bound (skips only the
             # tombstones just written, not the whole history).
             self.next_due_ms = self._first_due(self.next_due_ms)

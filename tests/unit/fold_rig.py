@@ -6,10 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from processors.engine import Catalog, EngineContext
 from processors.runtime.fold import Folder, TxnCounters
+from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.store import PartitionStore
+from processors.runtime.timers import TimerFirer
 from schemas import Codec
 from topology.catalog import TopicNames
 
@@ -81,3 +85,55 @@ def timer_ids(store: PartitionStore, run_id: str) -> list[str]:
         out.append(it.key()[len(prefix):].decode())
         it.next()
     return out
+
+
+_METRICS = ProcessorMetrics()
+
+
+def fire(rig: Rig, now_ms: int) -> list[dict[str, Any]]:
+    """What the loop does when timers are due: TimerFired records, the timers cleared."""
+    fired: list[bytes] = []
+    firer = TimerFirer(CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), _METRICS, 100)
+    ov = PartitionOverlay(rig.store)
+    firer.fire_due(rig.store, ov, now_ms)
+    ov.write(None)
+    return [CODEC.decode("receipts", raw) for raw in fired]
+
+
+def restore(rig: Rig, path: Path) -> PartitionStore:
+    """A new owner's store: every committed run event folded (Folder.fold_committed)."""
+    store = PartitionStore(path, 0)
+    ov = PartitionOverlay(store)
+    for raw in rig.events():
+        rig.folder.fold_committed(ov, raw)
+    Folder.dump_all(ov)
+    ov.write(None)
+    return store
+
+
+def contents(store: PartitionStore) -> dict[str, Any]:
+    """What must be equal between a live store and one restored from the run events: states,
+    timers (id -> due), purge entries, purged ids and the runs-per-status counts."""
+    out: dict[str, Any] = {"states": {}, "timers": {}, "purges": [], "purged": {}}
+    it = store.db.iter()
+    it.seek_to_first()
+    while it.valid():
+        key, value = it.key(), it.value()
+        if key[:1] == b"s":
+            out["states"][key[1:].decode()] = orjson.loads(value)
+        elif key[:1] == b"t":
+            body = orjson.loads(value)
+            out["timers"][body["timer_id"]] = body["due_ms"]
+        elif key[:1] == b"x":
+            out["purges"].append((int.from_bytes(key[1:9], "big"), key[9:].decode()))
+        elif key[:1] == b"g":
+            out["purged"][key[1:].decode()] = value.decode()
+        it.next()
+    out["status_counts"] = {k: v for k, v in store.stats.items() if k.startswith("status.") and v}
+    return out
+
+
+def state(store: PartitionStore, run_id: str) -> dict[str, Any]:
+    raw = store.state_bytes(run_id)
+    assert raw is not None, f"no state of {run_id}"
+    return orjson.loads(raw)  # type: ignore[no-any-return]

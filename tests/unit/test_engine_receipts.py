@@ -37,6 +37,23 @@ def test_lease_expiry_fails_the_attempt_retryably_and_cancels_it() -> None:
     assert h.last.events[0]["dispatch_id"] == dispatch_id("r-1", "a", "", 2)
 
 
+def test_a_retry_clears_the_backoff_timer_that_led_to_it() -> None:
+    # the runtime drops a timer when it fires; a store rebuilt from events learns it here
+    from processors.engine import effects
+    from processors.engine.ids import step_timer_id
+
+    h = RunHarness(definition({"a": act(retry=RETRY)})).start({})
+    h.fail("a", retryable=True)
+    backoff = h.last.events[1]["timer_id"]
+    assert backoff == step_timer_id("retry_backoff", dispatch_id("r-1", "a", "", 1))
+    h.fire("retry_backoff", "a")
+    [scheduled] = h.last.events
+    assert scheduled["attempt"] == 2 and backoff in effects(h.state, scheduled).clear_timers
+    first = RunHarness(definition({"b": act(retry=RETRY)})).start({})
+    [first_scheduled] = [e for e in first.last.events if e["type"] == "StepScheduled"]
+    assert list(effects(first.state, first_scheduled).clear_timers) == []  # a first attempt clears none
+
+
 def test_retry_backoff_and_exhaustion() -> None:
     h = RunHarness(definition({"a": act(retry=RETRY)})).start({})
     h.fail("a", retryable=True)
