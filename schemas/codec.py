@@ -228,7 +228,9 @@ class _Topic:
             raise self._explain(msg, record_type, flat, exc) from exc  # type: ignore[arg-type]
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> dict[str, Any]:
+    def decode(self, data: bytes | None) -> dict[str, Any]:
+        if data is None:  # a tombstone: never a runfold record, and bad input is a DecodeError
+            raise DecodeError("null value (a tombstone)", self.kind)
         if data[:2] == SINGLE_OBJECT_MAGIC:
             found = self.writers.get(data[2:10])
             if found is None:
@@ -351,7 +353,7 @@ class Codec:
     def encode(self, topic_kind: str, msg: dict[str, Any]) -> bytes:
         return self._topic(topic_kind).encode(msg)
 
-    def decode(self, topic_kind: str, data: bytes) -> dict[str, Any]:
+    def decode(self, topic_kind: str, data: bytes | None) -> dict[str, Any]:
         return self._topic(topic_kind).decode(data)
 
     def encode_many(self, topic_kind: str, msgs: Iterable[dict[str, Any]]) -> list[bytes]:
@@ -365,7 +367,7 @@ class Codec:
     def encoder(self, topic_kind: str) -> Callable[[dict[str, Any]], bytes]:
         return self._topic(topic_kind).encode
 
-    def decoder(self, topic_kind: str) -> Callable[[bytes], dict[str, Any]]:
+    def decoder(self, topic_kind: str) -> Callable[[bytes | None], dict[str, Any]]:
         return self._topic(topic_kind).decode
 
     def add_writer_schema(self, topic_kind: str, schema: dict[str, Any]) -> bytes:

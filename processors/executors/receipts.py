@@ -58,6 +58,13 @@ def failed(
     return msg
 
 
+def undeliverable(activation: dict[str, Any], worker_id: str, kind: str, why: str) -> dict[str, Any]:
+    """What settles an activation whose terminal receipt cannot be sent (too large for the
+    broker, not encodable): a small failure saying why, so the run does not wait for a lease."""
+    text = f"{kind} could not be sent: {why}".encode("utf-8", "backslashreplace").decode("utf-8")
+    return failed(activation, worker_id, "InvalidOutput", text[:2000], False)
+
+
 def cancelled(activation: dict[str, Any], worker_id: str, reason: str) -> dict[str, Any]:
     msg = _base(activation, "ActivationCancelled", worker_id, "cancelled")
     msg["reason"] = reason

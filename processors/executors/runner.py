@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.executors import receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
@@ -57,6 +57,10 @@ log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
 TICK_S = 0.02
 PAUSE_AFTER_S = 0.5
+# A terminal receipt the broker refuses as such (not for an outage): send a small failure instead.
+_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
+                      KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG})
+_RECEIPT_MARGIN = 1024  # record overhead under the producer's message.max.bytes
 UNASSIGNED_LIMIT_S = 30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
 REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many seconds
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
@@ -81,6 +85,7 @@ class Entry:
     heartbeat_seq: int = 0
     hard_cancel_ms: int | None = None
     delivery_attempts: int = 0
+    substituted: bool = False  # its terminal receipt could not be sent: a failure went instead
     extra: list[tuple[tuple[str, int], int]] = field(default_factory=list)
     label: str = ""  # the action's metric label
     lease_abandoned: bool = False  # past deadline + grace: no more heartbeats
@@ -126,7 +131,10 @@ class WorkerRunner:
         self._labels: dict[str, str] = {}  # action or agent name -> metric label
         self._queue_of = dict(zip(self.topics, self.settings.queues, strict=True))
         self.consumer = self._new_consumer()
-        self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id))
+        config = producer_config(self.kafka, client_id=self.worker_id)
+        self.producer = Producer(config)
+        self._receipt_limit = int(config.get("message.max.bytes", 1_000_000)) - _RECEIPT_MARGIN
+        self.failed: str | None = None  # why the worker stopped itself (exit 1)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -167,6 +175,9 @@ class WorkerRunner:
             await self._drain()
         finally:
             await self._close()
+        if self.failed is not None:
+            log.error("worker %s stopped: %s", self.worker_id, self.failed)
+            return 1
         return 0
 
     def request_stop(self) -> None:
@@ -364,6 +375,9 @@ class WorkerRunner:
             "source_partition": tp[1], "source_offset": offset, "key": msg.key(), "error": error[:2000],
             "original": msg.value() or b"", "producer": self.worker_id,
         }
+        if len(body["original"]) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
+            body["error"] = f"{body['error']} (original of {len(body['original'])} bytes not kept)"[:2000]
+            body["original"] = b""
         done = functools.partial(self._dead_letter_delivered, tp, offset)
         self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", body),
                               key=msg.key(), on_delivery=done)
@@ -493,8 +507,10 @@ class WorkerRunner:
 
     # ------------------------------------------------------------------ receipts and offsets
 
-    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None) -> None:
-        payload = self.encode_receipt(receipt)
+    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None,
+                 payload: bytes | None = None) -> None:
+        if payload is None:
+            payload = self.encode_receipt(receipt)
         key = activation["run_id"].encode()
         self.metrics.count_receipt(receipt["type"])
         while True:
@@ -505,26 +521,68 @@ class WorkerRunner:
                 self.producer.poll(0.05)
 
     def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
+        """Produce the receipt that settles `entry`; one that cannot be encoded, or is too large
+        for the broker, is replaced by a small failure saying why (`receipts.undeliverable`)."""
+        payload: bytes | None = None
+        try:
+            encoded = self.encode_receipt(receipt)
+            if len(encoded) > self._receipt_limit:
+                receipt = self._substitute(
+                    entry, receipt, f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt")
+            else:
+                payload = encoded
+        except Exception as exc:  # not encodable (e.g. a lone surrogate in a message, a usage over 64 bits)
+            receipt = self._substitute(entry, receipt, f"not encodable: {exc}")
         kind = receipt["type"]
         self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
         self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
+        self._produce_terminal(entry, receipt, payload)
+
+    def _produce_terminal(self, entry: Entry, receipt: dict[str, Any], payload: bytes | None = None) -> None:
         entry.delivery_attempts += 1
         self.unacked += 1
-        self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
+        done = functools.partial(self._terminal_delivered, entry, receipt)
+        try:
+            self._produce(entry.activation, receipt, done, payload)
+        except KafkaException as exc:  # refused at once (the broker was never asked)
+            self.unacked -= 1
+            self._undelivered(entry, receipt, exc.args[0])
+
+    def _substitute(self, entry: Entry, receipt: dict[str, Any], why: str) -> dict[str, Any]:
+        entry.substituted = True
+        log.error("receipt %s for %s cannot be sent (%s): sending a failure instead", receipt["type"],
+                  receipt["dispatch_id"], why)
+        self.metrics.count("receipt_errors", "substituted")
+        return receipts.undeliverable(entry.activation, self.worker_id, receipt["type"], why)
 
     def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
         self.unacked -= 1
         if err is not None:
-            if entry.delivery_attempts < 3 and not err.fatal():
-                log.warning("receipt %s not delivered (%s); retrying", receipt["type"], err)
-                self.metrics.count("receipt_errors", "retried")
-                entry.delivery_attempts += 1
-                self.unacked += 1
-                self._produce(entry.activation, receipt, functools.partial(self._terminal_delivered, entry, receipt))
-                return
-            # The processor's lease expiry retries the step; holding the offset would stall the partition.
-            log.error("receipt %s for %s lost (%s)", receipt["type"], receipt["dispatch_id"], err)
-            self.metrics.count("receipt_errors", "lost")
+            self._undelivered(entry, receipt, err)
+            return
+        self._settle(entry)
+
+    def _undelivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError) -> None:
+        """A terminal receipt the broker does not have. Its offset is never marked done without
+        it (a crash must deliver the activation again): refused as such → a small failure
+        instead; not delivered in time (an outage) → again, for as long as it takes; anything
+        else, or a failure refused too → the worker stops (exit 1) and leaves the activation
+        uncommitted for whoever reads it next."""
+        if err.code() in _REFUSED and not entry.substituted and not err.fatal():
+            self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
+            return
+        if err.code() == KafkaError._MSG_TIMED_OUT or (err.retriable() and entry.delivery_attempts < 3):
+            log.warning("receipt %s not delivered (%s, attempt %d); sending it again", receipt["type"], err,
+                        entry.delivery_attempts)
+            self.metrics.count("receipt_errors", "retried")
+            self._produce_terminal(entry, receipt)
+            return
+        self.metrics.count("receipt_errors", "lost")
+        self.running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
+        self.failed = self.failed or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
+        self.stopping = True
+
+    def _settle(self, entry: Entry) -> None:
         dispatch = entry.activation["dispatch_id"]
         self.running.pop(dispatch, None)
         self.finished[dispatch] = None
@@ -590,6 +648,10 @@ class WorkerRunner:
                 consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()],
                                 asynchronous=False)
         self.tracker.forget(revoked)
+        # Not started and not committed: the partitions' next owner runs them, so must not we.
+        gone = set(revoked)
+        for dispatch in [d for d, e in self.backlog.items() if e.tp in gone]:
+            del self.backlog[dispatch]
         self.paused = False
         log.info("revoked %s", revoked)
 
