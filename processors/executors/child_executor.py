@@ -35,11 +35,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
+from processors.runtime.watchdog import CallAbandoned, CallThread
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, consumer_config, load_settings, transactional_producer_config
 
 log = logging.getLogger("runfold.child_executor")
+TXN_TIMEOUT_S = 30.0
+# send_offsets_to_transaction can wait for good on a coordinator lost across a broker restart
+# (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
+ABANDON_AFTER_S = 5.0
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
 TERMINAL_STATUS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
@@ -125,6 +130,8 @@ class ChildExecutor:
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
         self.producer = Producer(transactional_producer_config(
             self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2))
+        self._calls = CallThread("runfold-child-txn-call")
+        self.stuck: str | None = None  # a call that never returned: its producer must not be destroyed
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True
@@ -151,9 +158,14 @@ class ChildExecutor:
         except KafkaException as exc:
             log.error("child executor stopped: %s", exc)
             return 1
+        except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it
+            self.stuck = f"send_offsets_to_transaction: {exc}"
+            log.error("child executor stopped: %s; exiting so that it is restarted", self.stuck)
+            return 1
         finally:
             self.consumer.close()
             self.metrics.close()
+            self._calls.close()
         return 0
 
     def _transact(self, msgs: list[Message]) -> None:
@@ -169,8 +181,10 @@ class ChildExecutor:
                 self._handle(msg, finished)
             positions = self._positions(msgs)
             committing = time.perf_counter()
-            self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
-            self.producer.commit_transaction(30)
+            group = self.consumer.consumer_group_metadata()
+            self._calls.run(lambda: self.producer.send_offsets_to_transaction(positions, group, TXN_TIMEOUT_S),
+                            TXN_TIMEOUT_S + ABANDON_AFTER_S)
+            self.producer.commit_transaction(TXN_TIMEOUT_S)
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
@@ -178,7 +192,7 @@ class ChildExecutor:
             self.counts["aborts"] += 1
             self.metrics.aborted()
             log.warning("transaction aborted (%s); rewinding to the committed offsets", err)
-            self.producer.abort_transaction(30)
+            self.producer.abort_transaction(TXN_TIMEOUT_S)
             self._rewind()
             return
         for child in finished:  # only once committed: an aborted batch is re-read and needs them

@@ -85,8 +85,12 @@ def child_executor_command(
     _logging(log_level)
     overrides: dict[str, Any] = {"instance_id": instance_id, "metrics_port": metrics_port}
     s = ChildExecutorSettings(**{k: v for k, v in overrides.items() if v is not None})
-    raise typer.Exit(ChildExecutor(topic_prefix=topic_prefix, instance_id=s.instance_id, batch=s.batch,
-                                   metrics_port=s.metrics_port, metrics_host=s.metrics_host).run())
+    code = ChildExecutor(topic_prefix=topic_prefix, instance_id=s.instance_id, batch=s.batch,
+                         metrics_port=s.metrics_port, metrics_host=s.metrics_host).run()
+    # A producer left inside a call that never returned must not be destroyed (that can block).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def mount(app: typer.Typer) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
+
 from processors.engine.ids import child_run_id, dispatch_id
 from processors.executors.child_executor import (
     cancel_command,
@@ -76,3 +81,40 @@ def test_an_activation_is_expired_from_its_deadline_on() -> None:
     assert not expired(act, 10**13)  # no deadline: never
     act["deadline_ms"] = 5_000
     assert not expired(act, 4_999) and expired(act, 5_000) and expired(act, 9_000)
+
+
+class _StuckProducer:
+    """send_offsets_to_transaction never returns (librdkafka#5456 after a broker restart)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.committed = False
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def send_offsets_to_transaction(self, positions: object, group: object, timeout: float) -> None:
+        self.release.wait(30)
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.committed = True
+
+
+def test_a_transaction_call_that_never_returns_is_left_behind_and_stops_the_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from processors.executors import child_executor
+    from processors.executors.child_executor import ChildExecutor
+    from processors.runtime.watchdog import CallAbandoned
+    from topology.settings import KafkaSettings
+
+    monkeypatch.setattr(child_executor, "TXN_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(child_executor, "ABANDON_AFTER_S", 0.2)
+    executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
+    stuck = executor.producer = _StuckProducer()  # type: ignore[assignment]
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned):
+        executor._transact([])
+    assert time.monotonic() - started < 5 and not stuck.committed  # given up on, never committed
+    stuck.release.set()
+    executor.consumer.close()
