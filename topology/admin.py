@@ -145,6 +145,16 @@ def _describe_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[st
     return out
 
 
+def topic_max_message_bytes(settings: KafkaSettings, topic: str) -> int | None:
+    """The topic's `max.message.bytes` (what its broker accepts as one record batch), or None
+    when it cannot be read (no broker, no describe permission): the caller keeps its default."""
+    try:
+        value = _describe_configs(_admin(settings), [topic]).get(topic, {}).get("max.message.bytes")
+        return int(value) if value else None
+    except (TopologyError, KafkaException, ValueError):
+        return None
+
+
 def _replication_factors(admin: AdminClient, names: list[str]) -> dict[str, int]:
     md = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
     rf: dict[str, int] = {}

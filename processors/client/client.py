@@ -18,6 +18,7 @@ configured (`query_url=` or `RUNFOLD_QUERY_URL`).
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -49,6 +50,13 @@ _CLOCK_SLACK_MS = 5 * 60_000
 _STUCK_GRACE_S = 5.0
 
 
+def _dispose(producer: Producer) -> None:
+    """Drop a producer on a daemon thread: destroying one with a request stuck on a lost broker
+    can block (librdkafka#5456), and the caller must not wait for that."""
+    holder = [producer]
+    threading.Thread(target=holder.clear, name="runfold-client-dispose", daemon=True).start()
+
+
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
@@ -67,9 +75,6 @@ class RunClient:
         self._dec_event = self._codec.decoder("run_events")
         self._dec_snapshot = self._codec.decoder("run_state")
         self._producer: Producer | None = None
-        # Producers left behind after a send got no answer at all; never used or destroyed again
-        # (destroying one with a stuck request can block, librdkafka#5456).
-        self._abandoned: list[Producer] = []
         self._broker_errors: list[KafkaError] = []
         self._reader: PartitionReader | None = None
         self._snapshots: SnapshotIndex | None = None
@@ -126,8 +131,8 @@ class RunClient:
         if not result:
             # No report at all, not even the timeout: this producer is stuck (a stale broker
             # handle), and every later send on it would wait in vain as well.
-            self._abandoned.append(producer)
             self._producer = None
+            _dispose(producer)
             raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s "
                                  "(the record may still be written; the next call uses a new connection)")
         err, msg = result[0]
@@ -136,6 +141,7 @@ class RunClient:
                 # Start the next call afresh: a producer whose record timed out may hold a stale
                 # broker or coordinator handle that a new one would not.
                 self._producer = None
+                _dispose(producer)
                 if any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
                        for e in self._broker_errors):
                     raise BrokerUnavailable(f"no Kafka broker answered at {self.settings.bootstrap_servers} "

@@ -100,7 +100,8 @@ def _scheduled(state: RunState, event: Event) -> Effects:
     timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []
     # A retry: the backoff timer that led here has fired (the runtime dropped it then), but
     # only this event tells a restore, which folds events and never sees the TimerFired.
-    clear = [_previous_retry_timer(state, event)] if event["attempt"] > 1 else []
+    step = state["steps"][instance_key(event["node"], event["lineage"])]
+    clear = [_previous_retry_timer(state, event)] if event["attempt"] > step["first_attempt"] else []
     if kind == "workflow":
         assert node.workflow is not None and node.revision is not None
         message = _envelope(event, 0, "ChildRunActivation")

@@ -50,6 +50,7 @@ from processors.executors.offsets import OffsetTracker
 from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver
 from schemas import Codec, DecodeError
+from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, consumer_config, load_settings, producer_config
 
@@ -57,10 +58,11 @@ log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
 TICK_S = 0.02
 PAUSE_AFTER_S = 0.5
-# A terminal receipt the broker refuses as such (not for an outage): send a small failure instead.
+# A terminal receipt the broker refused as such (not for an outage). Sent again once (the broker
+# refuses whole batches, so a small receipt can share the fate of a large one), then replaced.
 _REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
-                      KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG})
-_RECEIPT_MARGIN = 1024  # record overhead under the producer's message.max.bytes
+                      KafkaError.RECORD_LIST_TOO_LARGE})
+_RECEIPT_MARGIN = 1024  # record and batch overhead under a size limit
 UNASSIGNED_LIMIT_S = 30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
 REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many seconds
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
@@ -133,6 +135,7 @@ class WorkerRunner:
         self.consumer = self._new_consumer()
         config = producer_config(self.kafka, client_id=self.worker_id)
         self.producer = Producer(config)
+        self._batch_bytes = int(config["batch.size"])
         self._receipt_limit = int(config.get("message.max.bytes", 1_000_000)) - _RECEIPT_MARGIN
         self.failed: str | None = None  # why the worker stopped itself (exit 1)
 
@@ -147,6 +150,7 @@ class WorkerRunner:
         try:
             if self.settings.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+            self._fit_receipts_topic()
             self._subscribe()
             log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
                      self.group_id, self.worker.action_names(), self.metrics_port)
@@ -179,6 +183,20 @@ class WorkerRunner:
             log.error("worker %s stopped: %s", self.worker_id, self.failed)
             return 1
         return 0
+
+    def _fit_receipts_topic(self) -> None:
+        """Receipts and their batches must fit the receipts topic's `max.message.bytes`: the
+        broker refuses a whole batch over it (librdkafka does not split one), small receipts
+        with the large. Before anything is produced, so the producer can still be replaced."""
+        limit = topic_max_message_bytes(self.kafka, self.names.receipts)
+        if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self._receipt_limit):
+            return
+        fitted = limit - _RECEIPT_MARGIN
+        self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id, batch_size=fitted))
+        self._batch_bytes = fitted
+        self._receipt_limit = min(self._receipt_limit, fitted)
+        log.info("receipts topic %s takes batches of at most %d bytes: receipts limited to %d bytes",
+                 self.names.receipts, limit, fitted)
 
     def request_stop(self) -> None:
         if not self.stopping:
@@ -569,7 +587,10 @@ class WorkerRunner:
         else, or a failure refused too → the worker stops (exit 1) and leaves the activation
         uncommitted for whoever reads it next."""
         if err.code() in _REFUSED and not entry.substituted and not err.fatal():
-            self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
+            if entry.delivery_attempts < 2:  # maybe refused with a large neighbour in its batch
+                self._produce_terminal(entry, receipt)
+            else:
+                self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
             return
         if err.code() == KafkaError._MSG_TIMED_OUT or (err.retriable() and entry.delivery_attempts < 3):
             log.warning("receipt %s not delivered (%s, attempt %d); sending it again", receipt["type"], err,

@@ -78,7 +78,7 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
     if old in _FINISHED:
         overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
     if new in _FINISHED:
-        overlay.purge_at(after["run_id"], ts_ms + retention_ms, new)
+        overlay.purge_at(after["run_id"], ts_ms + retention_ms, new, after["updated_ms"])
 
 
 _TOO_LARGE = (

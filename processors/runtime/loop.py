@@ -287,7 +287,8 @@ class Processor:
                     break
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
             self._commit()
-        if not txn.open and (self._purge_more or time.monotonic() >= self._next_purge):
+        if not txn.open and self.settings.finished_retention_ms > 0 and (
+                self._purge_more or time.monotonic() >= self._next_purge):
             self._purge_finished()
         if time.monotonic() >= self._next_lag:
             self._report_lag()

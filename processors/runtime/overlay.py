@@ -36,7 +36,7 @@ class PartitionOverlay:
         self.timer_puts: dict[bytes, tuple[bytes, bytes]] = {}  # ref key -> (t-key, body)
         self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
         self.min_new_due: int | None = None
-        self.purges: list[tuple[int, str, str]] = []  # (purge_ms, run_id, status) of runs finished here
+        self.purges: list[tuple[int, str, str, int]] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
         self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
         self.stats: dict[str, int] = {}
@@ -113,12 +113,12 @@ class PartitionOverlay:
             return put[0] == tkey
         return self.timer_dels.get(rkey) != tkey
 
-    def purge_at(self, run_id: str, purge_ms: int, status: str) -> None:
-        self.purges.append((purge_ms, run_id, status))
+    def purge_at(self, run_id: str, purge_ms: int, status: str, finished_ms: int) -> None:
+        self.purges.append((purge_ms, run_id, status, finished_ms))
 
     def unpurge_at(self, run_id: str, purge_ms: int) -> None:
         """The run left the finished set (a resume): its pending purge is off."""
-        for i, (ms, rid, _) in enumerate(self.purges):
+        for i, (ms, rid, _, _) in enumerate(self.purges):
             if ms == purge_ms and rid == run_id:
                 del self.purges[i]
                 return
@@ -153,8 +153,8 @@ class PartitionOverlay:
             batch.put(b"s" + run_id.encode(), raw)
         for xkey in self.unpurges:
             batch.delete(xkey)
-        for purge_ms, run_id, status in self.purges:
-            batch.put(purge_key(purge_ms, run_id), status.encode())
+        for purge_ms, run_id, status, finished_ms in self.purges:
+            batch.put(purge_key(purge_ms, run_id), f"{status} {finished_ms}".encode())
         return batch
 
     def write(self, applied_offset: int | None) -> None:

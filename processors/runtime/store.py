@@ -11,7 +11,7 @@ Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
     e<len:2><run_id><sequence:8>            run event (the Avro bytes from <p>.run-events)
     t<due_ms:8><run_id>\\x1f<timer_id>       pending timer (TimerFired body, JSON)
     r<run_id>\\x1f<timer_id>                 reverse index: the timer's t-key (O(1) clear)
-    x<purge_ms:8><run_id>                   a finished run (value: its status), purged after purge_ms
+    x<purge_ms:8><run_id>                   a finished run (value: "<status> <finished_ms>"), purged after purge_ms
     g<run_id>                               a purged run (value: its status): its id is not reused
     m:offset                                last applied <p>.run-events offset (8 bytes)
     m:stats                                 cumulative counters (JSON)
@@ -216,7 +216,13 @@ class PartitionStore:
                 run_id = key[9:].decode()
                 raw = self.db.get(state_key(run_id)) if run_id not in seen else None  # once a page
                 seen.add(run_id)
-                status = orjson.loads(raw).get("status") if raw is not None else None
+                state = orjson.loads(raw) if raw is not None else {}
+                status = state.get("status")
+                # "<status> <finished_ms>"; an entry from another finish (the run was resumed
+                # and ended again, under another retention setting) is stale too
+                finished = it.value().partition(b" ")[2]
+                if finished and int(finished) != state.get("updated_ms"):
+                    status = None
                 due.append((key, run_id, status if status in _FINISHED else None))
                 it.next()
         if not due:

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import actions_for_tests  # noqa: F401  (registers test.* actions on the module-level registry)
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -103,7 +104,7 @@ def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_m
     assert max(_committed(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 3
 
 
-def test_a_receipt_the_broker_refuses_is_replaced_by_a_failure_before_its_offset_commits(ks: KafkaSettings) -> None:
+def test_receipts_fit_a_receipts_topic_with_a_lowered_record_limit(ks: KafkaSettings) -> None:
     names = TopicNames(ks.topic_prefix)
     admin = AdminClient(admin_config(ks))
     limit = ConfigResource("topic", names.receipts, incremental_configs=[
@@ -118,15 +119,19 @@ def test_a_receipt_the_broker_refuses_is_replaced_by_a_failure_before_its_offset
         return {"blob": base64.b64encode(os.urandom(60_000)).decode()}  # ~80 KB, incompressible
 
     act = activation("r-refused", "rb.noisy", {})
+    # small receipts, many (their batches would pass 20 KB): none may share the large one's fate
+    small = [activation("r-refused", "test.identity", {"i": i, "pad": "p" * 400}, node=f"s{i}") for i in range(60)]
     topic = names.activations("default")
-    produce(ks, topic, "activations", [act])
+    produce(ks, topic, "activations", [act, *small])
     reader = ReceiptReader(ks)
     with WorkerThread(w, ks):
-        reader.poll_until(lambda r: act["dispatch_id"] in {x["dispatch_id"] for x in r if x["type"] in TERMINAL}, 30)
-    receipt = reader.terminal()[act["dispatch_id"]]
+        reader.poll_until(lambda r: len({x["dispatch_id"] for x in r if x["type"] in TERMINAL}) == 61, 30)
+    terminal = reader.terminal()
+    receipt = terminal[act["dispatch_id"]]
     assert (receipt["type"], receipt["code"]) == ("ActivationFailed", "InvalidOutput")
-    assert "refused by the broker" in receipt["message"]
-    assert max(_committed(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 1
+    assert "over the 18976-byte limit of a receipt" in receipt["message"]  # 20000 less the margin
+    assert {terminal[a["dispatch_id"]]["type"] for a in small} == {"ActivationCompleted"}
+    assert max(_committed(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 61
 
 
 CALLS: dict[str, list[str]] = collections.defaultdict(list)  # dispatch -> the workers that ran it

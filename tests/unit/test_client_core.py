@@ -184,7 +184,8 @@ def test_a_send_that_gets_no_answer_leaves_its_producer_behind(monkeypatch: pyte
     client = RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1"), timeout_s=0.1)
     with pytest.raises(RunfoldTimeout, match="may still be written; the next call uses a new connection"):
         client.produce("t", "run-1", b"v")
+    assert client._producer is None  # the stuck one is let go (destroyed off the caller's thread)
     assert client.produce("t", "run-1", b"v") == (0, 0)  # a new producer, not the stuck one
-    assert len(_ScriptedProducer.made) == 2 and client._abandoned == [_ScriptedProducer.made[0]]
-    assert _ScriptedProducer.made[0].callbacks  # the stuck one is kept, its record unanswered
+    assert len(_ScriptedProducer.made) == 2 and client._producer is _ScriptedProducer.made[1]
+    assert _ScriptedProducer.made[0].callbacks  # its record was never answered
     client.close()

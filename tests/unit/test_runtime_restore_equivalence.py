@@ -107,7 +107,7 @@ def test_two_due_purge_entries_of_one_run_purge_it_once(tmp_path: Path) -> None:
     r = rig(tmp_path / "live")
     r.transaction(begin("r", "mapfail"))
     ov = PartitionOverlay(r.store)
-    ov.purge_at("r", TS + 5, "failed")
+    ov.purge_at("r", TS + 5, "failed", TS)
     ov.write(None)
     assert len(contents(r.store)["purges"]) == 2
     assert purge(r.store, TS + RETENTION) == 1
@@ -138,3 +138,15 @@ def test_a_purged_run_id_stays_taken_when_retention_is_switched_off(tmp_path: Pa
     r.transaction(start("done"))
     [event] = [CODEC.decode("run_events", raw) for raw in r.events()[before:]]
     assert (event["type"], event["code"]) == ("RunRejected", "Conflict")
+
+
+def test_an_entry_from_a_finish_before_a_resume_under_another_retention_does_not_purge(tmp_path: Path) -> None:
+    r = rig(tmp_path / "live")
+    r.transaction(begin("r", "mapfail"))  # failed at TS: entry TS + RETENTION
+    r.folder.finished_retention_ms = 10 * RETENTION  # restarted with a longer retention
+    again = TS + 20_000
+    r.transaction(resume("r", again))  # failed again; the old entry is not where it looks now
+    assert len(contents(r.store)["purges"]) == 2
+    assert purge(r.store, TS + RETENTION) == 0 and r.store.state_bytes("r") is not None
+    assert contents(r.store)["purges"] == [(again + 10 * RETENTION, "r")]  # the stale one went
+    assert purge(r.store, again + 10 * RETENTION) == 1

@@ -104,7 +104,7 @@ def test_a_stale_purge_entry_of_a_live_run_is_dropped_not_acted_on(tmp_path: Pat
     rig = Rig(tmp_path / "live")
     rig.transaction(start("r"))
     ov = PartitionOverlay(rig.store)
-    ov.purge_at("r", TS + 10, "failed")
+    ov.purge_at("r", TS + 10, "failed", TS)
     ov.write(None)
     stats = dict(rig.store.stats)
     assert purge(rig.store, TS + 10) == 0
