@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.engine.ids import dispatch_id
 from processors.executors.runner import WorkerRunner
@@ -19,6 +19,16 @@ from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, consumer_config, producer_config
 
 TERMINAL = {"ActivationCompleted", "ActivationFailed", "ActivationCancelled"}
+
+
+def committed_offsets(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset per partition of `topic` (-1001: none)."""
+    consumer = Consumer(consumer_config(settings, group))
+    try:
+        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+    finally:
+        consumer.close()
 
 
 def activation(run_id: str, action: str = "echo", input: Any = None, queue: str = "default",

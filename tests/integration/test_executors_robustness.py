@@ -16,16 +16,16 @@ from collections.abc import Iterator
 
 import actions_for_tests  # noqa: F401  (registers test.* actions on the module-level registry)
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-from executor_support import TERMINAL, ReceiptReader, WorkerThread, activation, produce
+from executor_support import TERMINAL, ReceiptReader, WorkerThread, activation, committed_offsets, produce
 
 from processors.engine.ids import dispatch_id
 from processors.executors import Worker
 from processors.executors.child_executor import ChildExecutor
 from topology.admin import create_topology
 from topology.catalog import TopicNames
-from topology.settings import KafkaSettings, admin_config, consumer_config, producer_config
+from topology.settings import KafkaSettings, admin_config, producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,15 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 def ks(kafka_settings: KafkaSettings) -> Iterator[KafkaSettings]:
     create_topology(kafka_settings)
     yield kafka_settings
-
-
-def _committed(ks: KafkaSettings, group: str, topic: str) -> dict[int, int]:
-    consumer = Consumer(consumer_config(ks, group))
-    try:
-        parts = [TopicPartition(topic, p) for p in range(ks.partitions)]
-        return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
-    finally:
-        consumer.close()
 
 
 def _null(ks: KafkaSettings, topic: str, key: bytes) -> None:
@@ -101,7 +92,7 @@ def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_m
     assert "not encodable" in not_encodable["message"]
     assert terminal[acts[2]["dispatch_id"]]["type"] == "ActivationCompleted"
     assert stuck == [] and stop_s < 15  # no slot held for good, no drain waiting for it
-    assert max(_committed(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 3
+    assert max(committed_offsets(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 3
 
 
 def test_receipts_fit_a_receipts_topic_with_a_lowered_record_limit(ks: KafkaSettings) -> None:
@@ -131,7 +122,7 @@ def test_receipts_fit_a_receipts_topic_with_a_lowered_record_limit(ks: KafkaSett
     assert (receipt["type"], receipt["code"]) == ("ActivationFailed", "InvalidOutput")
     assert "over the 18976-byte limit of a receipt" in receipt["message"]  # 20000 less the margin
     assert {terminal[a["dispatch_id"]]["type"] for a in small} == {"ActivationCompleted"}
-    assert max(_committed(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 61
+    assert max(committed_offsets(ks, w.settings.group_id(ks.topic_prefix), topic).values()) == 61
 
 
 CALLS: dict[str, list[str]] = collections.defaultdict(list)  # dispatch -> the workers that ran it

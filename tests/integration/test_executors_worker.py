@@ -13,7 +13,15 @@ from pathlib import Path
 import actions_for_tests  # noqa: F401  (registers test.* actions on the module-level registry)
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from executor_support import TERMINAL, ReceiptReader, WorkerThread, activation, cancel_notice, produce
+from executor_support import (
+    TERMINAL,
+    ReceiptReader,
+    WorkerThread,
+    activation,
+    cancel_notice,
+    committed_offsets,
+    produce,
+)
 
 from processors.executors import Worker
 from topology.admin import create_topology
@@ -26,15 +34,6 @@ HERE = Path(__file__).resolve().parent
 
 def _types(records: list[dict], dispatch: str) -> list[str]:
     return [r["type"] for r in records if r["dispatch_id"] == dispatch]
-
-
-def _committed(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
-    consumer = Consumer(consumer_config(settings, group))
-    try:
-        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
-        return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
-    finally:
-        consumer.close()
 
 
 def _end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
@@ -84,7 +83,7 @@ def test_outcomes_receipts_and_committed_offsets(kafka_settings: KafkaSettings) 
     assert agent["type"] == "ActivationCompleted" and isinstance(agent["output"]["steps"], list)
     assert agent["usage"]["prompt_tokens"] > 0 and agent["usage"]["cost_micros"] > 0
     # every activation's offset is committed once its receipt was acknowledged
-    assert _committed(kafka_settings, worker.settings.group_id(kafka_settings.topic_prefix), topic) == \
+    assert committed_offsets(kafka_settings, worker.settings.group_id(kafka_settings.topic_prefix), topic) == \
         _end_offsets(kafka_settings, topic)
     reader.close()
 
@@ -186,5 +185,5 @@ def test_sigterm_drains_in_flight_work(kafka_settings: KafkaSettings) -> None:
     reader.poll_until(lambda r: act["dispatch_id"] in reader.terminal(), 10)
     assert reader.terminal()[act["dispatch_id"]]["type"] == "ActivationCompleted"
     group = f"{kafka_settings.topic_prefix}-worker-default"
-    assert _committed(kafka_settings, group, topic) == _end_offsets(kafka_settings, topic)
+    assert committed_offsets(kafka_settings, group, topic) == _end_offsets(kafka_settings, topic)
     reader.close()

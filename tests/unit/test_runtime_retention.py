@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-from fold_rig import CODEC, RETENTION, TS, Rig, completed, purge, start, timer_ids
+from fold_rig import CODEC, RETENTION, TS, Rig, completed, purge, restore, start, timer_ids
 
-from processors.runtime.fold import Folder
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.store import PartitionStore, timer_ref_key
 
@@ -47,12 +46,7 @@ def test_restore_from_the_events_sets_the_same_purge_time(tmp_path: Path) -> Non
     rig = Rig(tmp_path / "live")
     rig.transaction(start("done"))
     rig.transaction(completed(rig.activation("done"), TS + 500))
-    restored = PartitionStore(tmp_path / "restored", 0)
-    ov = PartitionOverlay(restored)
-    for raw in rig.events():
-        rig.folder.fold_committed(ov, raw)
-    Folder.dump_all(ov)
-    ov.write(None)
+    restored = restore(rig, tmp_path / "restored")
     assert restored.next_purge_ms == rig.store.next_purge_ms == TS + 500 + RETENTION
     assert purge(restored, TS + 500 + RETENTION) == 1 and restored.state_bytes("done") is None
     restored.close()
@@ -87,12 +81,7 @@ def test_a_run_resumed_after_it_failed_is_kept_and_then_purged_from_its_second_f
     assert {k: v for k, v in rig.store.stats.items() if k.startswith("status.")} == {
         "status.running": 0, "status.failed": 0, "status.succeeded": 0}
     # restore from the run's events makes the same decisions
-    restored = PartitionStore(tmp_path / "restored", 0)
-    ov = PartitionOverlay(restored)
-    for raw in rig.events():
-        rig.folder.fold_committed(ov, raw)
-    Folder.dump_all(ov)
-    ov.write(None)
+    restored = restore(rig, tmp_path / "restored")
     assert restored.next_purge_ms == done_at + RETENTION
     assert purge(restored, done_at + RETENTION) == 1
     restored.close()
