@@ -7,12 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fold_rig import CODEC, TOPICS, TS, Rig, start
+from fold_rig import TS, Rig, fire, start
 
-from processors.runtime.metrics import ProcessorMetrics
-from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.store import timer_ref_key
-from processors.runtime.timers import TimerFirer
 
 LEASE_MS = 10_000
 
@@ -21,17 +18,6 @@ def receipt(act: dict[str, Any], rtype: str, ts: int, **extra: Any) -> tuple[str
     return "receipts", {"type": rtype, "run_id": act["run_id"], "ts_ms": ts, "record_id": f"{rtype}-{ts}",
                         "node": act["node"], "lineage": act["lineage"], "attempt": act["attempt"],
                         "dispatch_id": act["dispatch_id"], "worker_id": "w", **extra}  # fmt: skip
-
-
-def fire(rig: Rig, now_ms: int) -> list[dict[str, Any]]:
-    """What the loop does when timers are due: TimerFired records, the timers cleared."""
-    fired: list[bytes] = []
-    firer = TimerFirer(CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value),
-                       ProcessorMetrics(), 100)
-    ov = PartitionOverlay(rig.store)
-    firer.fire_due(rig.store, ov, now_ms)
-    ov.write(None)
-    return [CODEC.decode("receipts", raw) for raw in fired]
 
 
 def test_a_lease_timer_fired_while_a_heartbeat_waited_in_the_input_survives_its_return(tmp_path: Path) -> None:
