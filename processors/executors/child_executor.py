@@ -131,7 +131,6 @@ class ChildExecutor:
         self.producer = Producer(transactional_producer_config(
             self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2))
         self._calls = CallThread("runfold-child-txn-call")
-        self.stuck: str | None = None  # a call that never returned: its producer must not be destroyed
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True
@@ -159,8 +158,7 @@ class ChildExecutor:
             log.error("child executor stopped: %s", exc)
             return 1
         except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it
-            self.stuck = f"send_offsets_to_transaction: {exc}"
-            log.error("child executor stopped: %s; exiting so that it is restarted", self.stuck)
+            log.error("child executor stopped: send_offsets_to_transaction: %s; exiting so that it is restarted", exc)
             return 1
         finally:
             self.consumer.close()

@@ -97,14 +97,9 @@ class PartitionOverlay:
         a timer re-armed under the same id since (a lease extended by a heartbeat that was
         folded first) is another firing and stays."""
         rkey = timer_ref_key(run_id, timer_id)
-        fired = timer_key(due_ms, run_id, timer_id)
         put = self.timer_puts.get(rkey)
-        stored = self._stored_tkey(rkey)
-        if (put[0] if put is not None else stored) != fired:
-            return
-        self.timer_puts.pop(rkey, None)
-        if stored is not None:
-            self.timer_dels[rkey] = stored
+        if (put[0] if put is not None else self._stored_tkey(rkey)) == timer_key(due_ms, run_id, timer_id):
+            self.clear_timer(run_id, timer_id)
 
     def timer_pending(self, rkey: bytes, tkey: bytes) -> bool:
         """False when a stored timer was cleared or fired in this transaction."""

@@ -129,22 +129,24 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    def _stall(self) -> tuple[float, float, str | None]:
+        """(last beat, seconds stalled or 0.0, the call past its deadline if any)."""
+        last, call, now = self._last, self._call, self._clock()
+        overdue = call[0] if call is not None and now >= call[1] else None
+        return last, now - last if now - last >= self.limit_s or overdue is not None else 0.0, overdue
+
     def stalled_s(self) -> float:
         """How long the loop has been stalled (0.0 when it is not): what `/health` reports, so
         a liveness probe can restart a processor that is embedded and cannot exit by itself."""
-        last, call, now = self._last, self._call, self._clock()
-        overdue = call is not None and now >= call[1]
-        return now - last if now - last >= self.limit_s or overdue else 0.0
+        return self._stall()[1]
 
     def check(self) -> bool:
         """Report a stall once per stall (again only after the loop moved on); True when reported."""
-        last, call, now = self._last, self._call, self._clock()
-        stalled_s = now - last
-        overdue = call if call is not None and now >= call[1] else None
-        if (stalled_s < self.limit_s and overdue is None) or self._reported_at == last:
+        last, stalled_s, overdue = self._stall()
+        if not stalled_s or self._reported_at == last:
             return False
         self._reported_at = last
-        where = f"{overdue[0]} did not return within its timeout\n" if overdue is not None else ""
+        where = f"{overdue} did not return within its timeout\n" if overdue is not None else ""
         self._on_stall(stalled_s, where + self.stack())
         return True
 
