@@ -159,8 +159,12 @@ class TxnProducers:
         producer = self.current
         assert producer is not None
         with self._bounded("send_offsets_to_transaction", timeout_s):
+            # Meanwhile this thread flushes the transaction's records: librdkafka sends one
+            # ProduceRequest per partition and the broker serves a connection's requests one at
+            # a time, so the flush is most of a commit; the offsets go to the coordinators on
+            # their own connections, in parallel. commit_transaction then has only EndTxn left.
             self._calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s),
-                            timeout_s + ABANDON_AFTER_S)
+                            timeout_s + ABANDON_AFTER_S, meanwhile=lambda: producer.flush(timeout_s))
 
     def abandon(self, call: str, e: CallAbandoned) -> None:
         """Leave the current producer inside `call`, never to be called nor destroyed while the

@@ -61,17 +61,23 @@ class CallThread:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
 
-    def run(self, fn: Callable[[], T], wait_s: float) -> T:
-        """fn()'s result or exception; CallAbandoned if it has not returned after wait_s."""
+    def run(self, fn: Callable[[], T], wait_s: float, meanwhile: Callable[[], object] | None = None) -> T:
+        """fn()'s result or exception; CallAbandoned if it has not returned after wait_s.
+        `meanwhile` runs on the caller's thread while fn runs (its time counts in wait_s)."""
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
             threading.Thread(target=self._serve, args=(self._jobs,), name=self._name, daemon=True).start()
         job = _Job(fn)
+        started = time.monotonic()
         self._jobs.put(job)
-        if not job.done.wait(wait_s):
-            self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
-            self._jobs = None
-            raise CallAbandoned(f"no return after {wait_s:.0f} s", job.done)
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:  # also when meanwhile raised: the caller never goes on while the call runs unwatched
+            if not job.done.wait(max(0.0, wait_s - (time.monotonic() - started))):
+                self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
+                self._jobs = None
+                raise CallAbandoned(f"no return after {wait_s:.0f} s", job.done)
         if job.error is not None:
             raise job.error
         result: T = job.result

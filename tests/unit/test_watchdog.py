@@ -83,6 +83,29 @@ def test_call_thread_returns_results_and_raises_the_calls_errors() -> None:
     calls.close()
 
 
+def test_call_thread_runs_meanwhile_on_the_caller_while_the_call_runs_and_counts_it_in_the_wait() -> None:
+    calls = CallThread("test-calls")
+    started, release = threading.Event(), threading.Event()
+    seen: list[tuple[int, bool]] = []
+
+    def call() -> str:
+        started.set()
+        release.wait(5)
+        return "done"
+
+    def meanwhile() -> None:  # the call is running on its thread while this runs here
+        seen.append((threading.get_ident(), started.wait(5)))
+        release.set()
+
+    assert calls.run(call, 5.0, meanwhile=meanwhile) == "done"
+    assert seen == [(threading.get_ident(), True)]
+    t0 = time.monotonic()
+    with pytest.raises(CallAbandoned):  # 0.3 s spent in meanwhile leaves 0.1 s of the 0.4 s wait
+        calls.run(lambda: time.sleep(1.0), 0.4, meanwhile=lambda: time.sleep(0.3))
+    assert time.monotonic() - t0 < 0.55
+    calls.close()
+
+
 def test_a_call_that_does_not_return_is_abandoned_and_the_next_gets_a_new_thread() -> None:
     calls = CallThread("test-calls")
     release = threading.Event()
