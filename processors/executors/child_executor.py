@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
-from processors.runtime.watchdog import CallAbandoned, CallThread
+from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, consumer_config, load_settings, transactional_producer_config
@@ -180,8 +180,8 @@ class ChildExecutor:
             positions = self._positions(msgs)
             committing = time.perf_counter()
             group = self.consumer.consumer_group_metadata()
-            self._calls.run(lambda: self.producer.send_offsets_to_transaction(positions, group, TXN_TIMEOUT_S),
-                            TXN_TIMEOUT_S + ABANDON_AFTER_S)
+            send_offsets_flushing(self._calls, self.producer, positions, group, TXN_TIMEOUT_S,
+                                  TXN_TIMEOUT_S + ABANDON_AFTER_S)
             self.producer.commit_transaction(TXN_TIMEOUT_S)
         except KafkaException as exc:
             err = exc.args[0]

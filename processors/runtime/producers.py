@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from processors.runtime.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread
+from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 
 KAFKA_TIMEOUT_S = 30.0
 # A call librdkafka does not return in time is given up after its own timeout plus this,
@@ -159,12 +159,7 @@ class TxnProducers:
         producer = self.current
         assert producer is not None
         with self._bounded("send_offsets_to_transaction", timeout_s):
-            # Meanwhile this thread flushes the transaction's records: librdkafka sends one
-            # ProduceRequest per partition and the broker serves a connection's requests one at
-            # a time, so the flush is most of a commit; the offsets go to the coordinators on
-            # their own connections, in parallel. commit_transaction then has only EndTxn left.
-            self._calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s),
-                            timeout_s + ABANDON_AFTER_S, meanwhile=lambda: producer.flush(timeout_s))
+            send_offsets_flushing(self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S)
 
     def abandon(self, call: str, e: CallAbandoned) -> None:
         """Leave the current producer inside `call`, never to be called nor destroyed while the

@@ -98,6 +98,17 @@ class CallThread:
             job.done.set()
 
 
+def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], group: Any,
+                          timeout_s: float, wait_s: float) -> None:
+    """`send_offsets_to_transaction` on `calls`' thread while this thread flushes the
+    transaction's records. librdkafka sends one ProduceRequest per partition and the broker
+    serves a connection's requests one at a time, so the flush is most of a commit; the
+    offsets go to the coordinators on their own connections, so the two overlap, and
+    `commit_transaction` has only EndTxn left. CallAbandoned after `wait_s`."""
+    calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s,
+              meanwhile=lambda: producer.flush(timeout_s))
+
+
 class Watchdog:
     def __init__(self, limit_s: float, on_stall: Callable[[float, str], None],
                  clock: Callable[[], float] = time.monotonic, interval_s: float = 1.0) -> None:
