@@ -128,8 +128,9 @@ class ChildExecutor:
         self.metrics_port: int | None = None  # bound /metrics port once serving
         self._tally = ChildBatchTally()  # the open transaction's work
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
-        self.producer = Producer(transactional_producer_config(
-            self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2))
+        self.producer = Producer({**transactional_producer_config(
+            self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2), "error_cb": self._on_producer_error})
+        self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
         self._calls = CallThread("runfold-child-txn-call")
 
     def request_stop(self, *_: object) -> None:
@@ -166,9 +167,19 @@ class ChildExecutor:
             self._calls.close()
         return 0
 
+    def _on_producer_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._producer_failed = err
+        log.warning("producer error: %s", err)
+
     def _transact(self, msgs: list[Message]) -> None:
         finished: list[str] = []
         tally = self._tally = ChildBatchTally()
+        # begin_transaction on a producer that failed fatally while idle can block for good
+        # (librdkafka#4420): serve its error callbacks first, and stop (exit 1) if it did.
+        self.producer.poll(0)
+        if self._producer_failed is not None:
+            raise KafkaException(self._producer_failed)
         self.producer.begin_transaction()
         try:
             for msg in msgs:

@@ -93,6 +93,9 @@ class _StuckProducer:
     def begin_transaction(self) -> None:
         pass
 
+    def poll(self, timeout: float) -> int:
+        return 0
+
     def flush(self, timeout: float) -> int:  # nothing was produced
         return 0
 
@@ -120,4 +123,30 @@ def test_a_transaction_call_that_never_returns_is_left_behind_and_stops_the_exec
         executor._transact([])
     assert time.monotonic() - started < 5 and not stuck.committed  # given up on, never committed
     stuck.release.set()
+    executor.consumer.close()
+
+
+def test_a_producer_that_failed_fatally_while_idle_stops_the_executor_before_begin_transaction() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processors.executors.child_executor import ChildExecutor
+    from topology.settings import KafkaSettings
+
+    executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
+    calls: list[str] = []
+
+    class _FailedWhileIdle:  # librdkafka serves the fatal error callback on the next poll
+        def poll(self, timeout: float) -> int:
+            calls.append("poll")
+            executor._on_producer_error(KafkaError(KafkaError._FENCED, "fenced while idle", fatal=True))
+            return 0
+
+        def begin_transaction(self) -> None:  # would block for good (librdkafka#4420)
+            calls.append("begin_transaction")
+
+    executor.producer = _FailedWhileIdle()  # type: ignore[assignment]
+    with pytest.raises(KafkaException) as stopped:
+        executor._transact([])
+    assert stopped.value.args[0].fatal() and stopped.value.args[0].code() == KafkaError._FENCED
+    assert calls == ["poll"]  # never began a transaction
     executor.consumer.close()
