@@ -120,7 +120,9 @@ class ChildExecutor:
         self.names = TopicNames(prefix)
         self.codec = Codec.default()
         self.batch = batch
-        self.parents: dict[str, dict[str, Any]] = {}  # child_run_id -> parent step
+        # run-events partition -> child_run_id -> parent step; a revoked partition's entries go
+        # with it (their children's ends are read by the partition's next owner)
+        self.parents: dict[int, dict[str, dict[str, Any]]] = {}
         self.stopping = False
         self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
         self.metrics = ChildExecutorMetrics()
@@ -145,7 +147,8 @@ class ChildExecutor:
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
             self.producer.init_transactions(30)
-            self.consumer.subscribe([self.names.child_activations, self.names.run_events])
+            self.consumer.subscribe([self.names.child_activations, self.names.run_events],
+                                    on_revoke=self._forget_parents, on_lost=self._forget_parents)
             log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
                      self.names.run_events, self.metrics_port)
             while not self.stopping:
@@ -173,7 +176,7 @@ class ChildExecutor:
         log.warning("producer error: %s", err)
 
     def _transact(self, msgs: list[Message]) -> None:
-        finished: list[str] = []
+        finished: list[tuple[int, str]] = []
         tally = self._tally = ChildBatchTally()
         # begin_transaction on a producer that failed fatally while idle can block for good
         # (librdkafka#4420): serve its error callbacks first, and stop (exit 1) if it did.
@@ -204,9 +207,17 @@ class ChildExecutor:
             self.producer.abort_transaction(TXN_TIMEOUT_S)
             self._rewind()
             return
-        for child in finished:  # only once committed: an aborted batch is re-read and needs them
-            self.parents.pop(child, None)
-        self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, len(self.parents))
+        for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
+            self.parents.get(partition, {}).pop(child, None)
+        self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
+
+    def known_parents(self) -> int:
+        return sum(len(children) for children in self.parents.values())
+
+    def _forget_parents(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic == self.names.run_events:
+                self.parents.pop(tp.partition, None)
 
     def _positions(self, msgs: list[Message]) -> list[TopicPartition]:
         last: dict[tuple[str, int], int] = {}
@@ -223,7 +234,7 @@ class ChildExecutor:
     def _produce(self, topic: str, kind: str, msg: dict[str, Any]) -> None:
         self.producer.produce(topic, self.codec.encode(kind, msg), key=msg["run_id"].encode())
 
-    def _handle(self, msg: Message, finished: list[str]) -> None:
+    def _handle(self, msg: Message, finished: list[tuple[int, str]]) -> None:
         kind = "child_activations" if msg.topic() == self.names.child_activations else "run_events"
         try:
             record = self.codec.decode(kind, msg.value())
@@ -248,18 +259,19 @@ class ChildExecutor:
             self.counts["cancelled"] += 1
             self._tally.cancels += 1
         elif rtype == "RunAccepted" and record.get("parent"):
-            self.parents[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
+            self.parents.setdefault(msg.partition(), {})[record["run_id"]] = parent_step_from_ref(
+                record["run_id"], record["parent"])
         elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"
                                           and record.get("code") != "Conflict"):
             child = record["run_id"]
-            step = self.parents.get(child) or parent_step_from_id(child)
+            step = self.parents.get(msg.partition(), {}).get(child) or parent_step_from_id(child)
             if step is None:
                 return
             receipt = finished_receipt(step, child, record, now)
             self._produce(self.names.receipts, "receipts", receipt)
             self.counts["finished"] += 1
             self._tally.count_finished(receipt["status"])
-            finished.append(child)
+            finished.append((msg.partition(), child))
 
     def _dead_letter(self, msg: Message, error: str) -> None:
         self.counts["dead_letters"] += 1

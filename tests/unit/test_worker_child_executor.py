@@ -150,3 +150,21 @@ def test_a_producer_that_failed_fatally_while_idle_stops_the_executor_before_beg
     assert stopped.value.args[0].fatal() and stopped.value.args[0].code() == KafkaError._FENCED
     assert calls == ["poll"]  # never began a transaction
     executor.consumer.close()
+
+
+def test_a_revoked_run_events_partition_takes_its_known_parents_with_it() -> None:
+    from confluent_kafka import TopicPartition
+
+    from processors.executors.child_executor import ChildExecutor
+    from topology.settings import KafkaSettings
+
+    executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
+    step = {"run_id": "p", "node": "n", "lineage": "", "attempt": 1, "dispatch_id": "d"}
+    executor.parents = {0: {"p/n": step, "q/n": step}, 1: {"r/n": step}}
+    assert executor.known_parents() == 3
+    # a child-activations partition of the same number is not the run-events one
+    executor._forget_parents(executor.consumer, [TopicPartition("t.child-activations", 1)])
+    assert executor.known_parents() == 3
+    executor._forget_parents(executor.consumer, [TopicPartition("t.run-events", 0), TopicPartition("t.run-events", 5)])
+    assert executor.parents == {1: {"r/n": step}} and executor.known_parents() == 1
+    executor.consumer.close()
