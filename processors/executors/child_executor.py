@@ -123,6 +123,7 @@ class ChildExecutor:
         # run-events partition -> child_run_id -> parent step; a revoked partition's entries go
         # with it (their children's ends are read by the partition's next owner)
         self.parents: dict[int, dict[str, dict[str, Any]]] = {}
+        self._owned: set[int] = set()  # run-events partitions assigned to this instance
         self.stopping = False
         self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
         self.metrics = ChildExecutorMetrics()
@@ -130,9 +131,9 @@ class ChildExecutor:
         self.metrics_port: int | None = None  # bound /metrics port once serving
         self._tally = ChildBatchTally()  # the open transaction's work
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
+        self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
         self.producer = Producer({**transactional_producer_config(
             self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2), "error_cb": self._on_producer_error})
-        self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
         self._calls = CallThread("runfold-child-txn-call")
 
     def request_stop(self, *_: object) -> None:
@@ -148,7 +149,7 @@ class ChildExecutor:
                 self.metrics_port = self.metrics.serve(port, host)
             self.producer.init_transactions(30)
             self.consumer.subscribe([self.names.child_activations, self.names.run_events],
-                                    on_revoke=self._forget_parents, on_lost=self._forget_parents)
+                                    on_assign=self._own, on_revoke=self._forget_parents, on_lost=self._forget_parents)
             log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
                      self.names.run_events, self.metrics_port)
             while not self.stopping:
@@ -214,9 +215,13 @@ class ChildExecutor:
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())
 
+    def _own(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._owned.update(tp.partition for tp in partitions if tp.topic == self.names.run_events)
+
     def _forget_parents(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             if tp.topic == self.names.run_events:
+                self._owned.discard(tp.partition)
                 self.parents.pop(tp.partition, None)
 
     def _positions(self, msgs: list[Message]) -> list[TopicPartition]:
@@ -258,7 +263,8 @@ class ChildExecutor:
             self._produce(self.names.commands, "commands", cancel_command(record, now))
             self.counts["cancelled"] += 1
             self._tally.cancels += 1
-        elif rtype == "RunAccepted" and record.get("parent"):
+        elif rtype == "RunAccepted" and record.get("parent") and msg.partition() in self._owned:
+            # (a record fetched before its partition was revoked in this batch's consume: not kept)
             self.parents.setdefault(msg.partition(), {})[record["run_id"]] = parent_step_from_ref(
                 record["run_id"], record["parent"])
         elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"

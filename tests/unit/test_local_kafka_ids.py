@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 from topology.local_kafka import _cluster_id
 
@@ -13,3 +14,21 @@ def test_cluster_ids_are_16_byte_base64url_and_never_start_with_a_dash() -> None
     assert not [i for i in ids if i.startswith("-")]
     assert len(set(ids)) == len(ids)
     assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids)
+
+
+def test_the_gc_log_flag_quotes_its_path_and_is_left_out_where_xlog_would_expand_it(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from topology.local_kafka import _gc_log_flags
+
+    assert _gc_log_flags(Path("/data/run%p/gc.log")) == []  # -Xlog expands %p and cannot escape it
+    colon = tmp_path / "a:b"
+    colon.mkdir()
+    flags = _gc_log_flags(colon / "gc.log")
+    assert flags == [f'-Xlog:gc:file="{colon}/gc.log"::filecount=2,filesize=10m']
+    java = shutil.which("java")
+    if java is not None:  # the JVM accepts it and writes there (unquoted, ':' is an -Xlog separator)
+        proc = subprocess.run([java, *flags, "-version"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert (colon / "gc.log").exists()
