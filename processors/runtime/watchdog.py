@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from confluent_kafka import KafkaException
+
 CALL_GRACE_S = 10.0
 T = TypeVar("T")
 
@@ -104,9 +106,26 @@ def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], 
     transaction's records. librdkafka sends one ProduceRequest per partition and the broker
     serves a connection's requests one at a time, so the flush is most of a commit; the
     offsets go to the coordinators on their own connections, so the two overlap, and
-    `commit_transaction` has only EndTxn left. CallAbandoned after `wait_s`."""
-    calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s,
-              meanwhile=lambda: producer.flush(timeout_s))
+    `commit_transaction` has only EndTxn left. CallAbandoned after `wait_s`.
+
+    A transaction that already failed (fenced, or a delivery refused) makes confluent-kafka's
+    flush serve a delivery report with the transaction's KafkaException already set, and it
+    raises SystemError caused by it. Such a transaction cannot commit: the offsets call's own
+    error wins, else the flush's KafkaException is raised, so the caller aborts or stops as for
+    any failed transaction."""
+    flush_errors: list[Exception] = []
+
+    def flush() -> None:
+        try:
+            producer.flush(timeout_s)
+        except Exception as e:
+            flush_errors.append(e)
+
+    calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush)
+    if flush_errors:
+        error = flush_errors[0]
+        cause = error.__cause__ or error.__context__
+        raise cause if isinstance(cause, KafkaException) else error
 
 
 class Watchdog:
