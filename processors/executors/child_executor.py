@@ -120,10 +120,9 @@ class ChildExecutor:
         self.names = TopicNames(prefix)
         self.codec = Codec.default()
         self.batch = batch
-        # run-events partition -> child_run_id -> parent step; a revoked partition's entries go
-        # with it (their children's ends are read by the partition's next owner)
+        # owned run-events partition -> child_run_id -> parent step; a revoked partition's entries
+        # go with it (their children's ends are read by the partition's next owner)
         self.parents: dict[int, dict[str, dict[str, Any]]] = {}
-        self._owned: set[int] = set()  # run-events partitions assigned to this instance
         self.stopping = False
         self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
         self.metrics = ChildExecutorMetrics()
@@ -215,13 +214,19 @@ class ChildExecutor:
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())
 
+    @property
+    def _owned(self) -> set[int]:
+        """The run-events partitions assigned to this instance."""
+        return set(self.parents)
+
     def _own(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._owned.update(tp.partition for tp in partitions if tp.topic == self.names.run_events)
+        for tp in partitions:
+            if tp.topic == self.names.run_events:
+                self.parents.setdefault(tp.partition, {})
 
     def _forget_parents(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             if tp.topic == self.names.run_events:
-                self._owned.discard(tp.partition)
                 self.parents.pop(tp.partition, None)
 
     def _positions(self, msgs: list[Message]) -> list[TopicPartition]:
@@ -263,10 +268,10 @@ class ChildExecutor:
             self._produce(self.names.commands, "commands", cancel_command(record, now))
             self.counts["cancelled"] += 1
             self._tally.cancels += 1
-        elif rtype == "RunAccepted" and record.get("parent") and msg.partition() in self._owned:
-            # (a record fetched before its partition was revoked in this batch's consume: not kept)
-            self.parents.setdefault(msg.partition(), {})[record["run_id"]] = parent_step_from_ref(
-                record["run_id"], record["parent"])
+        elif rtype == "RunAccepted" and record.get("parent"):
+            children = self.parents.get(msg.partition())
+            if children is not None:  # else fetched before its partition was revoked in this batch's consume
+                children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
         elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"
                                           and record.get("code") != "Conflict"):
             child = record["run_id"]
