@@ -1,4 +1,4 @@
-"""CancelRun, SignalRun and ResumeRun (StartRun lives in start.py)."""
+"""CancelRun, SignalRun and ResumeRun (StartRun lives in start.py), and the runtime's own FailRun."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
-from processors.engine.emitter import Decision, Emitter, rejection
+from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, rejection
 from processors.engine.ids import instance_key, order_key
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import TERMINAL_STATUSES, RunState
 from processors.engine.steps import NOT_SCHEDULED, cancel_open_steps, plan_superstep
-from processors.engine.superstep import progress
+from processors.engine.superstep import fail_run, progress
 
 Message = dict[str, Any]
 # A command's free-text reason is copied into the run's events and every cancelled step:
@@ -31,6 +31,20 @@ def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     reason = str(msg.get("reason") or "")[:REASON_CHARS] or "cancelled by request"
     cancel_open_steps(em, f"run cancelled: {reason}")
     em.emit("RunCancelled", reason=reason, usage=em.usage())
+    return Decision(em.events)
+
+
+def fail_run_for_runtime(state: RunState, msg: Message, em: Emitter) -> Decision:
+    """`FailRun` is the runtime's own message, never read from a topic (no Avro schema has it):
+    the run cannot go on for a reason only the runtime sees, e.g. an input of the run whose
+    outputs the broker refuses as too large (a fired timer's next activation, say), without
+    which a step would wait for good. Fails the run and cancels its open steps; a finished run
+    is left as it is."""
+    if state["status"] in TERMINAL_STATUSES:
+        return Decision([], "run already finished")
+    code = msg["code"] if msg["code"] in FAILURE_CODES else "ExecutionFailed"
+    message = msg["message"][:REASON_CHARS]
+    fail_run(em, failure(code, message), f"run failed: {message}")
     return Decision(em.events)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.engine.commands import cancel_run, resume_run, signal_run
+from processors.engine.commands import cancel_run, fail_run_for_runtime, resume_run, signal_run
 from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
 from processors.engine.receipts import handle_receipt
 from processors.engine.start import start_run
@@ -31,6 +31,7 @@ REQUIRED: dict[str, dict[str, type]] = {
     "ActivationCancelled": {**_STEP_IDENTITY, "worker_id": str},
     "ChildRunFinished": {**_STEP_IDENTITY, "child_run_id": str, "status": str},
     "TimerFired": {"timer_id": str, "timer_kind": str, "due_ms": int},
+    "FailRun": {"code": str, "message": str},  # the runtime's own (commands.fail_run_for_runtime)
 }
 COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 
@@ -61,6 +62,10 @@ def decide(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision
         return Decision([], "message for another run")
     if mtype == "StartRun":
         return start_run(state, msg, ctx)
+    if mtype == "FailRun":
+        if state is None:
+            return Decision([], "unknown run")
+        return fail_run_for_runtime(state, msg, Emitter(state, msg, ctx))
     em = Emitter(state, msg, ctx)
     if mtype in COMMANDS:
         if state is None:

@@ -87,13 +87,17 @@ _TOO_LARGE = (
 )
 
 
-def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any] | None:
+def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
     """What to fold instead of an input whose outputs the broker refuses: a terminal receipt
     becomes a non-retryable failure of the same attempt (retrying would produce the same
     outputs); a command becomes its RunRejected (code `Limit`, as for a command over an engine
-    ceiling). Other inputs (accepted, heartbeat, timer) have small outputs of their own: None."""
+    ceiling). Any other input (a fired timer, an accepted or cancelled receipt) fails its run
+    (`FailRun`, code `Limit`): what it would have started can never be written, so without it a
+    step would wait for good (a sleep that never wakes, a retry never dispatched)."""
     mtype = msg.get("type")
-    reason = _TOO_LARGE.format(what="receipt" if mtype in _TERMINAL_RECEIPTS else "command", error=error[:500])
+    what = "receipt" if mtype in _TERMINAL_RECEIPTS else "command" if mtype in _COMMANDS else (
+        "timer" if mtype == "TimerFired" else f"{mtype} receipt")
+    reason = _TOO_LARGE.format(what=what, error=error[:500])
     if mtype in ("ActivationCompleted", "ActivationFailed"):
         return {**msg, "type": "ActivationFailed", "code": "InvalidOutput", "message": reason, "retryable": False,
                 "output": None}
@@ -101,7 +105,8 @@ def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any] | None
         return {**msg, "status": "failed", "output": None, "failure": {"code": "InvalidOutput", "message": reason}}
     if mtype in _COMMANDS:
         return rejection(msg, "Limit", reason)
-    return None
+    return {"type": "FailRun", "run_id": msg["run_id"], "ts_ms": msg["ts_ms"], "record_id": msg.get("record_id"),
+            "code": "Limit", "message": reason}
 
 
 class Folder:
@@ -260,9 +265,9 @@ class Folder:
         run_id = msg["run_id"]
         if key != run_id.encode():
             return
+        if msg["type"] == "TimerFired":  # as fold_input does: the timer is done (no refire)
+            overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         substitute = _too_large_instead(msg, error)
-        if substitute is None:
-            return
         if substitute["type"] == "RunRejected":
             self._reject(overlay, counters, partition, key, run_id, substitute)
             return

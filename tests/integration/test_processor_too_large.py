@@ -1,6 +1,6 @@
 """An input whose outputs the broker refuses as too large is dead-lettered, not retried forever,
 and its run is told: a terminal receipt becomes a non-retryable InvalidOutput failure of its step,
-a command becomes a `Limit` rejection.
+a command becomes a `Limit` rejection, a fired timer fails its run (`Limit`).
 
 The engine's ceilings (256 KiB outputs) sit under Kafka's default record limit; here the limits
 are lowered below them so outputs the engine accepts are still refused: the run-events topic
@@ -19,14 +19,17 @@ import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from processor_support import (
     CODEC,
+    DEFINITIONS,
     Commands,
     Reader,
     Responder,
+    action,
     complete_all,
     make_settings,
     running,
     setup_topology,
     terminal_of,
+    workflow,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -126,4 +129,40 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
         mine = events.of(run_id)
         assert [e["sequence"] for e in mine] == list(range(1, len(mine) + 1))
     for reader in (events, dead, activations):
+        reader.close()
+
+
+def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leaving_it_asleep(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> None:
+    # A sleep wakes into an activation carrying the run's input (15 KB), over the activation
+    # topic's limit (10,000 bytes); the run's events (unlimited) still take that input.
+    settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0)
+    sleep_then_act = workflow("sleep-then-act", {"s": {"kind": "sleep", "duration_ms": 200}, "b": action("b")},
+                              {"s": ["b"]})  # fmt: skip
+    setup_topology(settings, [*DEFINITIONS, sleep_then_act])
+    _limit_topic(kafka_bootstrap, settings.topics.activations("default"), 10_000)
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    dead = Reader(settings, [settings.topics.dead_letters], "dead_letters")
+    cmd = Commands(settings)
+    with running(settings) as pt, Responder(settings, complete_all):
+        cmd.start("sleeper", "sleep-then-act", {"text": _incompressible(15_000)})
+        cmd.start("small", "sleep-then-act", {"text": "small"})
+        cmd.flush()
+        events.wait_for(lambda evs: terminal_of(evs, "sleeper") and terminal_of(evs, "small"),
+                        what="both runs to finish")  # fmt: skip
+        dead.wait_for(lambda d: len(d) >= 1, what="the timer's dead letter")
+        assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 1
+        body = httpx.get(f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", timeout=5).json()
+        assert body["status"] == "failed" and body["state"]["steps"]["s"]["status"] == "cancelled"
+    [letter] = dead.records
+    assert letter["key"] == b"sleeper" and letter["source_topic"] == settings.topics.receipts
+    assert CODEC.decode("receipts", letter["original"])["type"] == "TimerFired"
+    assert letter["error"].startswith("output too large: ")
+    [failed] = terminal_of(events.records, "sleeper")
+    assert failed["type"] == "RunFailed" and failed["failure"]["code"] == "Limit"
+    assert failed["failure"]["message"].startswith("the outputs of this timer are larger than the broker accepts")
+    assert not events.of("sleeper", "StepSucceeded")  # the wake-up itself was never applied
+    assert [e["type"] for e in terminal_of(events.records, "small")] == ["RunSucceeded"]
+    for reader in (events, dead):
         reader.close()

@@ -181,3 +181,21 @@ def test_research_brief_example_end_to_end() -> None:
     h.signal("approval", {"approved": True})
     assert h.status == "succeeded" and h.state["output"] == {"text": "brief"}
     assert h.refold() == __import__("processors.engine", fromlist=["dump_state"]).dump_state(h.state)
+
+
+def test_fail_run_from_the_runtime_fails_the_run_cancels_open_steps_and_leaves_finished_runs() -> None:
+    d = definition({"a": act(), "b": act()}, entry=["a", "b"])
+    h = RunHarness(d).start({}).accept("a")
+    h.send({"type": "FailRun", "code": "Limit", "message": "outputs too large " + "x" * 2000})
+    assert h.types == ["StepCancelled", "StepCancelled", "RunFailed"] and h.status == "failed"
+    failure = h.last.events[-1]["failure"]
+    assert failure["code"] == "Limit" and len(failure["message"]) == 1000 and not failure["retryable"]
+    assert [m["type"] for m in h.messages[-2:]] == ["CancelActivation", "CancelActivation"]
+    h.send({"type": "FailRun", "code": "Limit", "message": "again"})
+    assert h.types == [] and h.last.dropped == "run already finished"
+    h.send({"type": "FailRun", "code": "NoSuchCode", "message": "m"})
+    assert h.last.dropped == "run already finished"
+    fresh = RunHarness(d).start({}).send({"type": "FailRun", "code": "NoSuchCode", "message": "m"})
+    assert fresh.last.events[-1]["failure"]["code"] == "ExecutionFailed"
+    assert RunHarness(d).send({"type": "FailRun", "code": "Limit", "message": "m"}).last.dropped == "unknown run"
+    assert RunHarness(d).start({}).send({"type": "FailRun", "code": "Limit"}).last.dropped == "FailRun.message must be str"
