@@ -9,6 +9,8 @@ import asyncio
 import base64
 import collections
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -25,7 +27,7 @@ from processors.executors import Worker
 from processors.executors.child_executor import ChildExecutor
 from topology.admin import create_topology
 from topology.catalog import TopicNames
-from topology.settings import KafkaSettings, admin_config, producer_config
+from topology.settings import KafkaSettings, admin_config, producer_config, transactional_producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -179,3 +181,45 @@ def test_the_child_executor_dead_letters_a_null_child_activation_and_goes_on(ks:
         executor.request_stop()
         thread.join(10)
     assert alive and executor.counts["dead_letters"] == 1 and result == [0]
+
+
+def test_a_fenced_child_executor_process_exits_1_and_commits_nothing(ks: KafkaSettings) -> None:
+    """The `runfold child-executor` process end to end: a second instance with its instance id
+    fences it; its next transaction fails, and the process exits 1 (os._exit, so that a
+    supervisor restarts it) instead of hanging or committing the batch."""
+    names = TopicNames(ks.topic_prefix)
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": ks.bootstrap_servers, "RUNFOLD_TOPIC_PREFIX": ks.topic_prefix}
+    env.pop("RUNFOLD_BOOTSTRAP_SERVERS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "processors.executors.cli", "child-executor", "--instance-id", "x"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    stderr: list[str] = []
+    reading = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
+    reading.start()
+    try:
+        end = time.monotonic() + 30
+        while not any("child executor consuming" in line for line in stderr) and time.monotonic() < end:
+            assert proc.poll() is None, "".join(stderr)
+            time.sleep(0.1)
+        time.sleep(3)  # its group join settles: it owns every partition
+        usurper = Producer(transactional_producer_config(ks, f"{ks.topic_prefix}-child-executor-x"))
+        usurper.init_transactions(30)  # a new epoch for the id: the running process is fenced
+        cancels = []
+        for parent in ("parent-1", "parent-2", "parent-3", "parent-4"):
+            cancels.append({"type": "ChildRunCancel", "run_id": parent, "ts_ms": int(time.time() * 1000),
+                            "record_id": uuid.uuid4().hex, "node": "n", "lineage": "", "attempt": 1,
+                            "dispatch_id": dispatch_id(parent, "n", "", 1), "child_run_id": f"{parent}/n",
+                            "reason": "x"})  # fmt: skip
+        produce(ks, names.child_activations, "child_activations", cancels)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    reading.join(5)
+    log = "".join(stderr)
+    assert code == 1, log
+    assert "child executor stopped" in log and "fenced" in log.lower(), log
+    commands = ReceiptReader(ks, kind="commands", topic=names.commands)
+    time.sleep(2)
+    assert commands.poll_until(lambda r: False, 5) == []  # nothing of the fenced batch committed
+    commands.close()
