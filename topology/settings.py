@@ -196,6 +196,12 @@ def load_settings(**overrides: Any) -> KafkaSettings:
     return KafkaSettings(**overrides)
 
 
+def cannot_reach(bootstrap: str, detail: str) -> str:
+    """What a component says when no Kafka answers at `bootstrap`, and what to do about it."""
+    return (f"cannot reach the Kafka cluster at {bootstrap} ({detail}): is it running? `runfold kafka up` starts "
+            "a local broker; KAFKA_BOOTSTRAP_SERVERS (or RUNFOLD_BOOTSTRAP_SERVERS) names another cluster")
+
+
 def is_secret_key(key: str) -> bool:
     k = key.lower()
     return any(word in k for word in _SECRET_WORDS)

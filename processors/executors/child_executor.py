@@ -38,7 +38,13 @@ from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
-from topology.settings import KafkaSettings, consumer_config, load_settings, transactional_producer_config
+from topology.settings import (
+    KafkaSettings,
+    cannot_reach,
+    consumer_config,
+    load_settings,
+    transactional_producer_config,
+)
 
 log = logging.getLogger("runfold.child_executor")
 TXN_TIMEOUT_S = 30.0
@@ -146,7 +152,14 @@ class ChildExecutor:
             port, host = self._metrics_at
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
-            self.producer.init_transactions(30)
+            try:
+                self.producer.init_transactions(30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._TIMED_OUT or self._cluster_answers():
+                    raise
+                log.error("child executor stopped: %s", cannot_reach(
+                    self.kafka.bootstrap_servers, "init_transactions timed out after 30 s"))
+                return 1
             self.consumer.subscribe([self.names.child_activations, self.names.run_events],
                                     on_assign=self._own, on_revoke=self._forget_parents, on_lost=self._forget_parents)
             log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
@@ -169,6 +182,13 @@ class ChildExecutor:
             self.metrics.close()
             self._calls.close()
         return 0
+
+    def _cluster_answers(self) -> bool:
+        try:
+            self.consumer.list_topics(timeout=5)
+        except KafkaException:
+            return False
+        return True
 
     def _on_producer_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -32,6 +32,28 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+class RepeatThrottle:
+    """Lets the first of each distinct message through, then at most one per `window_s`, saying
+    how many were held back in between. librdkafka reports a down cluster (or one broker) to
+    the error callback of every client many times a second: hundreds of identical lines a
+    minute would bury the one that says why."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, tuple[float, int]] = {}  # message -> (last let through, held back since)
+
+    def admit(self, message: str, now: float) -> int | None:
+        """None to hold `message` back; else how many repeats of it were held back before."""
+        last = self._seen.get(message)
+        if last is not None and now - last[0] < self.window_s:
+            self._seen[message] = (last[0], last[1] + 1)
+            return None
+        if len(self._seen) > 256:  # distinct texts (broker names, addresses) stay few; bound it anyway
+            self._seen.clear()
+        self._seen[message] = (now, 0)
+        return last[1] if last is not None else 0
+
+
 def configure(level: str = "INFO") -> None:
     """Route runfold loggers to stderr as JSON lines (idempotent)."""
     root = logging.getLogger("runfold")

@@ -45,6 +45,7 @@ from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
 from processors.runtime.watchdog import CallAbandoned, Watchdog
 from schemas import Codec
+from topology.settings import cannot_reach
 
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
@@ -108,6 +109,7 @@ class Processor:
         self.txn = _Txn()
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
+        self._client_errors = logs.RepeatThrottle()  # non-fatal client errors, logged once per 10 s
         self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
         self._stale_refusals = 0  # offsets refused FENCED_INSTANCE_ID since the last commit
         self._rejoin_stale = False  # the consumer is replaced for a stale membership, not another instance
@@ -222,7 +224,11 @@ class Processor:
         t = self.topics
         names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
                  t.child_activations, *(t.activations(q) for q in self.settings.activation_queues)]
-        meta = self._consumer.list_topics(timeout=KAFKA_TIMEOUT_S)
+        try:
+            meta = self._consumer.list_topics(timeout=KAFKA_TIMEOUT_S)
+        except KafkaException as e:
+            raise ProcessorStopped(EXIT_FATAL, cannot_reach(
+                self.settings.bootstrap_servers, f"{e.args[0].str()}, after {KAFKA_TIMEOUT_S:g} s")) from e
         missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
         if missing:
             raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
@@ -710,7 +716,9 @@ class Processor:
                 # (_renew_producer), a consumer's arrives as a _FATAL message (_on_consume_error).
                 self.log.error("fatal Kafka client error", extra={"error": err.str()})
         else:
-            self.log.warning("kafka client error", extra={"error": err.str()})
+            repeats = self._client_errors.admit(err.str(), time.monotonic())
+            if repeats is not None:  # librdkafka repeats a down cluster many times a second
+                self.log.warning("kafka client error", extra={"error": err.str(), "repeats_suppressed": repeats})
 
     def _on_consume_error(self, m: Any) -> None:
         err = m.error()
