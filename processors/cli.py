@@ -8,6 +8,7 @@ from processors import cli_bench, cli_defs, cli_demo, cli_replay, cli_runs
 from processors.executors import cli as executors_cli
 from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
+from topology.settings import exit_on_settings_error
 
 app = typer.Typer(
     name="runfold",
@@ -31,7 +32,7 @@ app.command("demo")(cli_demo.demo)  # `runfold demo`
 
 
 def main() -> None:
-    app()
+    exit_on_settings_error(app)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -194,6 +195,32 @@ class KafkaSettings(BaseSettings):
 def load_settings(**overrides: Any) -> KafkaSettings:
     """Settings from env and config file; keyword arguments win (e.g. `topic_prefix="t1234"`)."""
     return KafkaSettings(**overrides)
+
+
+def settings_problems(error: Exception) -> str:
+    """A settings error in one line per problem, naming the field and the value refused (a
+    pydantic ValidationError; any other error as its text). Values of secret-like fields are
+    left out."""
+    errors = getattr(error, "errors", None)
+    if not callable(errors):
+        return str(error)
+    lines = []
+    for problem in errors():
+        where = ".".join(str(part) for part in problem.get("loc", ())) or "settings"
+        shown = "" if is_secret_key(where) or "input" not in problem else f" (got {problem['input']!r})"
+        lines.append(f"{where}: {problem.get('msg', 'invalid')}{shown}")
+    return "; ".join(lines)
+
+
+def exit_on_settings_error(run: Callable[[], Any], prog: str = "runfold") -> Any:
+    """Run a command line; invalid settings end it with one line per problem and exit 2 (a usage
+    error), not a pydantic traceback. Every runfold entry point goes through here."""
+    try:
+        return run()
+    except (ValidationError, ConfigFileError) as e:
+        print(f"{prog}: invalid settings: {settings_problems(e)} (from options, RUNFOLD_<FIELD> environment "
+              "variables or the RUNFOLD_CONFIG file)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cannot_reach(bootstrap: str, detail: str) -> str:

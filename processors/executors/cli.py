@@ -100,6 +100,8 @@ def mount(app: typer.Typer) -> None:
 
 
 if __name__ == "__main__":
+    from topology.settings import exit_on_settings_error
+
     _app = typer.Typer(pretty_exceptions_enable=False)
     mount(_app)
-    _app()
+    exit_on_settings_error(_app)

@@ -1,7 +1,7 @@
 """`runfold processor`: run one processor instance until SIGTERM/SIGINT.
 
-Exit codes: 0 stopped cleanly (signal), 2 fatal error (bad topology, Kafka fatal error,
-store failure), 3 fenced (another processor started with the same instance id), 4 the loop
+Exit codes: 0 stopped cleanly (signal), 2 fatal error (invalid settings, no cluster answering,
+bad topology, Kafka fatal error, store failure), 3 fenced (another processor started with the same instance id), 4 the loop
 stalled for stall_timeout_ms (stuck in a Kafka client call; logged with its stack).
 """
 
@@ -43,9 +43,6 @@ def processor(
         logs.get_logger().info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
         stop.set()
 
-    # First thing: a SIGTERM during start-up must also stop cleanly.
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     from processors.runtime.loop import Processor
     from processors.runtime.settings import load_processor_settings
 
@@ -54,6 +51,9 @@ def processor(
         group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
         metrics_port=metrics_port, query_port=query_port, log_level=log_level,
         finished_retention_ms=finished_retention_ms)
+    # Before anything that waits on Kafka: a SIGTERM during start-up must also stop cleanly.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     logs.configure(settings.log_level)
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
@@ -77,4 +77,6 @@ def tune_gc() -> None:
 
 
 def main() -> None:
-    typer.run(processor)
+    from topology.settings import exit_on_settings_error
+
+    exit_on_settings_error(lambda: typer.run(processor), "runfold processor")

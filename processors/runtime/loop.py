@@ -189,6 +189,7 @@ class Processor:
         s = self.settings
         self.log.info("processor starting", extra={"settings": s.redacted(),
                                                    "transactional_id": s.transactional_id})
+        self._check_state_dir()
         self._consumer = self._new_consumer()
         partitions = self.partition_count = self._check_topology()
         self.producers.start()
@@ -208,6 +209,20 @@ class Processor:
             "definitions": n, "partitions": partitions, "group": s.group,
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
+
+    def _check_state_dir(self) -> None:
+        """Before any partition is assigned: an unusable state directory would otherwise fail
+        the first store opened, inside a rebalance callback."""
+        root = self.settings.store_root()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            probe = root / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise ProcessorStopped(EXIT_FATAL, (
+                f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
+                "to a writable directory")) from e
 
     def _new_consumer(self) -> Consumer:
         return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
