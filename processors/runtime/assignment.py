@@ -34,6 +34,7 @@ _STABILITY_RECHECK_S = 0.25
 # a broker fenced itself, a reassigned reader was seen never to report EOF on an empty partition.
 _NO_EOF_CHECK_S = 2.0
 _RENEW_READERS_AFTER_S = 5.0  # end offsets unavailable this long: new restore clients
+_PROGRESS_EVERY_S = 10.0  # a restore still running logs how far it got this often
 
 
 @dataclass
@@ -47,6 +48,19 @@ class _Restore:
     recheck_at: float = 0.0
     offsets_error: str = ""  # the last failure to get end offsets (logged when it changes)
     failing_since: float | None = None  # end offsets unavailable since
+
+
+def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
+    """How far a restore got, for its progress log: events folded, the next offset to read,
+    the log end (-1 unknown), the offsets left (transaction markers take offsets too, so a
+    little more than the events left), the rate so far and the time left at that rate."""
+    position = r.last_offset + 1 if r.last_offset != NO_OFFSET else max(r.start_offset, 0)
+    log_end = max(log_end, -1)  # librdkafka says -1001 before the first fetch
+    left = max(0, log_end - position) if log_end >= 0 else None
+    elapsed = now - r.started
+    rate = r.events / elapsed if elapsed > 0 else 0.0
+    return {"partition": r.partition, "restored_events": r.events, "next_offset": position, "log_end": log_end,
+            "offsets_left": left, "events_per_s": round(rate), "eta_s": round(left / rate) if left and rate else None}
 
 
 class Partitions:
@@ -67,6 +81,7 @@ class Partitions:
         self._lock = threading.Lock()
         self._stores: dict[int, PartitionStore] = {}
         self.restoring: dict[int, _Restore] = {}
+        self._progress_at = 0.0  # monotonic time of the next restore progress log
 
     def _new_readers(self) -> tuple[Consumer, Consumer]:
         reader = Consumer(self._settings.side_consumer_config("restore"))
@@ -128,6 +143,7 @@ class Partitions:
             to_read.append(TopicPartition(self._events_topic, p, start))
         if to_read:
             self._reader.incremental_assign(to_read)
+            self._progress_at = max(self._progress_at, time.monotonic() + _PROGRESS_EVERY_S)
         self._metrics.partitions_assigned.set(len(self._stores))
         self._metrics.partitions_restoring.set(len(self.restoring))
 
@@ -204,7 +220,22 @@ class Partitions:
             ov.write(self.restoring[p].last_offset)
         if folded:
             self._metrics.events_restored.inc(folded)
-        return self._finish_caught_up(consumer)
+        done = self._finish_caught_up(consumer)
+        if self.restoring and time.monotonic() >= self._progress_at:
+            self._log_progress()
+        return done
+
+    def _log_progress(self) -> None:
+        """A long restore (a new instance, a lost store) says how far it got and how long it
+        has left, every `_PROGRESS_EVERY_S`, instead of nothing until `partition ready`."""
+        now = time.monotonic()
+        self._progress_at = now + _PROGRESS_EVERY_S
+        for p, r in sorted(self.restoring.items()):
+            try:  # the high watermark of the reader's last fetch: no request
+                _low, log_end = self._reader.get_watermark_offsets(TopicPartition(self._events_topic, p), cached=True)
+            except KafkaException:
+                log_end = -1
+            self._log.info("restoring", extra=restore_progress(r, log_end, now))
 
     def _finish_caught_up(self, consumer: Consumer) -> list[int]:
         done: list[int] = []
