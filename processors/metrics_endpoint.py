@@ -8,6 +8,15 @@ from typing import Any
 from prometheus_client import GC_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, start_http_server
 
 
+class CannotServe(Exception):
+    """An HTTP endpoint of ours could not bind its port (in use, not permitted): the message
+    says which endpoint, where, and what to do."""
+
+    def __init__(self, what: str, host: str, port: int, option: str, error: OSError) -> None:
+        super().__init__(f"cannot serve {what} on {host}:{port}: {error.strerror or error} (choose another "
+                         f"{option}; 0 picks a free one)")
+
+
 class MetricsEndpoint:
     """A registry with the process's CPU, memory and GC collectors, and its /metrics endpoint."""
 
@@ -23,7 +32,10 @@ class MetricsEndpoint:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the /metrics endpoint; returns the bound port (port 0 = ephemeral)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            raise CannotServe("/metrics", addr, port, "metrics port", e) from e
         self._server = server
         return int(server.server_address[1])
 

@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
+from processors.metrics_endpoint import CannotServe
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
@@ -172,6 +173,9 @@ class ChildExecutor:
                     rest = self.consumer.consume(num_messages=self.batch - 1, timeout=0) if self.batch > 1 else []
                     self._transact([first, *rest])
         except KafkaException as exc:
+            log.error("child executor stopped: %s", exc)
+            return 1
+        except CannotServe as exc:
             log.error("child executor stopped: %s", exc)
             return 1
         except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it

@@ -49,6 +49,7 @@ from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver
+from processors.metrics_endpoint import CannotServe
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
@@ -149,7 +150,11 @@ class WorkerRunner:
         idle = 0
         try:
             if self.settings.metrics_port is not None:
-                self.metrics_port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+                try:
+                    self.metrics_port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+                except CannotServe as e:
+                    log.error("worker %s stopped: %s", self.worker_id, e)
+                    return 1
             self._fit_receipts_topic()
             self._subscribe()
             log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,

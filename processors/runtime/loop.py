@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.engine import Catalog, Ceilings, EngineContext
+from processors.metrics_endpoint import CannotServe
 from processors.runtime import logs
 from processors.runtime.assignment import Partitions
 from processors.runtime.definitions import DefinitionsReader
@@ -197,13 +198,16 @@ class Processor:
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
         n = self._definitions.catch_up(KAFKA_TIMEOUT_S)
-        if s.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
-        if s.query_port is not None:
-            from processors.runtime.query import QueryServer
+        try:
+            if s.metrics_port is not None:
+                self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
+            if s.query_port is not None:
+                from processors.runtime.query import QueryServer
 
-            self._query = QueryServer(self, s.http_host, s.query_port)
-            self.query_port = self._query.port
+                self._query = QueryServer(self, s.http_host, s.query_port)
+                self.query_port = self._query.port
+        except CannotServe as e:  # a port in use: say which, not a traceback
+            raise ProcessorStopped(EXIT_FATAL, str(e)) from e
         self._subscribe()
         self.log.info("processor started", extra={
             "definitions": n, "partitions": partitions, "group": s.group,

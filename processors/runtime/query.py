@@ -27,6 +27,7 @@ import orjson
 from confluent_kafka.admin import AdminClient
 
 from processors.engine import load_state, run_status
+from processors.metrics_endpoint import CannotServe
 from processors.runtime.partitioning import partition_for
 from processors.runtime.store import StoreClosed
 from topology.settings import admin_config
@@ -46,7 +47,10 @@ class QueryServer:
         self._owners_lock = threading.Lock()
         self._admin: AdminClient | None = None
         handler = type("Handler", (_Handler,), {"server_ref": self})
-        self._server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as e:
+            raise CannotServe("run queries", host, port, "query port", e) from e
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="runfold-query", daemon=True)

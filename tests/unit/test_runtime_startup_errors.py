@@ -84,3 +84,24 @@ def test_settings_problems_leave_secret_values_out() -> None:
     text = settings_problems(caught.value)
     assert "hunter2" not in text and text.startswith("sasl_password: String should have at least 8 characters;")
     assert "port: Input should be a valid integer, unable to parse string as an integer (got 'x')" in text
+
+
+def test_a_port_in_use_is_named_with_the_endpoint_and_what_to_do() -> None:
+    from types import SimpleNamespace
+
+    from processors.metrics_endpoint import CannotServe
+    from processors.runtime.metrics import ProcessorMetrics
+    from processors.runtime.query import QueryServer
+    from schemas import Codec
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        with pytest.raises(CannotServe) as metrics_error:
+            ProcessorMetrics().serve(port, "127.0.0.1")
+        with pytest.raises(CannotServe) as query_error:
+            QueryServer(SimpleNamespace(codec=Codec.default()), "127.0.0.1", port)  # type: ignore[arg-type]
+    assert str(metrics_error.value) == (f"cannot serve /metrics on 127.0.0.1:{port}: Address already in use "
+                                        "(choose another metrics port; 0 picks a free one)")  # fmt: skip
+    assert str(query_error.value).startswith(f"cannot serve run queries on 127.0.0.1:{port}: Address already in use")
