@@ -40,13 +40,13 @@ from processors.runtime.exits import (  # re-exported: the exit codes callers kn
 from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.preflight import check_state_dir, check_topology
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
 from processors.runtime.watchdog import CallAbandoned, Watchdog
 from schemas import Codec
-from topology.settings import cannot_reach
 
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
@@ -190,9 +190,9 @@ class Processor:
         s = self.settings
         self.log.info("processor starting", extra={"settings": s.redacted(),
                                                    "transactional_id": s.transactional_id})
-        self._check_state_dir()
+        check_state_dir(s)
         self._consumer = self._new_consumer()
-        partitions = self.partition_count = self._check_topology()
+        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S)
         self.producers.start()
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
@@ -214,20 +214,6 @@ class Processor:
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
 
-    def _check_state_dir(self) -> None:
-        """Before any partition is assigned: an unusable state directory would otherwise fail
-        the first store opened, inside a rebalance callback."""
-        root = self.settings.store_root()
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            probe = root / f".probe-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            raise ProcessorStopped(EXIT_FATAL, (
-                f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
-                "to a writable directory")) from e
-
     def _new_consumer(self) -> Consumer:
         return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
 
@@ -236,27 +222,6 @@ class Processor:
         self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._unassigned_since = time.monotonic()
-
-    def _check_topology(self) -> int:
-        """commands, receipts, run-events and run-state must exist with one partition count."""
-        assert self._consumer is not None
-        t = self.topics
-        names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
-                 t.child_activations, *(t.activations(q) for q in self.settings.activation_queues)]
-        try:
-            meta = self._consumer.list_topics(timeout=KAFKA_TIMEOUT_S)
-        except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, cannot_reach(
-                self.settings.bootstrap_servers, f"{e.args[0].str()}, after {KAFKA_TIMEOUT_S:g} s")) from e
-        missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
-        if missing:
-            raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
-                                               f"with topic prefix {self.settings.topic_prefix!r}")
-        counts = {n: len(meta.topics[n].partitions) for n in (t.commands, t.receipts, t.run_events, t.run_state)}
-        if len(set(counts.values())) != 1:
-            raise ProcessorStopped(EXIT_FATAL, f"topics are not co-partitioned (partition counts {counts}); "
-                                               "commands, receipts, run-events and run-state must match")
-        return counts[t.commands]
 
     def _shutdown(self) -> None:
         if self._consumer is not None:

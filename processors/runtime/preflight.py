@@ -1,0 +1,49 @@
+"""What the processor checks before it joins its group: a state directory it can write, a
+cluster that answers, and a complete, co-partitioned topology. Each failure stops it (exit 2)
+with a message that says what is wrong and what to do, before any partition is assigned (a
+failure inside a rebalance callback would say much less)."""
+
+from __future__ import annotations
+
+import os
+
+from confluent_kafka import Consumer, KafkaException
+
+from processors.runtime.exits import EXIT_FATAL, ProcessorStopped
+from processors.runtime.settings import ProcessorSettings
+from topology.settings import cannot_reach
+
+
+def check_state_dir(settings: ProcessorSettings) -> None:
+    root = settings.store_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ProcessorStopped(EXIT_FATAL, (
+            f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
+            "to a writable directory")) from e
+
+
+def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: float) -> int:
+    """Every topic the processor reads or writes exists; commands, receipts, run-events and
+    run-state have one partition count (co-partitioned). Returns that count."""
+    t = settings.topics
+    names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
+             t.child_activations, *(t.activations(q) for q in settings.activation_queues)]
+    try:
+        meta = consumer.list_topics(timeout=timeout_s)
+    except KafkaException as e:
+        raise ProcessorStopped(EXIT_FATAL, cannot_reach(
+            settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s")) from e
+    missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
+    if missing:
+        raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
+                                           f"with topic prefix {settings.topic_prefix!r}")
+    counts = {n: len(meta.topics[n].partitions) for n in (t.commands, t.receipts, t.run_events, t.run_state)}
+    if len(set(counts.values())) != 1:
+        raise ProcessorStopped(EXIT_FATAL, f"topics are not co-partitioned (partition counts {counts}); "
+                                           "commands, receipts, run-events and run-state must match")
+    return counts[t.commands]
