@@ -139,14 +139,12 @@ PrefixOpt = Annotated[
 
 
 def _settings(as_json: bool, prefix: str | None) -> Any:
-    from pydantic import ValidationError
-
-    from topology.settings import ConfigFileError, load_settings, settings_problems
+    from topology.settings import ConfigFileError, SettingsInvalid, load_settings
 
     try:
         return load_settings(**({"topic_prefix": prefix} if prefix else {}))
-    except (ValidationError, ConfigFileError) as e:
-        raise fail(as_json, f"invalid settings: {settings_problems(e)}") from e
+    except (SettingsInvalid, ConfigFileError) as e:
+        raise fail(as_json, f"invalid settings: {e}") from e
 
 
 @topology_app.command("create")

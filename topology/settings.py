@@ -47,17 +47,24 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 if TYPE_CHECKING:
     from topology.catalog import TopicNames
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+_S = TypeVar("_S")
 CLIENT_ENV_PREFIX = "RUNFOLD_CLIENT_"
 _SECRET_WORDS = ("password", "secret", "token", "key")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -81,8 +88,10 @@ def read_config_file(section: str | None = None, path: str | Path | None = None)
         raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) cannot be read: {e.strerror}") from e
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigFileError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {e}") from e
+    except tomllib.TOMLDecodeError as e:  # its text is the problem and position, never the line
+        raise ConfigFileError(f"config file {p} is not valid TOML: {e}") from e
+    except yaml.YAMLError as e:  # not its text: that quotes the line, which may hold a password
+        raise ConfigFileError(f"config file {p} is not valid YAML: {yaml_problem(e)}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -90,6 +99,13 @@ def read_config_file(section: str | None = None, path: str | Path | None = None)
     if section is not None and isinstance(data.get(section), dict):
         return dict(data[section])
     return data
+
+
+def yaml_problem(error: Exception) -> str:
+    """A YAML parse error as its problem and position only (its text quotes the offending line)."""
+    problem = getattr(error, "problem", None) or "cannot be parsed"
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
 
 
 class _ConfigFileSource(PydanticBaseSettingsSource):
@@ -194,39 +210,69 @@ class KafkaSettings(BaseSettings):
 
 def load_settings(**overrides: Any) -> KafkaSettings:
     """Settings from env and config file; keyword arguments win (e.g. `topic_prefix="t1234"`)."""
-    return KafkaSettings(**overrides)
+    return build_settings(KafkaSettings, KAFKA_SOURCES, **overrides)
 
 
-def settings_problems(error: Exception) -> str:
-    """A settings error in one line per problem, naming the field and the value refused (a
-    pydantic ValidationError; any other error as its text). Values of secret-like fields are
-    left out."""
-    errors = getattr(error, "errors", None)
-    if not callable(errors):
-        return str(error)
+KAFKA_SOURCES = "set by options, RUNFOLD_<FIELD> environment variables or the RUNFOLD_CONFIG file"
+_SHOWN_CHARS = 80
+
+
+class SettingsInvalid(ValueError):
+    """Settings that cannot be used: the message names each problem and where settings come from."""
+
+
+def build_settings(model: Callable[..., _S], sources: str, **values: Any) -> _S:
+    """`model(**values)`; a refusal becomes SettingsInvalid, one line per problem, ending with
+    `sources` (where the user sets these settings)."""
+    try:
+        return model(**values)
+    except ValidationError as e:
+        raise SettingsInvalid(f"{settings_problems(e)} ({sources})") from None
+    except SettingsError as e:  # an environment value that is not even parsable (it names no value)
+        raise SettingsInvalid(f"{e}: a list or mapping in an environment variable is JSON, e.g. '[\"a\", \"b\"]' "
+                              f"or '{{\"k\": \"v\"}}' ({sources})") from None
+
+
+def settings_problems(error: ValidationError) -> str:
+    """One line per problem: the field, what is wrong, and the value refused when it is a short
+    scalar with nothing secret-looking in its name or text (a mapping or list is named by type:
+    it may hold credentials, e.g. `client_overrides`)."""
     lines = []
-    for problem in errors():
+    for problem in error.errors():
         where = ".".join(str(part) for part in problem.get("loc", ())) or "settings"
-        shown = "" if is_secret_key(where) or "input" not in problem else f" (got {problem['input']!r})"
-        lines.append(f"{where}: {problem.get('msg', 'invalid')}{shown}")
+        lines.append(f"{where}: {problem.get('msg', 'invalid')}{_shown(where, problem.get('input', _ABSENT))}")
     return "; ".join(lines)
+
+
+_ABSENT = object()
+
+
+def _shown(where: str, value: Any) -> str:
+    if value is _ABSENT or is_secret_key(where) or where.startswith("client_overrides"):
+        return ""
+    if not isinstance(value, str | int | float | bool | None):
+        return f" (got a {type(value).__name__})"
+    text = repr(value)
+    if is_secret_key(text) or "=" in text:  # "sasl.password=..." and the like
+        return ""
+    return f" (got {text[:_SHOWN_CHARS]}{'…' if len(text) > _SHOWN_CHARS else ''})"
 
 
 def exit_on_settings_error(run: Callable[[], Any], prog: str = "runfold") -> Any:
     """Run a command line; invalid settings end it with one line per problem and exit 2 (a usage
-    error), not a pydantic traceback. Every runfold entry point goes through here."""
+    error), not a traceback. Every runfold entry point goes through here."""
     try:
         return run()
-    except (ValidationError, ConfigFileError) as e:
-        print(f"{prog}: invalid settings: {settings_problems(e)} (from options, RUNFOLD_<FIELD> environment "
-              "variables or the RUNFOLD_CONFIG file)", file=sys.stderr)
+    except (SettingsInvalid, ConfigFileError) as e:
+        print(f"{prog}: invalid settings: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 def cannot_reach(bootstrap: str, detail: str) -> str:
     """What a component says when no Kafka answers at `bootstrap`, and what to do about it."""
-    return (f"cannot reach the Kafka cluster at {bootstrap} ({detail}): is it running? `runfold kafka up` starts "
-            "a local broker; KAFKA_BOOTSTRAP_SERVERS (or RUNFOLD_BOOTSTRAP_SERVERS) names another cluster")
+    return (f"cannot reach the Kafka cluster at {bootstrap} ({detail}): is it running, and are the address and the "
+            "security settings right? `runfold kafka up` starts a local broker; KAFKA_BOOTSTRAP_SERVERS (or "
+            "RUNFOLD_BOOTSTRAP_SERVERS) names another cluster, client_overrides its security settings")
 
 
 def is_secret_key(key: str) -> bool:

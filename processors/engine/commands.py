@@ -43,8 +43,8 @@ def fail_run_for_runtime(state: RunState, msg: Message, em: Emitter) -> Decision
     if state["status"] in TERMINAL_STATUSES:
         return Decision([], "run already finished")
     code = msg["code"] if msg["code"] in FAILURE_CODES else "ExecutionFailed"
-    message = msg["message"][:REASON_CHARS]
-    fail_run(em, failure(code, message), f"run failed: {message}")
+    # The message goes on RunFailed only: every cancelled step (a map's many items) gets the code.
+    fail_run(em, failure(code, msg["message"][:REASON_CHARS]), f"run failed: {code}")
     return Decision(em.events)
 
 

@@ -154,12 +154,12 @@ class ChildExecutor:
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
             try:
-                self.producer.init_transactions(30)
+                self.producer.init_transactions(TXN_TIMEOUT_S)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError._TIMED_OUT or self._cluster_answers():
                     raise
                 log.error("child executor stopped: %s", cannot_reach(
-                    self.kafka.bootstrap_servers, "init_transactions timed out after 30 s"))
+                    self.kafka.bootstrap_servers, f"init_transactions timed out after {TXN_TIMEOUT_S:g} s"))
                 return 1
             self.consumer.subscribe([self.names.child_activations, self.names.run_events],
                                     on_assign=self._own, on_revoke=self._forget_parents, on_lost=self._forget_parents)

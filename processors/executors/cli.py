@@ -55,8 +55,7 @@ def worker_command(
     _logging(log_level)
     overrides: dict[str, Any] = {"name": name, "concurrency": concurrency, "queues": list(queue) or None,
                                  "http_allowed_hosts": list(allow_host) or None, "metrics_port": metrics_port}
-    settings = WorkerSettings.from_file(config, **overrides) if config else WorkerSettings(
-        **{k: v for k, v in overrides.items() if v is not None})
+    settings = WorkerSettings.load(config, **overrides)
     modules = [load_module(m) for m in module]
     worker = Worker(settings=settings)
     for mod in modules:
@@ -84,7 +83,7 @@ def child_executor_command(
 
     _logging(log_level)
     overrides: dict[str, Any] = {"instance_id": instance_id, "metrics_port": metrics_port}
-    s = ChildExecutorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    s = ChildExecutorSettings.load(**overrides)
     code = ChildExecutor(topic_prefix=topic_prefix, instance_id=s.instance_id, batch=s.batch,
                          metrics_port=s.metrics_port, metrics_host=s.metrics_host).run()
     # A producer left inside a call that never returned must not be destroyed (that can block).

@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from topology.settings import ConfigFileError, build_settings, yaml_problem
+
 
 class ProviderConfig(BaseModel):
     """One agent provider. `kind: local` needs nothing; `kind: openai` talks to an
@@ -65,13 +67,25 @@ class WorkerSettings(BaseSettings):
         return f"{prefix}-worker-{'+'.join(sorted(set(self.queues)))}"
 
     @classmethod
-    def from_file(cls, path: str, **overrides: Any) -> WorkerSettings:
+    def load(cls, path: str | None = None, **overrides: Any) -> WorkerSettings:
+        """From `path` (YAML, `--config`) if given, then RUNFOLD_WORKER_* variables; `overrides`
+        (options) win. Invalid settings raise SettingsInvalid naming each problem."""
         import yaml
 
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
+        data: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    data = yaml.safe_load(fh) or {}
+            except OSError as e:
+                raise ConfigFileError(f"worker config file {path} cannot be read: {e.strerror}") from e
+            except yaml.YAMLError as e:
+                raise ConfigFileError(f"worker config file {path} is not valid YAML: {yaml_problem(e)}") from e
+            if not isinstance(data, dict):
+                raise ConfigFileError(f"worker config file {path} must hold a mapping at the top level")
         data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**data)
+        return build_settings(cls, "set by options, RUNFOLD_WORKER_<FIELD> environment variables or --config",
+                              **data)
 
 
 class ChildExecutorSettings(BaseSettings):
@@ -83,3 +97,8 @@ class ChildExecutorSettings(BaseSettings):
     batch: int = Field(default=500, ge=1)  # records per poll, i.e. per transaction at most
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
     metrics_host: str = "0.0.0.0"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> ChildExecutorSettings:
+        return build_settings(cls, "set by options or RUNFOLD_CHILD_EXECUTOR_<FIELD> environment variables",
+                              **{k: v for k, v in overrides.items() if v is not None})

@@ -59,8 +59,10 @@ def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
     left = max(0, log_end - position) if log_end >= 0 else None
     elapsed = now - r.started
     rate = r.events / elapsed if elapsed > 0 else 0.0
+    offset_rate = (position - max(r.start_offset, 0)) / elapsed if elapsed > 0 else 0.0  # markers too, like `left`
     return {"partition": r.partition, "restored_events": r.events, "next_offset": position, "log_end": log_end,
-            "offsets_left": left, "events_per_s": round(rate), "eta_s": round(left / rate) if left and rate else None}
+            "offsets_left": left, "events_per_s": round(rate),
+            "eta_s": round(left / offset_rate) if left and offset_rate else None}
 
 
 class Partitions:

@@ -256,7 +256,7 @@ class Folder:
         _inc(counters.records_in, topic)
         self.dead_letter(counters, topic, partition, offset, key, value if level == 0 else None,
                          deadletter.OUTPUT_TOO_LARGE, f"output too large: {error}")
-        if level >= 2 or value is None or key is None:
+        if value is None or key is None:
             return
         try:
             msg = self._decode[topic](value)
@@ -267,6 +267,8 @@ class Folder:
             return
         if msg["type"] == "TimerFired":  # as fold_input does: the timer is done (no refire)
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
+        if level >= 2:
+            return
         substitute = _too_large_instead(msg, error)
         if substitute["type"] == "RunRejected":
             self._reject(overlay, counters, partition, key, run_id, substitute)

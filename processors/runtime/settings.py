@@ -24,7 +24,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from topology.catalog import TopicNames
 from topology.settings import (
+    KAFKA_SOURCES,
     KafkaSettings,
+    build_settings,
     consumer_config,
     read_config_file,
     redact,
@@ -167,4 +169,4 @@ class ProcessorSettings(KafkaSettings):
 
 
 def load_processor_settings(**overrides: Any) -> ProcessorSettings:
-    return ProcessorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    return build_settings(ProcessorSettings, KAFKA_SOURCES, **{k: v for k, v in overrides.items() if v is not None})

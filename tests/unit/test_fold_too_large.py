@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fold_rig import CODEC, TOPICS, TS, Rig, fire, start, state, timer_ids
+import pytest
+from fold_rig import CODEC, TOPICS, TS, Rig, contents, restore, start, state, timer_ids
 
 from processors.runtime.fold import TxnCounters, _too_large_instead
+from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.timers import TimerFirer
 
 STEP = {"run_id": "r1", "ts_ms": 5, "record_id": "x", "node": "a", "lineage": "", "attempt": 2, "dispatch_id": "d"}
 
@@ -45,32 +48,52 @@ def test_any_other_input_fails_its_run_with_a_limit_failure_that_says_what_was_r
     assert accepted["type"] == "FailRun" and "this ActivationAccepted receipt" in accepted["message"]
 
 
-def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_cancels_its_steps_and_is_done(
-    tmp_path: Path,
+METRICS = ProcessorMetrics()
+SLEEP_THEN_ACT = {"schema": "runfold.workflow/v1", "id": "sleepy", "revision": 1, "entry": ["s"],
+                  "state": {"b": None}, "routes": {"s": ["b"]},
+                  "nodes": {"s": {"kind": "sleep", "duration_ms": 500},
+                            "b": {"kind": "action", "action": "b", "writes": {"b": {"from": "output"}}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_a_sleep_whose_wake_up_is_refused_fails_its_run_and_the_store_restores_the_same(
+    tmp_path: Path, level: int
 ) -> None:
-    """Without a substitute a fired timer whose outputs are refused would leave its step waiting
-    for good (a sleep whose successor is never dispatched, a retry never sent); here it is the
-    run's wall-time timer, with an accepted step still open."""
+    """Without a substitute the sleep's successor would never be dispatched and the run would wait
+    for good (the timer was cleared when it fired). At level 2 (the substitute refused too) only
+    the dead letter goes, and the fired timer is still done."""
     rig = Rig(tmp_path / "s")
-    rig.transaction(start("r"))
-    act = rig.activation("r")
-    rig.transaction(("receipts", {"type": "ActivationAccepted", "run_id": "r", "ts_ms": TS + 1, "record_id": "acc",
-                                  "node": "a", "lineage": "", "attempt": act["attempt"],
-                                  "dispatch_id": act["dispatch_id"], "worker_id": "w", "lease_ms": 10_000}))  # fmt: skip
-    [timer] = [t for t in fire(rig, TS + 3_600_000) if t["timer_kind"] == "wall_time"]
+    rig.folder.ctx.catalog.register(SLEEP_THEN_ACT)
+    rig.transaction(("commands", {**start("r")[1], "definition_id": "sleepy"}))
+    # Fired, but the firing's store write never happened (a crash after its commit): the store
+    # still holds the timer, which the parked TimerFired must end as folding it would.
+    fired: list[bytes] = []
+    firer = TimerFirer(CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), METRICS, 100)
+    firer.fire_due(rig.store, PartitionOverlay(rig.store), TS + 500)
+    [timer] = [t for t in (CODEC.decode("receipts", raw) for raw in fired) if t["timer_kind"] == "sleep"]
+    assert any(t.startswith("sleep") for t in timer_ids(rig.store, "r"))
     before = len(rig.out)
     ov, counters = PartitionOverlay(rig.store), TxnCounters()
     rig.folder.park_too_large(ov, counters, TOPICS.receipts, 0, 9, b"r", CODEC.encode("receipts", timer),
-                              "record too large", 0)  # fmt: skip
+                              "record too large", level)  # fmt: skip
     rig.folder.snapshots(ov, 0, counters)
     ov.write(None)
     out = rig.out[before:]
     [dead] = [CODEC.decode("dead_letters", v) for t, v in out if t == TOPICS.dead_letters]
     assert (dead["source_offset"], dead["key"], dead["error"]) == (9, b"r", "output too large: record too large")
+    assert bool(dead["original"]) is (level == 0) and counters.dead == {"output_too_large": 1}
     events = [CODEC.decode("run_events", v) for t, v in out if t == TOPICS.run_events]
-    assert [e["type"] for e in events] == ["StepCancelled", "RunFailed"]
-    assert events[-1]["failure"]["code"] == "Limit" and "this timer" in events[-1]["failure"]["message"]
-    [cancel] = [CODEC.decode("activations", v) for t, v in out if t == TOPICS.activations("default")]
-    assert cancel["type"] == "CancelActivation" and cancel["dispatch_id"] == act["dispatch_id"]
-    assert state(rig.store, "r")["status"] == "failed" and timer_ids(rig.store, "r") == []
-    assert counters.dead == {"output_too_large": 1}
+    assert not [t for t, _ in out if t == TOPICS.activations("default")]  # b is never dispatched
+    assert not [t for t in timer_ids(rig.store, "r") if t.startswith("sleep")]
+    if level == 2:
+        assert events == [] and state(rig.store, "r")["status"] == "running"
+        return
+    assert timer_ids(rig.store, "r") == []  # the wall-time timer went with the run
+    assert [e["type"] for e in events] == ["StepCancelled", "RunFailed"]  # no StepSucceeded for the sleep
+    assert events[0]["node"] == "s" and events[0]["reason"] == "run failed: Limit"
+    failure = events[-1]["failure"]
+    assert failure["code"] == "Limit" and failure["message"].startswith("the outputs of this timer are larger than")
+    assert state(rig.store, "r")["status"] == "failed"
+    restored = restore(rig, tmp_path / "restored")
+    assert contents(restored) == contents(rig.store)
+    restored.close()

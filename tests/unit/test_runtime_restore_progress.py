@@ -23,3 +23,10 @@ def test_progress_before_the_first_event_and_with_the_log_end_unknown() -> None:
     assert (unknown["log_end"], unknown["offsets_left"], unknown["eta_s"], unknown["events_per_s"]) == (-1, None, None, 3)
     caught_up = restore_progress(_Restore(partition=2, started=0.0, start_offset=0, events=10, last_offset=9), 10, 1.0)
     assert (caught_up["offsets_left"], caught_up["eta_s"]) == (0, None)
+
+
+def test_the_eta_counts_offsets_at_the_offset_rate_so_transaction_markers_do_not_halve_it() -> None:
+    # small transactions: one marker per event, so 20,000 events took 40,000 offsets
+    r = _Restore(partition=0, started=100.0, start_offset=1_000, events=20_000, last_offset=40_999)
+    progress = restore_progress(r, 121_000, now=110.0)
+    assert (progress["events_per_s"], progress["offsets_left"], progress["eta_s"]) == (2_000, 80_000, 20)

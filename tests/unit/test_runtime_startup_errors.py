@@ -15,7 +15,6 @@ import pytest
 from processors.runtime import loop
 from processors.runtime.exits import EXIT_FATAL
 from processors.runtime.settings import ProcessorSettings
-from topology.settings import settings_problems
 
 
 def _closed_port() -> int:
@@ -72,18 +71,39 @@ def test_invalid_settings_are_named_with_the_value_refused_and_exit_2() -> None:
     assert done.returncode == 2 and done.stderr.startswith("runfold: invalid settings: partitions: "), done.stderr
 
 
-def test_settings_problems_leave_secret_values_out() -> None:
-    from pydantic import BaseModel, Field, ValidationError
+def test_invalid_settings_never_show_a_secret_value(tmp_path: Path) -> None:
+    config = tmp_path / "runfold.yaml"
+    config.write_text('kafka:\n  client_overrides: "sasl.password=hunter2"\n  partitions: 0\n')
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kafka:\n  sasl.password: hunter2: x\n")
+    runs = {
+        "config file": ({"RUNFOLD_CONFIG": str(config)}, ["processor"]),
+        "bad YAML": ({"RUNFOLD_CONFIG": str(broken)}, ["processor"]),
+        "env not JSON": ({"RUNFOLD_CLIENT_OVERRIDES": "sasl.password=hunter2"}, ["runs", "list"]),
+        "worker list not JSON": ({"RUNFOLD_WORKER_QUEUES": "hunter2"}, ["worker"]),
+    }
+    for what, (extra, argv) in runs.items():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
+        done = subprocess.run([sys.executable, "-m", "processors.cli", *argv], env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and done.stderr.startswith("runfold: invalid settings: "), (what, done.stderr)
+        assert "hunter2" not in done.stderr and "Traceback" not in done.stderr, (what, done.stderr)
+    done = subprocess.run([sys.executable, "-m", "processors.cli", "processor"], env={**env, "RUNFOLD_CONFIG": str(config)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "client_overrides: Input should be a valid dictionary (set by" in done.stderr
+    assert "partitions: Input should be greater than or equal to 1 (got 0)" in done.stderr
 
-    class Client(BaseModel):
-        sasl_password: str = Field(min_length=8)
-        port: int
 
-    with pytest.raises(ValidationError) as caught:
-        Client(sasl_password="hunter2", port="x")
-    text = settings_problems(caught.value)
-    assert "hunter2" not in text and text.startswith("sasl_password: String should have at least 8 characters;")
-    assert "port: Input should be a valid integer, unable to parse string as an integer (got 'x')" in text
+def test_a_refused_value_is_shown_short_and_only_when_it_is_a_plain_scalar() -> None:
+    from topology.settings import KAFKA_SOURCES, KafkaSettings, SettingsInvalid, build_settings
+
+    with pytest.raises(SettingsInvalid) as caught:
+        build_settings(KafkaSettings, KAFKA_SOURCES, partitions="x" * 500, topic_prefix=["a"],
+                       replication_factor="token=abc")  # fmt: skip
+    text = str(caught.value)
+    assert f"partitions: Input should be a valid integer, unable to parse string as an integer (got '{'x' * 79}…)" in text
+    assert "topic_prefix: Input should be a valid string (got a list)" in text
+    assert "token=abc" not in text and text.endswith(f"({KAFKA_SOURCES})")
 
 
 def test_a_port_in_use_is_named_with_the_endpoint_and_what_to_do() -> None:
@@ -105,3 +125,18 @@ def test_a_port_in_use_is_named_with_the_endpoint_and_what_to_do() -> None:
     assert str(metrics_error.value) == (f"cannot serve /metrics on 127.0.0.1:{port}: Address already in use "
                                         "(choose another metrics port; 0 picks a free one)")  # fmt: skip
     assert str(query_error.value).startswith(f"cannot serve run queries on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_child_executor_where_no_cluster_answers_exits_1_saying_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from processors.executors import child_executor
+    from topology.settings import KafkaSettings
+
+    monkeypatch.setattr(child_executor, "TXN_TIMEOUT_S", 2.0)
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    executor = child_executor.ChildExecutor(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix="gone"))
+    with caplog.at_level(logging.ERROR, logger="runfold"):
+        assert executor.run(install_signals=False) == 1
+    [stopped] = [r.getMessage() for r in caplog.records if "child executor stopped" in r.getMessage()]
+    assert f"cannot reach the Kafka cluster at {bootstrap} (init_transactions timed out after 2 s)" in stopped
