@@ -43,6 +43,9 @@ def processor(
         logs.get_logger().info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
         stop.set()
 
+    # First thing: a SIGTERM during start-up must also stop cleanly.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     from processors.runtime.loop import Processor
     from processors.runtime.settings import load_processor_settings
 
@@ -51,9 +54,6 @@ def processor(
         group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
         metrics_port=metrics_port, query_port=query_port, log_level=log_level,
         finished_retention_ms=finished_retention_ms)
-    # Before anything that waits on Kafka: a SIGTERM during start-up must also stop cleanly.
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     logs.configure(settings.log_level)
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
