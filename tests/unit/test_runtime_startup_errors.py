@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -138,5 +139,7 @@ def test_a_child_executor_where_no_cluster_answers_exits_1_saying_so(
     executor = child_executor.ChildExecutor(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix="gone"))
     with caplog.at_level(logging.ERROR, logger="runfold"):
         assert executor.run(install_signals=False) == 1
+    del executor  # its producer would go on trying the closed port through later tests
+    gc.collect()
     [stopped] = [r.getMessage() for r in caplog.records if "child executor stopped" in r.getMessage()]
     assert f"cannot reach the Kafka cluster at {bootstrap} (init_transactions timed out after 2 s)" in stopped
