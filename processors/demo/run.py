@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import OFFSET_BEGINNING
+from confluent_kafka import OFFSET_BEGINNING, ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
@@ -33,11 +34,12 @@ from processors.client import RunClient
 from processors.client.progress import RunBoard
 from processors.client.reader import PartitionReader
 from processors.demo.procs import Children, managed
+from processors.executors.settings import WorkerSettings
 from processors.replay import VerifyReport, verify
 from schemas import Codec
 from topology import broker, local_kafka
 from topology.admin import create_topology, delete_topology
-from topology.settings import KafkaSettings
+from topology.settings import KafkaSettings, admin_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"
 DEMO_DEFINITIONS = ("summarize.yaml", "demo-research.yaml", "flaky-retry.yaml", "demo-budget.yaml",
@@ -198,19 +200,37 @@ def _print_verify(console: Console, report: VerifyReport) -> None:
             console.print(Text(f"   {d.run_id}: {d.kind} {d.detail}"))
 
 
-def _wait_ready(query_port: int, children: Children, timeout_s: float) -> None:
+def _wait_ready(query_port: int, children: Children, groups: list[str], admin: AdminClient,
+                timeout_s: float) -> None:
+    """The processor answers ready and the worker's and child executor's groups hold their
+    partitions: runs started before the executors joined would wait for them, and their
+    durations (the `ms` column) would show the executors' start-up, not runfold's latency."""
     deadline = time.monotonic() + timeout_s
+    waiting = ["the processor", *groups]
     while time.monotonic() < deadline:
         dead = children.dead()
         if dead:
             raise DemoError(f"{dead[0].name} exited with {dead[0].proc.returncode}:\n{dead[0].tail()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{query_port}/health", timeout=1).json().get("ready"):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
+        if waiting[0] == "the processor":
+            try:
+                if httpx.get(f"http://127.0.0.1:{query_port}/health", timeout=1).json().get("ready"):
+                    waiting.pop(0)
+            except (httpx.HTTPError, ValueError):
+                pass
+        waiting = [w for w in waiting if w == "the processor" or not _group_holds_partitions(admin, w)]
+        if not waiting:
+            return
         time.sleep(0.2)
-    raise DemoError(f"the processor was not ready within {timeout_s:.0f}s")
+    raise DemoError(f"not ready within {timeout_s:.0f}s: {', '.join(waiting)}")
+
+
+def _group_holds_partitions(admin: AdminClient, group: str) -> bool:
+    try:
+        [description] = [f.result(5) for f in admin.describe_consumer_groups([group], request_timeout=5).values()]
+    except KafkaException:
+        return False
+    return description.state == ConsumerGroupState.STABLE and any(
+        m.assignment is not None and m.assignment.topic_partitions for m in description.members)
 
 
 def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4, keep_broker: bool = False,
@@ -246,7 +266,8 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
                 children.start("child-executor", [*cli, "child-executor", "--instance-id", f"{prefix}-0"])
                 console.print(f"[bold]4. processes[/]  processor, worker (demo.flaky, demo.search, local agents), "
                               f"child executor — logs in {work}", highlight=False)
-                _wait_ready(query_port, children, 60)
+                _wait_ready(query_port, children, [WorkerSettings(queues=list(queues)).group_id(prefix),
+                                                   f"{prefix}-child-executor"], AdminClient(admin_config(settings)), 60)
                 roots = _start_runs(client)
                 board = follow_runs(client, settings, roots, children, console,
                                     max(timeout_s - (time.monotonic() - t0), 10), quiet)
