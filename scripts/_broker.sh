@@ -14,12 +14,14 @@ ensure_venv() {
   fi
   if [ "${RUNFOLD_SKIP_INSTALL:-}" != "1" ]; then
     # Editable install: code changes need no reinstall, only pyproject.toml changes do (packages,
-    # entry points), so a stamp of it skips pip's ~10 s and its build chatter on every run.
-    local stamp=.venv/.runfold-pyproject-sha256 want
-    want=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
+    # entry points), so a stamp of it skips pip's ~10 s and its build chatter on every run. The
+    # stamp holds the checkout's path too: an editable install points at one directory, and a
+    # .venv copied or moved from another checkout would run that checkout's code.
+    local stamp=.venv/.runfold-install-stamp want
+    want="$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())') $(pwd -P)"
     if [ ! -x .venv/bin/runfold ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-      .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2
-      printf '%s\n' "$want" > "$stamp"
+      .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2 &&
+        printf '%s\n' "$want" > "$stamp"
     fi
   fi
 }

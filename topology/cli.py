@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from topology import broker, local_kafka
 
@@ -34,12 +35,12 @@ def emit(as_json: bool, data: dict[str, Any], human: Callable[[], None]) -> None
         human()
 
 
-def fail(as_json: bool, message: str, **data: Any) -> typer.Exit:
+def fail(as_json: bool, message: str, code: int = 1, **data: Any) -> typer.Exit:
     if as_json:
         typer.echo(orjson.dumps({"ok": False, "error": message, **data}, default=str).decode())
-    else:
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    return typer.Exit(1)
+    else:  # the message is text, not markup: a path or name with brackets must print as it is
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
+    return typer.Exit(code)
 
 
 def _choice(as_json: bool) -> broker.BrokerChoice:
@@ -144,7 +145,7 @@ def _settings(as_json: bool, prefix: str | None) -> Any:
     try:
         return load_settings(**({"topic_prefix": prefix} if prefix else {}))
     except (SettingsInvalid, ConfigFileError) as e:
-        raise fail(as_json, f"invalid settings: {e}") from e
+        raise fail(as_json, f"invalid settings: {e}", code=2) from e
 
 
 @topology_app.command("create")

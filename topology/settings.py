@@ -83,9 +83,11 @@ def read_config_file(section: str | None = None, path: str | Path | None = None)
         return {}
     p = Path(raw_path).expanduser()
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) cannot be read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) is not UTF-8 text (byte {e.start})") from e
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
     except tomllib.TOMLDecodeError as e:  # its text is the problem and position, never the line
@@ -177,16 +179,16 @@ class KafkaSettings(BaseSettings):
     def _check_queues(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise ValueError("at least one activation queue is needed")
-        bad = [q for q in v if not _QUEUE_RE.match(q)]
-        if bad:
-            raise ValueError(f"queue names may use letters, digits, '_' and '-' only (1-64 chars): {bad}")
+        bad = [str(i + 1) for i, q in enumerate(v) if not _QUEUE_RE.match(q)]
+        if bad:  # by position: the refused text itself is shown only if nothing secret-looking is in it
+            raise ValueError(f"queue names may use letters, digits, '_' and '-' only (1-64 chars): name {', '.join(bad)}")
         return tuple(dict.fromkeys(v))  # dedupe, keep order
 
     @field_validator("topic_prefix")
     @classmethod
     def _check_prefix(cls, v: str) -> str:
         if not _PREFIX_RE.match(v):
-            raise ValueError(f"topic prefix {v!r} may use letters, digits, '.', '_' and '-' only (1-180 chars)")
+            raise ValueError("a topic prefix may use letters, digits, '.', '_' and '-' only (1-180 chars)")
         return v
 
     @field_validator("client_overrides", mode="before")
@@ -253,7 +255,7 @@ def _shown(where: str, value: Any) -> str:
     if not isinstance(value, str | int | float | bool | None):
         return f" (got a {type(value).__name__})"
     text = repr(value)
-    if is_secret_key(text) or "=" in text:  # "sasl.password=..." and the like
+    if is_secret_key(text) or any(mark in text for mark in ("=", "@", "://")):  # "sasl.password=…", "https://u:p@h"
         return ""
     return f" (got {text[:_SHOWN_CHARS]}{'…' if len(text) > _SHOWN_CHARS else ''})"
 
@@ -266,6 +268,17 @@ def exit_on_settings_error(run: Callable[[], Any], prog: str = "runfold") -> Any
     except (SettingsInvalid, ConfigFileError) as e:
         print(f"{prog}: invalid settings: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def log_level_name(level: str) -> str:
+    """A logging level name (any case) → its upper-case name; anything else is refused."""
+    name = level.strip().upper()
+    if name not in _LOG_LEVELS:
+        raise ValueError(f"a log level is one of {', '.join(_LOG_LEVELS)}")
+    return name
 
 
 def cannot_reach(bootstrap: str, detail: str) -> str:

@@ -39,7 +39,7 @@ from processors.replay import VerifyReport, verify
 from schemas import Codec
 from topology import broker, local_kafka
 from topology.admin import create_topology, delete_topology
-from topology.settings import KafkaSettings, admin_config
+from topology.settings import KafkaSettings, admin_config, load_settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"
 DEMO_DEFINITIONS = ("summarize.yaml", "demo-research.yaml", "flaky-retry.yaml", "demo-budget.yaml",
@@ -226,8 +226,8 @@ def _wait_ready(query_port: int, children: Children, groups: list[str], admin: A
 
 def _group_holds_partitions(admin: AdminClient, group: str) -> bool:
     try:
-        [description] = [f.result(5) for f in admin.describe_consumer_groups([group], request_timeout=5).values()]
-    except KafkaException:
+        [description] = [f.result(10) for f in admin.describe_consumer_groups([group], request_timeout=5).values()]
+    except (KafkaException, TimeoutError):  # not answered yet: ask again
         return False
     return description.state == ConsumerGroupState.STABLE and any(
         m.assignment is not None and m.assignment.topic_partitions for m in description.members)
@@ -237,13 +237,14 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
              timeout_s: float = 150.0, quiet: bool = False, log_dir: Path | None = None,
              delete_topics: bool = False) -> DemoResult:
     t0 = time.monotonic()
-    bootstrap, stop_broker = ensure_broker(console, keep_broker)
     prefix = prefix or f"demo-{uuid.uuid4().hex[:6]}"
+    queues = ("default", "agents")
+    # Checked before a broker is started: invalid settings stop here, with nothing to clean up.
+    base = load_settings(topic_prefix=prefix, partitions=partitions, activation_queues=queues)
+    bootstrap, stop_broker = ensure_broker(console, keep_broker)
     work = log_dir or Path(tempfile.mkdtemp(prefix=f"runfold-{prefix}-"))
     result = DemoResult(prefix=prefix, bootstrap=bootstrap, log_dir=str(work))
-    queues = ("default", "agents")
-    settings = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=partitions,
-                             activation_queues=queues)
+    settings = base.model_copy(update={"bootstrap_servers": bootstrap})
     try:
         report = create_topology(settings)
         console.print(f"[bold]2. topics[/]  {len(report.to_dict().get('created', []))} created under prefix "
@@ -266,7 +267,9 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
                 children.start("child-executor", [*cli, "child-executor", "--instance-id", f"{prefix}-0"])
                 console.print(f"[bold]4. processes[/]  processor, worker (demo.flaky, demo.search, local agents), "
                               f"child executor — logs in {work}", highlight=False)
-                _wait_ready(query_port, children, [WorkerSettings(queues=list(queues)).group_id(prefix),
+                # model_construct: the group id depends only on the queues (the children get a
+                # filtered environment, so this shell's RUNFOLD_WORKER_* must not matter here)
+                _wait_ready(query_port, children, [WorkerSettings.model_construct(queues=list(queues)).group_id(prefix),
                                                    f"{prefix}-child-executor"], AdminClient(admin_config(settings)), 60)
                 roots = _start_runs(client)
                 board = follow_runs(client, settings, roots, children, console,

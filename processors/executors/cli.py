@@ -14,6 +14,7 @@ import typer
 
 from processors.executors.sdk import Worker
 from processors.executors.settings import ChildExecutorSettings, WorkerSettings
+from topology.settings import log_level_name
 
 
 def load_module(spec: str) -> Any:
@@ -36,7 +37,11 @@ def load_module(spec: str) -> Any:
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        name = log_level_name(level)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--log-level") from None
+    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 def worker_command(

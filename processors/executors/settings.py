@@ -68,8 +68,8 @@ class WorkerSettings(BaseSettings):
 
     @classmethod
     def load(cls, path: str | None = None, **overrides: Any) -> WorkerSettings:
-        """From `path` (YAML, `--config`) if given, then RUNFOLD_WORKER_* variables; `overrides`
-        (options) win. Invalid settings raise SettingsInvalid naming each problem."""
+        """Options (`overrides`) win over the YAML file at `path` (`--config`), which wins over
+        RUNFOLD_WORKER_* variables. Invalid settings raise SettingsInvalid naming each problem."""
         import yaml
 
         data: dict[str, Any] = {}
@@ -79,10 +79,12 @@ class WorkerSettings(BaseSettings):
                     data = yaml.safe_load(fh) or {}
             except OSError as e:
                 raise ConfigFileError(f"worker config file {path} cannot be read: {e.strerror}") from e
+            except UnicodeDecodeError as e:
+                raise ConfigFileError(f"worker config file {path} is not UTF-8 text (byte {e.start})") from e
             except yaml.YAMLError as e:
                 raise ConfigFileError(f"worker config file {path} is not valid YAML: {yaml_problem(e)}") from e
-            if not isinstance(data, dict):
-                raise ConfigFileError(f"worker config file {path} must hold a mapping at the top level")
+            if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+                raise ConfigFileError(f"worker config file {path} must hold a mapping of setting names at the top level")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return build_settings(cls, "set by options, RUNFOLD_WORKER_<FIELD> environment variables or --config",
                               **data)

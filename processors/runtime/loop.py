@@ -191,13 +191,8 @@ class Processor:
         self.log.info("processor starting", extra={"settings": s.redacted(),
                                                    "transactional_id": s.transactional_id})
         check_state_dir(s)
-        self._consumer = self._new_consumer()
-        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S)
-        self.producers.start()
-        self.partitions = Partitions(s, self.folder, self.metrics, self.log)
-        self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
-                                              self.catalog, self.codec, self.metrics, self.log)
-        n = self._definitions.catch_up(KAFKA_TIMEOUT_S)
+        # The ports first: one in use stops this instance before it fences its predecessor.
+        # (Run queries answer 503 "starting" and /health ready=false until the loop is up.)
         try:
             if s.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
@@ -208,6 +203,13 @@ class Processor:
                 self.query_port = self._query.port
         except CannotServe as e:  # a port in use: say which, not a traceback
             raise ProcessorStopped(EXIT_FATAL, str(e)) from e
+        self._consumer = self._new_consumer()
+        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S)
+        self.producers.start()
+        self.partitions = Partitions(s, self.folder, self.metrics, self.log)
+        self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
+                                              self.catalog, self.codec, self.metrics, self.log)
+        n = self._definitions.catch_up(KAFKA_TIMEOUT_S)
         self._subscribe()
         self.log.info("processor started", extra={
             "definitions": n, "partitions": partitions, "group": s.group,

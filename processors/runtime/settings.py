@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -28,6 +28,7 @@ from topology.settings import (
     KafkaSettings,
     build_settings,
     consumer_config,
+    log_level_name,
     read_config_file,
     redact,
     transactional_producer_config,
@@ -92,7 +93,7 @@ class ProcessorSettings(KafkaSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # None = no endpoint, 0 = ephemeral
     query_port: int | None = Field(default=None, ge=0, le=65_535)
     http_host: str = "0.0.0.0"
-    log_level: str = "INFO"
+    log_level: Annotated[str, AfterValidator(log_level_name)] = "INFO"
 
     @classmethod
     def settings_customise_sources(

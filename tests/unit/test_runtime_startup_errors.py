@@ -143,3 +143,30 @@ def test_a_child_executor_where_no_cluster_answers_exits_1_saying_so(
     gc.collect()
     [stopped] = [r.getMessage() for r in caplog.records if "child executor stopped" in r.getMessage()]
     assert f"cannot reach the Kafka cluster at {bootstrap} (init_transactions timed out after 2 s)" in stopped
+
+
+def test_more_refusals_end_in_one_line_and_no_secret(tmp_path: Path) -> None:
+    """Log levels, config files that are not UTF-8 or not a mapping of names, a URL with
+    credentials, a validator's own message: each a line on stderr, exit 2, nothing secret."""
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"kafka:\n  topic_prefix: caf\xe9\n")
+    worker_keys = tmp_path / "worker.yaml"
+    worker_keys.write_text("1: x\n")
+    worker_url = tmp_path / "worker-url.yaml"
+    worker_url.write_text("http_allowed_hosts: [1]\nhttp_timeout_s: 'https://u:sk-live-123@h'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
+    cases = {
+        "log level": ({"RUNFOLD_LOG_LEVEL": "loud"}, ["processor"], "log_level: Value error, a log level is one of"),
+        "not UTF-8": ({"RUNFOLD_CONFIG": str(latin)}, ["processor"], "is not UTF-8 text (byte 26)"),
+        "prefix": ({"RUNFOLD_TOPIC_PREFIX": "sasl.password=hunter2"}, ["runs", "list"],
+                   "topic_prefix: Value error, a topic prefix may use letters"),
+        "worker keys": ({}, ["worker", "--config", str(worker_keys)], "must hold a mapping of setting names"),
+        "worker url": ({}, ["worker", "--config", str(worker_url)], "http_timeout_s: Input should be a valid number"),
+        "worker log level": ({}, ["worker", "--log-level", "loud"], "a log level is one of"),
+    }
+    for what, (extra, argv, expected) in cases.items():
+        done = subprocess.run([sys.executable, "-m", "processors.cli", *argv], env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2, (what, done.stderr)
+        assert expected in done.stderr and "Traceback" not in done.stderr, (what, done.stderr)
+        assert "hunter2" not in done.stderr and "sk-live" not in done.stderr, (what, done.stderr)
