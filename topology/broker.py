@@ -114,8 +114,8 @@ def start_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig |
             logs = _compose("logs", "--tail", "30").stdout
             raise _fail(choice, f"the container did not answer on {DOCKER_BOOTSTRAP} in {timeout:.0f}s:\n{logs}")
         return DOCKER_BOOTSTRAP
-    cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
     try:
+        cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
         return local_kafka.up(cfg, timeout=timeout).bootstrap
     except local_kafka.LocalKafkaError as e:
         raise _fail(choice, str(e)) from e
@@ -130,8 +130,8 @@ def stop_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig | 
         if proc.returncode != 0:
             raise _fail(choice, f"`docker compose down` failed:\n{proc.stderr.strip()[-2000:]}")
         return "docker compose Kafka stopped"
-    cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
     try:
+        cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
         before = local_kafka.down(cfg)
     except local_kafka.LocalKafkaError as e:
         raise _fail(choice, str(e)) from e

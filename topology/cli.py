@@ -107,7 +107,11 @@ def kafka_status(as_json: JsonOpt = False) -> None:
     choice = _choice(as_json)
     data: dict[str, Any] = {"broker": choice.kind, "reason": choice.reason}
     if choice.kind == "local":
-        st = local_kafka.get_status(local_kafka.LocalKafkaConfig.from_env())
+        try:
+            cfg = local_kafka.LocalKafkaConfig.from_env()
+        except local_kafka.LocalKafkaError as e:
+            raise fail(as_json, str(e), broker=choice.kind) from e
+        st = local_kafka.get_status(cfg)
         data |= st.to_dict()
         answers = st.running and local_kafka.broker_answers(st.bootstrap)
     else:

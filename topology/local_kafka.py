@@ -53,6 +53,15 @@ class LocalKafkaError(RuntimeError):
     """The local broker could not be fetched, started, found or stopped."""
 
 
+def _port_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if not raw.strip().isdigit() or not 0 < int(raw) < 65_536:
+        raise LocalKafkaError(f"{name}={raw!r} is not a port number (1-65535)")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class LocalKafkaConfig:
     port: int = DEFAULT_PORT
@@ -75,10 +84,8 @@ class LocalKafkaConfig:
     ) -> LocalKafkaConfig:
         """Explicit arguments win over the environment, which wins over the defaults."""
         env = os.environ
-        p = port if port is not None else int(env.get("RUNFOLD_KAFKA_PORT", DEFAULT_PORT))
-        cp = controller_port if controller_port is not None else int(
-            env.get("RUNFOLD_KAFKA_CONTROLLER_PORT", p + 1)
-        )
+        p = port if port is not None else _port_from_env("RUNFOLD_KAFKA_PORT", DEFAULT_PORT)
+        cp = controller_port if controller_port is not None else _port_from_env("RUNFOLD_KAFKA_CONTROLLER_PORT", p + 1)
         dd = Path(data_dir if data_dir is not None else env.get("RUNFOLD_KAFKA_DATA_DIR", ".runfold/kafka"))
         default_cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "runfold"
         cd = Path(cache_dir if cache_dir is not None else env.get("RUNFOLD_CACHE_DIR", default_cache))

@@ -86,8 +86,11 @@ def ensure_broker(console: Console, keep_broker: bool) -> tuple[str, Any]:
     choice = broker.choose_broker()
     console.print(f"[bold]1. broker[/]  {choice.kind}: {choice.reason}", highlight=False)
     if choice.kind == "local":
-        cfg = local_kafka.LocalKafkaConfig.from_env()
-        status = local_kafka.up(cfg)
+        try:
+            cfg = local_kafka.LocalKafkaConfig.from_env()
+            status = local_kafka.up(cfg)
+        except local_kafka.LocalKafkaError as e:  # port taken, no Java, jars not fetched: its message says
+            raise DemoError(f"the local Kafka broker could not start: {e}") from e
         started_here = not status.already_running
         console.print(f"   local Apache Kafka on {status.bootstrap} "
                       f"({'started in %.1fs' % (status.startup_seconds or 0) if started_here else 'already running'})",

@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
+from topology import local_kafka
 from topology.local_kafka import _cluster_id
 
 
@@ -32,3 +35,14 @@ def test_the_gc_log_flag_quotes_its_path_and_is_left_out_where_xlog_would_expand
         proc = subprocess.run([java, *flags, "-version"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert (colon / "gc.log").exists()
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "70000", "-1"])
+def test_a_port_setting_that_is_not_a_port_is_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNFOLD_KAFKA_PORT", raw)
+    with pytest.raises(local_kafka.LocalKafkaError, match=rf"^RUNFOLD_KAFKA_PORT='{raw}' is not a port number"):
+        local_kafka.LocalKafkaConfig.from_env()
+    monkeypatch.setenv("RUNFOLD_KAFKA_PORT", "19092")
+    monkeypatch.setenv("RUNFOLD_KAFKA_CONTROLLER_PORT", raw)
+    with pytest.raises(local_kafka.LocalKafkaError, match="RUNFOLD_KAFKA_CONTROLLER_PORT"):
+        local_kafka.LocalKafkaConfig.from_env()
