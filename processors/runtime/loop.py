@@ -422,7 +422,12 @@ class Processor:
                 self.producers.send_offsets(offsets, consumer.consumer_group_metadata(), self._txn_call_s)
             self._commit_transaction(producer)
         except KafkaException as e:
-            self._txn_failed(e, "commit")
+            if e.args[0].code() == KafkaError._STATE:
+                # "Erroneous state": a delivery failed first; learn which (too large → find and
+                # park the input), as when produce() says so, instead of replaying the same batch.
+                self._produce_failed(e.args[0], "commit")
+            else:
+                self._txn_failed(e, "commit")
             return
         except CallAbandoned as e:
             self._call_abandoned("send_offsets_to_transaction", e)
@@ -559,6 +564,9 @@ class Processor:
             self._isolate_left = max(self._isolate_left, self._txn_inputs())
             self.log.warning("record too large for the broker: replaying the batch one record per "
                              "transaction", extra={"records": self._isolate_left, "reason": reason})
+        # Each such abort makes progress (an input marked, its level raised, or the batch split),
+        # so it does not grow the back-off meant for what keeps failing (a broker down).
+        self._aborts_in_a_row = 0
         self._abort(f"output too large: {reason}")
 
     def _after_isolated_commit(self) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 CALL_GRACE_S = 10.0
 T = TypeVar("T")
@@ -110,9 +110,12 @@ def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], 
 
     A transaction that already failed (fenced, or a delivery refused) makes confluent-kafka's
     flush serve a delivery report with the transaction's KafkaException already set, and it
-    raises SystemError caused by it. Such a transaction cannot commit: the offsets call's own
-    error wins, else the flush's KafkaException is raised, so the caller aborts or stops as for
-    any failed transaction."""
+    raises SystemError caused by it. Such a transaction cannot commit: the caller must see the
+    error that says why, so it aborts or stops as for any failed transaction. The offsets call's
+    own error wins (fenced, coordinator trouble), except when it only reports the transaction's
+    state (`_STATE`, "Erroneous state": a delivery failed first); then the flush's error, which
+    names the delivery's (e.g. MSG_SIZE_TOO_LARGE, whose input the caller must find and park,
+    where a plain abort would replay the same batch into the same refusal)."""
     flush_errors: list[Exception] = []
 
     def flush() -> None:
@@ -121,11 +124,22 @@ def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], 
         except Exception as e:
             flush_errors.append(e)
 
-    calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush)
-    if flush_errors:
-        error = flush_errors[0]
-        cause = error.__cause__ or error.__context__
-        raise cause if isinstance(cause, KafkaException) else error
+    def flush_error() -> KafkaException | Exception | None:
+        if not flush_errors:
+            return None
+        cause = flush_errors[0].__cause__ or flush_errors[0].__context__
+        return cause if isinstance(cause, KafkaException) else flush_errors[0]
+
+    try:
+        calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush)
+    except KafkaException as e:
+        delivery = flush_error()
+        if e.args[0].code() == KafkaError._STATE and isinstance(delivery, KafkaException):
+            raise delivery from e
+        raise
+    error = flush_error()
+    if error is not None:
+        raise error
 
 
 class Watchdog:
