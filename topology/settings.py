@@ -76,28 +76,32 @@ class ConfigFileError(ValueError):
     """The file named by RUNFOLD_CONFIG is missing or not valid YAML/TOML."""
 
 
-def read_config_file(section: str | None = None, path: str | Path | None = None) -> dict[str, Any]:
-    """The `section` table of the config file (RUNFOLD_CONFIG), or its top level when it has none."""
+def read_config_file(section: str | None = None, path: str | Path | None = None,
+                     what: str | None = None) -> dict[str, Any]:
+    """The `section` table of the config file (RUNFOLD_CONFIG, or `path`; YAML, or TOML by its
+    suffix), or its top level when it has none. `what` names the file in errors."""
     raw_path = path if path is not None else os.environ.get("RUNFOLD_CONFIG")
     if not raw_path:
         return {}
     p = Path(raw_path).expanduser()
+    label = what or f"config file {p}"
+    source = "" if what else " (RUNFOLD_CONFIG)"
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) cannot be read: {e.strerror}") from e
+        raise ConfigFileError(f"{label}{source} cannot be read: {e.strerror}") from e
     except UnicodeDecodeError as e:
-        raise ConfigFileError(f"config file {p} (RUNFOLD_CONFIG) is not UTF-8 text (byte {e.start})") from e
+        raise ConfigFileError(f"{label}{source} is not UTF-8 text (byte {e.start})") from e
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
     except tomllib.TOMLDecodeError as e:  # its text is the problem and position, never the line
-        raise ConfigFileError(f"config file {p} is not valid TOML: {e}") from e
+        raise ConfigFileError(f"{label} is not valid TOML: {e}") from e
     except yaml.YAMLError as e:  # not its text: that quotes the line, which may hold a password
-        raise ConfigFileError(f"config file {p} is not valid YAML: {yaml_problem(e)}") from e
+        raise ConfigFileError(f"{label} is not valid YAML: {yaml_problem(e)}") from e
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigFileError(f"config file {p} must hold a mapping at the top level")
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ConfigFileError(f"{label} must hold a mapping of setting names at the top level")
     if section is not None and isinstance(data.get(section), dict):
         return dict(data[section])
     return data

@@ -238,11 +238,6 @@ class ChildExecutor:
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())
 
-    @property
-    def _owned(self) -> set[int]:
-        """The run-events partitions assigned to this instance."""
-        return set(self.parents)
-
     def _own(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             if tp.topic == self.names.run_events:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from topology.settings import ConfigFileError, build_settings, yaml_problem
+from topology.settings import build_settings, read_config_file
 
 
 class ProviderConfig(BaseModel):
@@ -70,21 +70,7 @@ class WorkerSettings(BaseSettings):
     def load(cls, path: str | None = None, **overrides: Any) -> WorkerSettings:
         """Options (`overrides`) win over the YAML file at `path` (`--config`), which wins over
         RUNFOLD_WORKER_* variables. Invalid settings raise SettingsInvalid naming each problem."""
-        import yaml
-
-        data: dict[str, Any] = {}
-        if path is not None:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    data = yaml.safe_load(fh) or {}
-            except OSError as e:
-                raise ConfigFileError(f"worker config file {path} cannot be read: {e.strerror}") from e
-            except UnicodeDecodeError as e:
-                raise ConfigFileError(f"worker config file {path} is not UTF-8 text (byte {e.start})") from e
-            except yaml.YAMLError as e:
-                raise ConfigFileError(f"worker config file {path} is not valid YAML: {yaml_problem(e)}") from e
-            if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-                raise ConfigFileError(f"worker config file {path} must hold a mapping of setting names at the top level")
+        data = read_config_file(path=path, what=f"worker config file {path}") if path is not None else {}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return build_settings(cls, "set by options, RUNFOLD_WORKER_<FIELD> environment variables or --config",
                               **data)

@@ -162,11 +162,11 @@ def test_a_revoked_run_events_partition_takes_its_known_parents_with_it() -> Non
     step = {"run_id": "p", "node": "n", "lineage": "", "attempt": 1, "dispatch_id": "d"}
     executor._own(executor.consumer, [TopicPartition("t.run-events", 0), TopicPartition("t.run-events", 1)])
     executor.parents = {0: {"p/n": step, "q/n": step}, 1: {"r/n": step}}
-    assert executor.known_parents() == 3 and executor._owned == {0, 1}
+    assert executor.known_parents() == 3 and set(executor.parents) == {0, 1}
     # a child-activations partition of the same number is not the run-events one
     executor._forget_parents(executor.consumer, [TopicPartition("t.child-activations", 1)])
     assert executor.known_parents() == 3
     executor._forget_parents(executor.consumer, [TopicPartition("t.run-events", 0), TopicPartition("t.run-events", 5)])
     assert executor.parents == {1: {"r/n": step}} and executor.known_parents() == 1
-    assert executor._owned == {1}  # a record of partition 0 fetched before the revoke adds no entry
+    assert set(executor.parents) == {1}  # a record of partition 0 fetched before the revoke adds no entry
     executor.consumer.close()
