@@ -43,6 +43,7 @@ class _Restore:
     started: float
     start_offset: int
     events: int = 0
+    first_offset: int = NO_OFFSET  # of the first event read: retention may have removed those before it
     last_offset: int = NO_OFFSET
     end_seen: int | None = None  # offset of the last end-of-partition event
     recheck_at: float = 0.0
@@ -59,7 +60,8 @@ def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
     left = max(0, log_end - position) if log_end >= 0 else None
     elapsed = now - r.started
     rate = r.events / elapsed if elapsed > 0 else 0.0
-    offset_rate = (position - max(r.start_offset, 0)) / elapsed if elapsed > 0 else 0.0  # markers too, like `left`
+    read_from = r.first_offset if r.first_offset != NO_OFFSET else max(r.start_offset, 0)
+    offset_rate = (position - read_from) / elapsed if elapsed > 0 else 0.0  # markers too, like `left`
     return {"partition": r.partition, "restored_events": r.events, "next_offset": position, "log_end": log_end,
             "offsets_left": left, "events_per_s": round(rate),
             "eta_s": round(left / offset_rate) if left and offset_rate else None}
@@ -214,6 +216,8 @@ class Partitions:
                 # Our own output: never expected. Say so loudly and keep the partition alive.
                 self._log.error("undecodable run event skipped during restore",
                                 extra={"partition": p, "offset": msg.offset(), "error": e.reason})
+            if r.first_offset == NO_OFFSET:
+                r.first_offset = msg.offset()
             r.last_offset = msg.offset()
             r.events += 1
             folded += 1

@@ -30,3 +30,11 @@ def test_the_eta_counts_offsets_at_the_offset_rate_so_transaction_markers_do_not
     r = _Restore(partition=0, started=100.0, start_offset=1_000, events=20_000, last_offset=40_999)
     progress = restore_progress(r, 121_000, now=110.0)
     assert (progress["events_per_s"], progress["offsets_left"], progress["eta_s"]) == (2_000, 80_000, 20)
+
+
+def test_offsets_retention_removed_before_the_first_event_read_do_not_count_as_progress() -> None:
+    # a new store reads from offset 0, but the log starts at 1,000,000 (older segments deleted)
+    r = _Restore(partition=0, started=100.0, start_offset=0, events=40_001, first_offset=1_000_000,
+                 last_offset=1_040_000)  # fmt: skip
+    progress = restore_progress(r, 1_120_001, now=110.0)
+    assert (progress["offsets_left"], progress["eta_s"]) == (80_000, 20)  # counted from 0 it said 1 s
