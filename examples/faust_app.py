@@ -43,8 +43,11 @@ from topology.settings import KafkaSettings, load_settings
 
 def make_app(settings: KafkaSettings, app_id: str | None = None, **conf: Any) -> faust.App:
     partitions = settings.partitions
+    app_id = app_id or os.environ.get("RUNFOLD_FAUST_APP_ID") or f"{settings.topic_prefix}-faust-run-counts"
     app = faust.App(
-        app_id or os.environ.get("RUNFOLD_FAUST_APP_ID") or f"{settings.topic_prefix}-faust-run-counts",
+        app_id,
+        # beside runfold's other local state (Faust's default is "<app id>-data" in the working directory)
+        datadir=os.environ.get("RUNFOLD_FAUST_DATADIR") or f".runfold/faust/{app_id}",
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
         store="memory://",  # tables are rebuilt from their changelog topics on start
         processing_guarantee="exactly_once",

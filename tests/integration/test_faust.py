@@ -57,7 +57,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_faust_app_counts_runs_per_definition_and_status(kafka_settings: KafkaSettings) -> None:
+def test_faust_app_counts_runs_per_definition_and_status(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     create_topology(kafka_settings)
     codec = Codec.default()
     topic = topic_names(kafka_settings).run_events
@@ -89,7 +89,8 @@ def test_faust_app_counts_runs_per_definition_and_status(kafka_settings: KafkaSe
     port = _free_port()
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
            "RUNFOLD_TOPIC_PREFIX": kafka_settings.topic_prefix, "RUNFOLD_PARTITIONS": str(kafka_settings.partitions),
-           "RUNFOLD_FAUST_APP_ID": app_id, "RUNFOLD_FAUST_WEB_PORT": str(port)}
+           "RUNFOLD_FAUST_APP_ID": app_id, "RUNFOLD_FAUST_WEB_PORT": str(port),
+           "RUNFOLD_FAUST_DATADIR": str(tmp_path / "faust")}
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"{app_id}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "faust_app.py"), "worker", "-l", "info"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -118,6 +119,8 @@ def test_faust_app_counts_runs_per_definition_and_status(kafka_settings: KafkaSe
             time.sleep(1.0)
             counts = httpx.get(f"http://127.0.0.1:{port}/runs/counts/", timeout=2).json()
         assert counts == want
+        # its local data went where it was told, not into the working directory
+        assert (tmp_path / "faust").is_dir() and not (Path.cwd() / f"{app_id}-data").exists()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
