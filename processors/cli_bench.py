@@ -20,6 +20,15 @@ Rounds = Annotated[int, typer.Option(help="Measured rounds (median and spread ov
 Warmup = Annotated[int, typer.Option(help="Warm-up rounds (reduced size, discarded).")]
 
 
+@bench_app.callback()
+def _check_settings() -> None:
+    """The benchmarks build their settings from the environment as they go: a bad value there is
+    refused here, one line per field (exit 2), before anything runs, not as a traceback mid-way."""
+    from processors.runtime.settings import load_processor_settings
+
+    load_processor_settings()
+
+
 def _show(bench: object, metrics: list[str]) -> None:
     console.print(bench.table(metrics), highlight=False)  # type: ignore[attr-defined]
     ratios = bench.ratios  # type: ignore[attr-defined]

@@ -166,6 +166,8 @@ def test_more_refusals_end_in_one_line_and_no_secret(tmp_path: Path) -> None:
         "worker keys": ({}, ["worker", "--config", str(worker_keys)], "must hold a mapping of setting names"),
         "worker url": ({}, ["worker", "--config", str(worker_url)], "http_timeout_s: Input should be a valid number"),
         "worker log level": ({}, ["worker", "--log-level", "loud"], "a log level is one of"),
+        "bench": ({"RUNFOLD_PARTITIONS": "x"}, ["bench", "latency", "--seconds", "1"],
+                  "partitions: Input should be a valid integer"),
     }
     for what, (extra, argv, expected) in cases.items():
         done = subprocess.run([sys.executable, "-m", "processors.cli", *argv], env={**env, **extra},
