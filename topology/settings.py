@@ -292,6 +292,16 @@ def cannot_reach(bootstrap: str, detail: str) -> str:
             "RUNFOLD_BOOTSTRAP_SERVERS) names another cluster, client_overrides its security settings")
 
 
+def cluster_answers(client: Any, timeout_s: float, topic: str | None = None) -> bool:
+    """True when a metadata request through `client` (a producer, consumer or admin client, with
+    its own security settings) is answered by a broker within `timeout_s`."""
+    try:
+        meta = client.list_topics(topic, timeout=timeout_s)
+    except Exception:  # KafkaException, or a client already closed
+        return False
+    return bool(meta.brokers)
+
+
 def is_secret_key(key: str) -> bool:
     k = key.lower()
     return any(word in k for word in _SECRET_WORDS)

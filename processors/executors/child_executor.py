@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import threading
 import time
 from typing import Any
 
@@ -36,12 +37,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.metrics_endpoint import CannotServe
+from processors.runtime.exits import StopRequested, until_stopped
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import (
     KafkaSettings,
     cannot_reach,
+    cluster_answers,
     consumer_config,
     load_settings,
     transactional_producer_config,
@@ -130,7 +133,7 @@ class ChildExecutor:
         # owned run-events partition -> child_run_id -> parent step; a revoked partition's entries
         # go with it (their children's ends are read by the partition's next owner)
         self.parents: dict[int, dict[str, dict[str, Any]]] = {}
-        self.stopping = False
+        self._stop = threading.Event()
         self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
         self.metrics = ChildExecutorMetrics()
         self._metrics_at = (metrics_port, metrics_host)
@@ -142,21 +145,29 @@ class ChildExecutor:
             self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2), "error_cb": self._on_producer_error})
         self._calls = CallThread("runfold-child-txn-call")
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_stop(self, *_: object) -> None:
-        self.stopping = True
+        self._stop.set()
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        log.info("child executor starting (cluster %s)", self.kafka.bootstrap_servers)
         try:
             port, host = self._metrics_at
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
             try:
-                self.producer.init_transactions(TXN_TIMEOUT_S)
+                until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+            except StopRequested:
+                log.info("child executor stopped during start-up")
+                return 0
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError._TIMED_OUT or self._cluster_answers():
+                if exc.args[0].code() != KafkaError._TIMED_OUT or cluster_answers(self.consumer, 5.0):
                     raise
                 log.error("child executor stopped: %s", cannot_reach(
                     self.kafka.bootstrap_servers, f"init_transactions timed out after {TXN_TIMEOUT_S:g} s"))
@@ -186,13 +197,6 @@ class ChildExecutor:
             self.metrics.close()
             self._calls.close()
         return 0
-
-    def _cluster_answers(self) -> bool:
-        try:
-            self.consumer.list_topics(timeout=5)
-        except KafkaException:
-            return False
-        return True
 
     def _on_producer_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -147,6 +147,7 @@ class WorkerRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self.request_stop)
+        log.info("worker %s starting (cluster %s)", self.worker_id, self.kafka.bootstrap_servers)
         idle = 0
         try:
             if self.settings.metrics_port is not None:
@@ -155,7 +156,9 @@ class WorkerRunner:
                 except CannotServe as e:
                     log.error("worker %s stopped: %s", self.worker_id, e)
                     return 1
-            self._fit_receipts_topic()
+            await self._fit_receipts_topic()
+            if self.stopping:  # asked to stop while the cluster was not answering yet
+                return 0
             self._subscribe()
             log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
                      self.group_id, self.worker.action_names(), self.metrics_port)
@@ -189,11 +192,27 @@ class WorkerRunner:
             return 1
         return 0
 
-    def _fit_receipts_topic(self) -> None:
+    async def _fit_receipts_topic(self) -> None:
         """Receipts and their batches must fit the receipts topic's `max.message.bytes`: the
         broker refuses a whole batch over it (librdkafka does not split one), small receipts
-        with the large. Before anything is produced, so the producer can still be replaced."""
-        limit = topic_max_message_bytes(self.kafka, self.names.receipts)
+        with the large. Before anything is produced, so the producer can still be replaced.
+        The lookup waits up to 30 s for a cluster that does not answer: it runs on a daemon
+        thread so that SIGTERM/SIGINT meanwhile stops the worker at once."""
+        box: list[int | None] = []
+        looked_up = threading.Event()
+
+        def look_up() -> None:
+            try:
+                box.append(topic_max_message_bytes(self.kafka, self.names.receipts))
+            finally:
+                looked_up.set()
+
+        threading.Thread(target=look_up, name="runfold-receipts-limit", daemon=True).start()
+        while not looked_up.is_set():
+            if self.stopping:
+                return
+            await asyncio.sleep(0.05)
+        limit = box[0] if box else None
         if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self._receipt_limit):
             return
         fitted = limit - _RECEIPT_MARGIN

@@ -8,6 +8,7 @@ without blocking, once per loop iteration.
 
 from __future__ import annotations
 
+import threading
 import time
 from logging import Logger
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog
+from processors.runtime.exits import StopRequested, until_stopped
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
 
@@ -34,9 +36,10 @@ class DefinitionsReader:
         self.registered = 0
         self.errors = 0
 
-    def catch_up(self, timeout_s: float = 30.0) -> int:
-        """Assign every partition from the beginning; read to the end. Returns definitions read."""
-        meta = self._consumer.list_topics(self.topic, timeout=timeout_s)
+    def catch_up(self, timeout_s: float, stop: threading.Event) -> int:
+        """Assign every partition from the beginning; read to the end. Returns definitions read.
+        A stop request ends the wait (StopRequested)."""
+        meta = until_stopped(lambda t: self._consumer.list_topics(self.topic, timeout=t), stop, timeout_s)
         tmeta = meta.topics.get(self.topic)
         if tmeta is None or tmeta.error is not None:
             raise RuntimeError(f"definitions topic {self.topic} is missing ({tmeta.error if tmeta else 'absent'}); "
@@ -46,10 +49,12 @@ class DefinitionsReader:
         deadline = time.monotonic() + timeout_s
         pending = set()
         for tp in parts:
-            low, high = self._watermarks(tp.partition, deadline)
+            low, high = self._watermarks(tp.partition, deadline, stop)
             if high > low:
                 pending.add(tp.partition)
         while pending:
+            if stop.is_set():
+                raise StopRequested
             if time.monotonic() > deadline:
                 raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
                                    f"(partitions {sorted(pending)} behind)")
@@ -63,19 +68,21 @@ class DefinitionsReader:
         self._metrics.definitions.set(self.registered)
         return self.registered
 
-    def _watermarks(self, partition: int, deadline: float) -> tuple[int, int]:
+    def _watermarks(self, partition: int, deadline: float, stop: threading.Event) -> tuple[int, int]:
         """Watermarks, retried while a just-created topic has no leader yet (`topology create` then start)."""
         while True:
+            if stop.is_set():
+                raise StopRequested
             try:
                 low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                                 timeout=max(0.1, deadline - time.monotonic()),
+                                                                 timeout=max(0.1, min(1.0, deadline - time.monotonic())),
                                                                  cached=False)
                 return int(low), int(high)
             except KafkaException as e:
                 err = e.args[0]
                 if (not err.retriable() and err.code() not in _LEADERLESS) or time.monotonic() > deadline:
                     raise
-                time.sleep(0.2)
+                stop.wait(0.2)
 
     def poll(self) -> int:
         """Non-blocking: apply whatever new definition records are buffered."""

@@ -1,8 +1,16 @@
-"""Why the run processor stops, and the exit code `runfold processor` ends with."""
+"""Why the run processor stops, the exit code `runfold processor` ends with, and the start-up
+calls a stop request cuts short."""
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_FATAL = 2  # a fatal Kafka error, bad topology, a store failure: restart restores from the log
@@ -20,3 +28,35 @@ class ProcessorStopped(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class StopRequested(Exception):
+    """SIGTERM/SIGINT arrived while start-up still waited for the cluster: a clean stop."""
+
+
+# A start-up call waits this long at most before the stop request is looked at again. The
+# signal handler itself only runs between two calls: librdkafka holds the main thread meanwhile.
+_SLICE_S = 1.0
+_KEEP_WAITING = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                           KafkaError._WAIT_COORD, KafkaError.COORDINATOR_NOT_AVAILABLE})
+
+
+def until_stopped(call: Callable[[float], T], stop: threading.Event, timeout_s: float) -> T:
+    """`call(t)` in slices of at most a second, repeated while the cluster is not answering yet,
+    until it returns, `timeout_s` has passed (its last error is raised) or `stop` is set
+    (StopRequested). Without slices a Ctrl-C during start-up waited the whole 30 s call out.
+    Only for calls librdkafka lets resume after a timeout (metadata, init_transactions)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if stop.is_set():
+            raise StopRequested
+        left = deadline - time.monotonic()
+        began = time.monotonic()
+        try:
+            return call(max(0.05, min(_SLICE_S, left)))
+        except KafkaException as e:
+            err = e.args[0]
+            if not (err.retriable() or err.code() in _KEEP_WAITING) or time.monotonic() >= deadline:
+                raise
+        # an error at once (connection refused) is not retried faster than the slice
+        stop.wait(max(0.0, min(_SLICE_S - (time.monotonic() - began), deadline - time.monotonic())))

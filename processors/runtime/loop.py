@@ -36,6 +36,7 @@ from processors.runtime.exits import (  # re-exported: the exit codes callers kn
     EXIT_STALLED,
     FENCED_CODES,
     ProcessorStopped,
+    StopRequested,
 )
 from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.metrics import ProcessorMetrics
@@ -166,6 +167,8 @@ class Processor:
                 raise self._fatal
             if self.txn.open:
                 self._commit()
+        except StopRequested:
+            self.log.info("stop requested during start-up")
         except ProcessorStopped as e:
             self._fatal = e
             code = e.code
@@ -204,12 +207,12 @@ class Processor:
         except CannotServe as e:  # a port in use: say which, not a traceback
             raise ProcessorStopped(EXIT_FATAL, str(e)) from e
         self._consumer = self._new_consumer()
-        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S)
-        self.producers.start()
+        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S, self.stop_event)
+        self.producers.start(self.stop_event)
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
                                               self.catalog, self.codec, self.metrics, self.log)
-        n = self._definitions.catch_up(KAFKA_TIMEOUT_S)
+        n = self._definitions.catch_up(KAFKA_TIMEOUT_S, self.stop_event)
         self._subscribe()
         self.log.info("processor started", extra={
             "definitions": n, "partitions": partitions, "group": s.group,

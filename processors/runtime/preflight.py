@@ -6,10 +6,11 @@ failure inside a rebalance callback would say much less)."""
 from __future__ import annotations
 
 import os
+import threading
 
 from confluent_kafka import Consumer, KafkaException
 
-from processors.runtime.exits import EXIT_FATAL, ProcessorStopped
+from processors.runtime.exits import EXIT_FATAL, ProcessorStopped, until_stopped
 from processors.runtime.settings import ProcessorSettings
 from topology.settings import cannot_reach
 
@@ -27,14 +28,15 @@ def check_state_dir(settings: ProcessorSettings) -> None:
             "to a writable directory")) from e
 
 
-def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: float) -> int:
+def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: float, stop: threading.Event) -> int:
     """Every topic the processor reads or writes exists; commands, receipts, run-events and
-    run-state have one partition count (co-partitioned). Returns that count."""
+    run-state have one partition count (co-partitioned). Returns that count. A stop request
+    while the cluster does not answer yet ends the wait (StopRequested)."""
     t = settings.topics
     names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
              t.child_activations, *(t.activations(q) for q in settings.activation_queues)]
     try:
-        meta = consumer.list_topics(timeout=timeout_s)
+        meta = until_stopped(lambda t: consumer.list_topics(timeout=t), stop, timeout_s)
     except KafkaException as e:
         raise ProcessorStopped(EXIT_FATAL, cannot_reach(
             settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s")) from e

@@ -24,10 +24,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.runtime.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped
+from processors.runtime.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
+from topology.settings import cluster_answers
 
 KAFKA_TIMEOUT_S = 30.0
 # A call librdkafka does not return in time is given up after its own timeout plus this,
@@ -61,8 +62,10 @@ class TxnProducers:
         self._abandoned: list[tuple[Producer, threading.Event]] = []
 
     # ---- which producer ----------------------------------------------------------------------
-    def start(self) -> None:
-        self._producers = [self.new(0), self.new(1)]
+    def start(self, stop: threading.Event) -> None:
+        """Both producers, initialised; a stop request while the cluster does not answer yet
+        ends the wait (StopRequested)."""
+        self._producers = [self.new(0, stop), self.new(1, stop)]
 
     @property
     def current(self) -> Producer | None:
@@ -79,12 +82,16 @@ class TxnProducers:
         if idle is not None:
             idle.poll(0)
 
-    def new(self, slot: int) -> Producer:
+    def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
         s = self._settings
         producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self.on_error, slot)})
         try:
             with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
-                producer.init_transactions(KAFKA_TIMEOUT_S)  # fences and aborts what an older one left open
+                # fences and aborts what an older one left open
+                if stop is None:
+                    producer.init_transactions(KAFKA_TIMEOUT_S)
+                else:
+                    until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
         except KafkaException as e:
             raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
                                                f"{e.args[0].str()}") from e
@@ -119,13 +126,7 @@ class TxnProducers:
             self.replace("it saw the whole cluster unreachable", "cluster_unreachable")
 
     def cluster_answers(self) -> bool:
-        producer = self.current
-        assert producer is not None
-        try:
-            producer.list_topics(self._settings.topics.commands, timeout=2.0)
-        except KafkaException:
-            return False
-        return True
+        return cluster_answers(self.current, 2.0, self._settings.topics.commands)
 
     # ---- replacing one -----------------------------------------------------------------------
     def renew(self, err: KafkaError, stage: str) -> None:

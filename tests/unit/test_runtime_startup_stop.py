@@ -1,0 +1,93 @@
+"""A stop asked for while start-up still waits for a cluster that does not answer ends the
+process at once and cleanly (exit 0), instead of after the 30 s call (the processor, the child
+executor and the worker each waited it out, and the processor then said "cannot reach")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from processors.runtime.exits import StopRequested, until_stopped
+
+
+def _failing(code: int, calls: list[float]) -> object:
+    def call(timeout_s: float) -> None:
+        calls.append(timeout_s)
+        raise KafkaException(KafkaError(code))
+
+    return call
+
+
+def test_a_call_the_cluster_does_not_answer_yet_is_repeated_in_slices_until_its_timeout() -> None:
+    calls: list[float] = []
+    with pytest.raises(KafkaException) as e:
+        until_stopped(_failing(KafkaError._TRANSPORT, calls), threading.Event(), 2.5)  # type: ignore[arg-type]
+    assert e.value.args[0].code() == KafkaError._TRANSPORT
+    assert 2 <= len(calls) <= 4 and max(calls) <= 1.0  # refused at once: not retried faster than a slice
+
+
+def test_an_error_that_waiting_cannot_cure_is_raised_at_once() -> None:
+    calls: list[float] = []
+    with pytest.raises(KafkaException) as e:
+        until_stopped(_failing(KafkaError.TOPIC_AUTHORIZATION_FAILED, calls), threading.Event(), 30)  # type: ignore[arg-type]
+    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and len(calls) == 1
+
+
+def test_a_stop_request_ends_the_wait_between_two_slices_and_a_result_is_returned() -> None:
+    stop = threading.Event()
+    calls: list[float] = []
+    threading.Timer(0.3, stop.set).start()
+    began = time.monotonic()
+    with pytest.raises(StopRequested):
+        until_stopped(_failing(KafkaError._TIMED_OUT, calls), stop, 30)  # type: ignore[arg-type]
+    assert time.monotonic() - began < 2.0 and calls
+    assert until_stopped(lambda t: ("answered", t), threading.Event(), 30) == ("answered", 1.0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_once(tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RUNFOLD_", "KAFKA_"))},
+           "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}", "RUNFOLD_STATE_DIR": str(tmp_path)}
+    commands = {  # command -> (the line that says its signal handlers are in place, the line it stops with)
+        "processor": ('"processor starting"', '"stop requested during start-up"'),
+        "child-executor": ("child executor starting", "child executor stopped during start-up"),
+        "worker": ("starting (cluster", "stop requested, draining"),
+    }
+    procs = {name: subprocess.Popen([sys.executable, "-m", "processors.cli", name], env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for name in commands}  # fmt: skip
+    try:
+        for name, proc in procs.items():
+            started, _ = commands[name]
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 30
+            while (line := proc.stdout.readline()) and started not in line:
+                assert time.monotonic() < deadline, name
+            assert started in line, f"{name} ended before it started: exit {proc.wait()}"
+        time.sleep(1.5)  # well inside the first 30 s wait for the cluster
+        began = time.monotonic()
+        for proc in procs.values():
+            proc.send_signal(signal.SIGINT)
+        for name, proc in procs.items():
+            rest, _ = proc.communicate(timeout=10)
+            assert proc.returncode == 0, (name, rest[-2000:])
+            assert commands[name][1] in rest and "cannot reach" not in rest and "Traceback" not in rest, (name, rest)
+        assert time.monotonic() - began < 5
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
