@@ -61,8 +61,8 @@ def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
     new_producer = pt.processor.producers.new
     stuck: list[_FirstSendOffsetsNeverReturns] = []
 
-    def first_one_sticks(slot: int) -> Any:
-        producer = new_producer(slot)
+    def first_one_sticks(slot: int, stop: threading.Event | None = None) -> Any:
+        producer = new_producer(slot, stop)
         if stuck:
             return producer
         stuck.append(_FirstSendOffsetsNeverReturns(producer, release))
