@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -38,7 +37,9 @@ from processors.runtime.exits import (  # re-exported: the exit codes callers kn
     ProcessorStopped,
     StopRequested,
 )
-from processors.runtime.fold import Folder, TxnCounters
+from processors.runtime.fold import Folder
+from processors.runtime.housekeeping import Housekeeping
+from processors.runtime.membership import GroupMembership
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.preflight import check_state_dir, check_topology
@@ -46,54 +47,17 @@ from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
+from processors.runtime.txn import ProduceFailed, RecordTooLarge, Txn, now_ms
+from processors.runtime.txn_failures import TxnFailures
 from processors.runtime.watchdog import CallAbandoned, Watchdog
 from schemas import Codec
 
-_LAG_EVERY_S = 5.0
-_PURGE_EVERY_S = 1.0
-_MAX_STALE_REFUSALS = 3
-_REPLACE_SPACING_S = 5.0
 
+class Processor(GroupMembership, TxnFailures, Housekeeping):
+    """One processor instance. Its parts: the group membership (membership.py), what happens
+    when a transaction fails (txn_failures.py), purging and lag between transactions
+    (housekeeping.py); the loop itself, start-up and shutdown are here."""
 
-class RecordTooLarge(Exception):
-    """produce() refused a record over the client's `message.max.bytes`."""
-
-
-class ProduceFailed(Exception):
-    """produce() failed otherwise (e.g. `_STATE`: an earlier delivery already failed the
-    transaction); the transaction must abort."""
-
-    def __init__(self, err: KafkaError) -> None:
-        super().__init__(err.str())
-        self.err = err
-
-
-@dataclass
-class _Txn:
-    open: bool = False
-    deadline: float = 0.0
-    records: int = 0
-    overlays: dict[int, PartitionOverlay] = field(default_factory=dict)
-    start: dict[tuple[str, int], int] = field(default_factory=dict)  # first offset per input partition
-    next: dict[tuple[str, int], int] = field(default_factory=dict)  # offset to commit per input partition
-    event_offsets: dict[int, int] = field(default_factory=dict)  # max run-events offset per partition
-    counters: TxnCounters = field(default_factory=TxnCounters)
-
-    def reset(self) -> None:
-        self.open = False
-        self.records = 0
-        self.overlays.clear()
-        self.start.clear()
-        self.next.clear()
-        self.event_offsets.clear()
-        self.counters.clear()
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class Processor:
     def __init__(self, settings: ProcessorSettings, stop: threading.Event | None = None,
                  ceilings: Ceilings | None = None, codec: Codec | None = None,
                  exit_on_stall: bool = False) -> None:
@@ -108,7 +72,7 @@ class Processor:
         self.catalog = Catalog(ceilings)
         self.ctx = EngineContext(catalog=self.catalog, ceilings=ceilings or Ceilings(),
                                  queues=frozenset(settings.activation_queues))
-        self.txn = _Txn()
+        self.txn = Txn()
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
         self._client_errors = logs.RepeatThrottle()  # non-fatal client errors, logged once per 10 s
@@ -138,7 +102,7 @@ class Processor:
         self._next_purge = 0.0
         self._purge_more = False  # the last purge pass left due runs behind (a full page)
         self.purge_page = PURGE_PAGE  # finished runs purged per partition and transaction
-        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, _now_ms,
+        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, now_ms,
                              settings.finished_retention_ms)
         self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
                                  settings.timers_per_transaction)
@@ -219,15 +183,6 @@ class Processor:
             "metrics_port": self.metrics_port, "query_port": self.query_port})
         self.ready.set()
 
-    def _new_consumer(self) -> Consumer:
-        return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
-
-    def _subscribe(self) -> None:
-        assert self._consumer is not None
-        self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
-        self._unassigned_since = time.monotonic()
-
     def _shutdown(self) -> None:
         if self._consumer is not None:
             try:
@@ -270,7 +225,7 @@ class Processor:
             return
         if msgs:
             self._fold(msgs)
-        now = _now_ms()
+        now = now_ms()
         for store in self.partitions.ready():
             if TimerFirer.any_due(store, now):
                 self._begin()
@@ -296,7 +251,7 @@ class Processor:
         timeout = self.settings.idle_poll_ms / 1000.0
         if self.partitions.restoring:
             return 0.0
-        now = _now_ms()
+        now = now_ms()
         for store in self.partitions.ready():
             if store.next_due_ms is not None:
                 timeout = min(timeout, max(0.0, (store.next_due_ms - now) / 1000.0))
@@ -492,204 +447,6 @@ class Processor:
         began = txn.deadline - self.settings.commit_interval_ms / 1000.0
         return txn.open and time.monotonic() - began >= self.settings.transaction_timeout_ms / 1000.0
 
-    def _txn_failed(self, e: KafkaException, stage: str) -> None:
-        err: KafkaError = e.args[0]
-        if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
-                and self._stale_refusals < _MAX_STALE_REFUSALS):
-            # The offsets' group metadata names a member id the coordinator has replaced: our
-            # consumer rejoined (after our own session loss, or a broker restart) and the id
-            # sent is stale (librdkafka#3437), or another instance joined with our id. That one
-            # initialised its transactional producers, with our ids, before joining, so ours are
-            # fenced and the abort fails right there and stops us (exit 3). Otherwise rejoin with
-            # a new consumer. Refused again and again with no commit between: stop as fenced.
-            self._stale_refusals += 1
-            self.log.warning("offsets refused: stale group membership; aborting and replacing the consumer",
-                             extra={"error": err.str(), "refusals": self._stale_refusals})
-            self._abort(f"{stage}: {err.str()}")
-            self._consumer_failed = err
-            self._rejoin_stale = True
-            return
-        if err.code() in FENCED_CODES and (self.producers.renewed or not self._txn_timed_out()):
-            raise ProcessorStopped(EXIT_FENCED, (
-                f"fenced at {stage}: another processor with transactional.id "
-                f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
-                f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
-        if err.fatal():
-            if self.producers.renewed:  # a second one in a row: not a one-off, stop
-                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
-            self._renew_producer(err, stage)
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit
-            self._output_too_large(err.str())
-            return
-        self._abort(f"{stage}: {err.str()}")
-
-    def _produce_failed(self, err: KafkaError, stage: str) -> None:
-        """produce() raised: fenced or fatal stops; anything else aborts. `_STATE` means a delivery
-        already failed the transaction (e.g. a record over the broker's limit, reported
-        asynchronously): commit_transaction cannot succeed in that state and returns the
-        delivery's error, which `_txn_failed` acts on (too large → find and park the input)."""
-        if err.code() in FENCED_CODES or err.fatal():
-            self._txn_failed(KafkaException(err), stage)
-            return
-        if err.code() == KafkaError._QUEUE_FULL and self._txn_inputs() > 1:
-            # The same batch would fill the queue again: replay it one record per transaction.
-            self._isolate_left = max(self._isolate_left, self._txn_inputs())
-        if err.code() == KafkaError._STATE and self.txn.open:
-            producer = self.producers.current
-            assert producer is not None
-            try:
-                with self._bounded("commit_transaction"):
-                    producer.commit_transaction(KAFKA_TIMEOUT_S)
-            except KafkaException as e:
-                self._txn_failed(e, stage)
-                return
-            raise ProcessorStopped(EXIT_FATAL, f"{stage}: produce failed ({err.str()}) yet the transaction "
-                                               "committed; restart to restore from the committed log")
-        self._abort(f"{stage}: {err.str()}")
-
-    def _txn_inputs(self) -> int:
-        txn = self.txn
-        return sum(n - txn.start[tp] for tp, n in txn.next.items())
-
-    def _output_too_large(self, reason: str) -> None:
-        """A record of this transaction was too large for the broker. With exactly one input in
-        the transaction, that input is the cause: park it (the second time without its original
-        bytes, in case the dead letter is what is too large). Otherwise replay the transaction's
-        input one record per transaction to find it."""
-        txn = self.txn
-        if self._txn_inputs() == 1:
-            (topic, p), off = next((tp, n - 1) for tp, n in txn.next.items() if n > txn.start[tp])
-            parked = self._poison.get((topic, p, off))
-            self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2)) if parked else (reason, 0)
-            self.log.warning("input produces a record too large for the broker: dead-lettering it", extra={
-                "topic": topic, "partition": p, "offset": off, "reason": reason})
-        else:
-            self._isolate_left = max(self._isolate_left, self._txn_inputs())
-            self.log.warning("record too large for the broker: replaying the batch one record per "
-                             "transaction", extra={"records": self._isolate_left, "reason": reason})
-        # Each such abort makes progress (an input marked, its level raised, or the batch split),
-        # so it does not grow the back-off meant for what keeps failing (a broker down).
-        self._aborts_in_a_row = 0
-        self._abort(f"output too large: {reason}")
-
-    def _after_isolated_commit(self) -> None:
-        txn = self.txn
-        if self._isolate_left:
-            self._isolate_left = max(0, self._isolate_left - self._txn_inputs())
-        for key in [k for k in self._poison if k[2] < txn.next.get((k[0], k[1]), -1)]:
-            del self._poison[key]  # committed as a dead letter
-
-    def _renew_producer(self, err: KafkaError, stage: str) -> None:
-        """A fatal error on the current producer (producers.py); its transaction went with it."""
-        self.producers.renew(err, stage)
-        self.txn.open = False  # txn.start still rewinds the input
-
-    def _call_abandoned(self, call: str, e: CallAbandoned) -> None:
-        """`call` did not return (librdkafka#5456, #5511: it can wait for good on a coordinator
-        lost across a broker restart): its producer is left behind, and a new one's
-        init_transactions aborts the open transaction at the coordinator; the input is
-        rewound as for any abort."""
-        try:
-            self.producers.abandon(call, e)
-        except ProcessorStopped:
-            self.txn.reset()  # its records went with the abandoned producer; the restart rewinds
-            raise
-        self.txn.open = False
-        self._abort(f"{call} did not return")
-
-    def _abort(self, reason: str) -> None:
-        txn = self.txn
-        producer, consumer = self.producers.current, self._consumer
-        assert producer is not None and consumer is not None
-        if txn.open:
-            try:
-                with self._bounded("abort_transaction"):
-                    producer.abort_transaction(KAFKA_TIMEOUT_S)
-            except KafkaException as e:
-                err = e.args[0]
-                if err.code() in FENCED_CODES or err.fatal():
-                    self._txn_failed(e, "abort")  # stops, or replaces the producer and rewinds
-                    return
-                if err.code() != KafkaError._TIMED_OUT:
-                    # Notably _CONFLICT after a commit that timed out: the commit may still land,
-                    # so the input must not be replayed here; the restart restores from the log.
-                    raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
-                # The abort itself timed out: it goes on inside librdkafka and can wait for good
-                # on a coordinator lost across a broker restart. A new producer's
-                # init_transactions aborts the transaction at the coordinator instead.
-                self.producers.replace("abort_transaction timed out", "abort_timed_out", error=err.str())
-        for (t, p), off in txn.start.items():
-            # A partition no longer assigned raises: its next owner starts from the committed offset.
-            with contextlib.suppress(KafkaException):
-                consumer.seek(TopicPartition(t, p, off))
-        self.metrics.transactions.labels("aborted").inc()
-        self._aborts_in_a_row += 1
-        self.log.warning("transaction aborted", extra={
-            "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
-        txn.reset()
-        self.producers.advance()
-        # Back off when something keeps failing (broker down, topic deleted): no tight loop.
-        self.stop_event.wait(min(0.05 * (2 ** min(self._aborts_in_a_row, 7)), 5.0))
-
-    # ---- rebalance callbacks (run inside consumer.poll/consume/close) -------------------------
-    def _is_current(self, consumer: Consumer) -> bool:
-        return consumer is self._consumer
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self.partitions is not None
-        if not self._is_current(consumer):
-            return  # a replaced consumer closing (see _replace_consumer)
-        self._unassigned_since = None
-        by_topic: dict[str, set[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, set()).add(tp.partition)
-        cmds = by_topic.get(self.topics.commands, set())
-        rcps = by_topic.get(self.topics.receipts, set())
-        consumer.assign(partitions)
-        consumer.pause(partitions)
-        if cmds != rcps:
-            self._fatal = ProcessorStopped(EXIT_FATAL, (
-                f"assignment does not co-locate commands {sorted(cmds)} and receipts {sorted(rcps)}: "
-                "the group must use partition.assignment.strategy=range and equal partition counts"))
-            self.stop_event.set()
-            return
-        self.partitions.open(sorted(cmds))
-        self.log.info("partitions assigned", extra={"partitions": sorted(cmds),
-                                                    "owned": self.partitions.owned()})
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self.partitions is not None
-        if not self._is_current(consumer):
-            return
-        if self.txn.open:
-            if self._fatal is None:
-                try:
-                    self._commit()
-                except ProcessorStopped as e:
-                    self._fatal = e
-                    self.stop_event.set()
-            else:
-                self.txn.reset()
-        self._unassigned_since = time.monotonic()
-        revoked = sorted({tp.partition for tp in partitions})
-        self.partitions.close(revoked)
-        self.log.info("partitions revoked", extra={"partitions": revoked})
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self.partitions is not None
-        if not self._is_current(consumer):
-            return
-        if self.txn.open and self._fatal is None:
-            try:
-                self._abort("partitions lost (session timed out)")
-            except ProcessorStopped as e:
-                self._fatal = e
-                self.stop_event.set()
-        self._session_lost_at = self._unassigned_since = time.monotonic()
-        lost = sorted({tp.partition for tp in partitions})
-        self.partitions.close(lost)
-        self.log.warning("partitions lost", extra={"partitions": lost})
-
     # ---- errors and lag --------------------------------------------------------------------
     def _on_stall(self, stalled_s: float, stack: str) -> None:
         """Watchdog thread: the loop has not begun an iteration for `stall_timeout_ms`."""
@@ -717,130 +474,3 @@ class Processor:
             if repeats is not None:  # librdkafka repeats a down cluster many times a second
                 self.log.warning("kafka client error", extra={"error": err.str(), "repeats_suppressed": repeats})
 
-    def _on_consume_error(self, m: Any) -> None:
-        err = m.error()
-        if err.fatal() or err.code() == KafkaError._FATAL:
-            # A consumer's fatal error arrives as a message with code _FATAL (fatal() is False):
-            # the consumer fetches and rebalances no more, so this must never be just logged.
-            self._consumer_failed = err
-            return
-        if m.topic() is None and "committed offsets" in err.str():
-            # An OffsetFetch answered NOT_COORDINATOR as a whole (the coordinator moved: broker
-            # restart or fencing) leaves the assigned partitions without a position for good:
-            # librdkafka neither retries nor fetches (confluentinc/librdkafka#5586). A new
-            # consumer asks the new coordinator.
-            self._consumer_failed = err
-        self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
-                                                 "partition": m.partition()})
-
-    def _replace_consumer(self, err: KafkaError) -> None:
-        """After a session timeout librdkafka rejoins as a static member with a new member id
-        while a request with the old id is still in flight; the coordinator answers that one
-        FENCED_INSTANCE_ID and librdkafka fences *itself* for good (confluentinc/librdkafka#3437):
-        a silent stall. Shortly after our own session loss that is the cause, so a new consumer
-        (same group.instance.id) rejoins and takes the partitions back. Otherwise another
-        processor runs with our instance id, or the consumer failed for another reason: stop.
-        A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
-        self._consumer_failed = None
-        stuck = (not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID))
-        if stuck:  # no offsets fetched, or no assignment
-            # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
-            self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
-        elif not (self._session_lost_recently() or self._rejoin_stale):
-            if "fenced" in err.str().lower():
-                raise ProcessorStopped(EXIT_FENCED, (
-                    f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
-                    f"joined the group; this one stops. Give each running processor its own "
-                    f"RUNFOLD_INSTANCE_ID. ({err.str()})"))
-            raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
-        assert self._consumer is not None and self.partitions is not None
-        self.log.warning("input consumer failed; replacing it", extra={
-            "error": err.str(), "seconds_since_session_lost": round(time.monotonic() - self._session_lost_at, 1)})
-        if self.txn.open:
-            self._abort(f"input consumer failed: {err.str()}")
-        self.partitions.close(self.partitions.owned())  # restored again when reassigned
-        old = self._consumer
-        self._consumer = self._new_consumer()
-        self._subscribe()
-        self._session_lost_at = -1e9  # one replacement per session loss
-        self._rejoin_stale = False
-        self._consumer_replaced_at = time.monotonic()
-        # Closing a failed consumer can block until its in-flight group requests time out (a
-        # JoinGroup waits up to the rebalance timeout): close it aside; its rebalance callbacks
-        # are ignored (they name a consumer that is no longer ours).
-        threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
-                         daemon=True).start()
-        self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
-
-    def _session_lost_recently(self) -> bool:
-        """Our own session loss (on_lost) happened within the window where a FENCED_INSTANCE_ID is
-        our stale membership rather than another instance with our id; one replacement per loss."""
-        window = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        return time.monotonic() - self._session_lost_at <= window
-
-    def _check_membership(self) -> None:
-        """A consumer that gets no assignment (not even an empty one) long after subscribing or
-        losing its partitions is stuck outside the group: after a coordinator move librdkafka was
-        seen never to rejoin. Replace it like a failed one."""
-        since = self._unassigned_since
-        bound = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
-        if since is not None and self._consumer_failed is None and time.monotonic() - since > bound:
-            self._consumer_failed = KafkaError(KafkaError._TIMED_OUT, f"no partition assignment {bound:.0f} s "
-                                               "after joining the group")
-
-    def _close_failed(self, consumer: Consumer) -> None:
-        t0 = time.monotonic()
-        try:
-            consumer.close()
-        except Exception as e:
-            self.log.warning("closing the failed consumer failed", extra={"error": str(e)})
-        self.log.info("failed consumer closed", extra={"close_ms": round((time.monotonic() - t0) * 1000)})
-
-    def _refresh_statuses(self) -> None:
-        assert self.partitions is not None
-        self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
-
-    def _purge_finished(self) -> None:
-        """Finished runs past `finished_retention_ms` leave the local store and the run-state
-        table: a transaction of their run-state tombstones, whose commit applies the store
-        deletions (overlay). Only between transactions, so no overlay holds a purged run; an
-        abort leaves them for the next pass. A pass takes at most a page per partition; while
-        one fills a page the next pass follows at once, so a backlog (a burst of runs finishing
-        together) drains at the loop's pace rather than a page a second."""
-        assert self.partitions is not None
-        self._next_purge = time.monotonic() + _PURGE_EVERY_S
-        now = _now_ms()
-        due = [(store, store.due_purges(now, self.purge_page)) for store in self.partitions.ready()]
-        due = [(store, runs) for store, runs in due if runs]
-        self._purge_more = any(len(runs) >= self.purge_page for _, runs in due)
-        if not due:
-            return
-        self._begin()
-        try:
-            for store, runs in due:
-                ov = self._overlay(store.partition, store)
-                for xkey, run_id, status in runs:
-                    if status is not None:  # else a stale entry: only it goes
-                        self._produce(self.topics.run_state, None, run_id.encode(), partition=store.partition)
-                        self.txn.counters.purged += 1
-                    ov.purge(xkey, run_id, status)
-        except ProduceFailed as e:  # the next pass takes them again
-            self._produce_failed(e.err, "purge")
-            return
-        self._commit()
-
-    def _report_lag(self) -> None:
-        self._next_lag = time.monotonic() + _LAG_EVERY_S
-        consumer = self._consumer
-        assert consumer is not None and self.partitions is not None
-        tps = [TopicPartition(t, p) for p in self.partitions.owned()
-               for t in (self.topics.commands, self.topics.receipts)]
-        if not tps:
-            return
-        try:
-            for tp in consumer.position(tps):
-                _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0:
-                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
-        except KafkaException:
-            pass
