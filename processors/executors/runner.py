@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer
 
 from processors.executors import receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
@@ -47,33 +47,23 @@ from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
+from processors.executors.receipt_delivery import ReceiptDelivery, now_ms
 from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver
+from processors.executors.worker_group import WorkerGroup
 from processors.metrics_endpoint import CannotServe
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
-from topology.settings import KafkaSettings, consumer_config, load_settings, producer_config
+from topology.settings import KafkaSettings, load_settings, producer_config
 
 log = logging.getLogger("runfold.worker")
-RECENT_FINISHED = 10_000
 TICK_S = 0.02
-PAUSE_AFTER_S = 0.5
-# A terminal receipt the broker refused as such (not for an outage). Sent again once (the broker
-# refuses whole batches, so a small receipt can share the fate of a large one), then replaced.
-_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
-                      KafkaError.RECORD_LIST_TOO_LARGE})
 _RECEIPT_MARGIN = 1024  # record and batch overhead under a size limit
-UNASSIGNED_LIMIT_S = 30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
-REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many seconds
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
 FLUSH_WHEN_IDLE_S = 0.001  # longest an otherwise idle loop waits in flush() for its receipts' delivery
 LIGHT_LOAD_PER_S = 1000  # activations/s below which an idle loop flushes receipts instead of lingering
 MAX_ACTION_LABELS = 1000  # distinct metric labels for action/agent names; past it: "(other)"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(slots=True)
@@ -94,7 +84,10 @@ class Entry:
     lease_abandoned: bool = False  # past deadline + grace: no more heartbeats
 
 
-class WorkerRunner:
+class WorkerRunner(WorkerGroup, ReceiptDelivery):
+    """One worker. Its parts: the consumer in its group (worker_group.py), receipts out and
+    offsets committed (receipt_delivery.py); admission, handlers, leases and drain are here."""
+
     def __init__(self, worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> None:
         self.worker = worker
         self.settings = worker.settings
@@ -264,62 +257,6 @@ class WorkerRunner:
             self.consumer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
-
-    # ------------------------------------------------------------------ consumer (and its replacement)
-
-    def _new_consumer(self) -> Consumer:
-        return Consumer({**consumer_config(self.kafka, self.group_id, read_committed=True),
-                         "on_commit": self._on_commit})
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The group coordinator's answer to a commit request (served by poll): a rebalance in
-        between rejects it, and the next owner re-runs those activations (leases cover it)."""
-        rejected = err is not None or any(tp.error is not None for tp in partitions)
-        self.metrics.count("offset_commits", "rejected" if rejected else "committed")
-
-    def _subscribe(self) -> None:
-        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
-        self._unassigned_since = time.monotonic()
-
-    def _check_consumer(self) -> None:
-        """Replace a consumer that failed or sits outside the group (see docs/executors.md "Stalls")."""
-        since = self._unassigned_since
-        if self._consumer_failed is None and since is not None and time.monotonic() - since > UNASSIGNED_LIMIT_S:
-            self._consumer_failed = f"no partition assignment {UNASSIGNED_LIMIT_S:.0f} s after joining the group"
-        if self._consumer_failed is not None and time.monotonic() - self._replaced_at >= REPLACE_SPACING_S:
-            self._replace_consumer(self._consumer_failed)
-
-    def _replace_consumer(self, reason: str) -> None:
-        """A consumer that lost its coordinator (broker restart/freeze) may never rejoin: after a
-        _FATAL error (e.g. it fenced itself, confluentinc/librdkafka#3437), committed offsets it
-        could not fetch (librdkafka#5586) or no assignment for UNASSIGNED_LIMIT_S. A new consumer
-        with the same config joins the group. Handlers in flight keep running and their receipts
-        are still produced, but their offsets are no longer ours to commit: all tracking is reset
-        and the new owner of each partition resumes at its committed offset (a settled activation
-        coming back is recognised by `finished`; others re-run: at-least-once)."""
-        log.warning("worker %s: consumer failed (%s); replacing it", self.worker_id, reason)
-        self.metrics.count("consumer_replacements")
-        self._consumer_failed = None
-        self._replaced_at = time.monotonic()
-        self.tracker.forget(self.tracker.partitions())
-        self.backlog.clear()  # never started and uncommitted: delivered again to the next owner
-        self.paused = False
-        self._full_since = None
-        old = self.consumer
-        self.consumer = self._new_consumer()
-        self._subscribe()
-        # Closing a failed consumer can block until its group requests time out: close it aside.
-        # Its rebalance callbacks are ignored (they name a consumer that is no longer ours).
-        threading.Thread(target=self._close_quietly, args=(old,), name="close-failed-consumer",
-                         daemon=True).start()
-
-    @staticmethod
-    def _close_quietly(consumer: Consumer) -> None:
-        try:
-            consumer.close()
-        except Exception as exc:
-            log.warning("closing the failed consumer failed: %s", exc)
 
     # ------------------------------------------------------------------ consuming
 
@@ -546,159 +483,6 @@ class WorkerRunner:
 
     def _flush_metrics(self) -> None:
         self.metrics.flush(self.executing, len(self.backlog), self.paused)
-
-    # ------------------------------------------------------------------ receipts and offsets
-
-    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None,
-                 payload: bytes | None = None) -> None:
-        if payload is None:
-            payload = self.encode_receipt(receipt)
-        key = activation["run_id"].encode()
-        self.metrics.count_receipt(receipt["type"])
-        while True:
-            try:
-                self.producer.produce(self.names.receipts, payload, key=key, on_delivery=on_delivery)
-                return
-            except BufferError:  # local queue full: serve delivery reports and retry
-                self.producer.poll(0.05)
-
-    def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
-        """Produce the receipt that settles `entry`; one that cannot be encoded, or is too large
-        for the broker, is replaced by a small failure saying why (`receipts.undeliverable`)."""
-        payload: bytes | None = None
-        try:
-            encoded = self.encode_receipt(receipt)
-            if len(encoded) > self._receipt_limit:
-                receipt = self._substitute(
-                    entry, receipt, f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt")
-            else:
-                payload = encoded
-        except Exception as exc:  # not encodable (e.g. a lone surrogate in a message, a usage over 64 bits)
-            receipt = self._substitute(entry, receipt, f"not encodable: {exc}")
-        kind = receipt["type"]
-        self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
-        self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
-        self._produce_terminal(entry, receipt, payload)
-
-    def _produce_terminal(self, entry: Entry, receipt: dict[str, Any], payload: bytes | None = None) -> None:
-        entry.delivery_attempts += 1
-        self.unacked += 1
-        done = functools.partial(self._terminal_delivered, entry, receipt)
-        try:
-            self._produce(entry.activation, receipt, done, payload)
-        except KafkaException as exc:  # refused at once (the broker was never asked)
-            self.unacked -= 1
-            self._undelivered(entry, receipt, exc.args[0])
-
-    def _substitute(self, entry: Entry, receipt: dict[str, Any], why: str) -> dict[str, Any]:
-        entry.substituted = True
-        log.error("receipt %s for %s cannot be sent (%s): sending a failure instead", receipt["type"],
-                  receipt["dispatch_id"], why)
-        self.metrics.count("receipt_errors", "substituted")
-        return receipts.undeliverable(entry.activation, self.worker_id, receipt["type"], why)
-
-    def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
-        self.unacked -= 1
-        if err is not None:
-            self._undelivered(entry, receipt, err)
-            return
-        self._settle(entry)
-
-    def _undelivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError) -> None:
-        """A terminal receipt the broker does not have. Its offset is never marked done without
-        it (a crash must deliver the activation again): refused as such → a small failure
-        instead; not delivered in time (an outage) → again, for as long as it takes; anything
-        else, or a failure refused too → the worker stops (exit 1) and leaves the activation
-        uncommitted for whoever reads it next."""
-        if err.code() in _REFUSED and not entry.substituted and not err.fatal():
-            if entry.delivery_attempts < 2:  # maybe refused with a large neighbour in its batch
-                self._produce_terminal(entry, receipt)
-            else:
-                self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
-            return
-        if err.code() == KafkaError._MSG_TIMED_OUT or (err.retriable() and entry.delivery_attempts < 3):
-            log.warning("receipt %s not delivered (%s, attempt %d); sending it again", receipt["type"], err,
-                        entry.delivery_attempts)
-            self.metrics.count("receipt_errors", "retried")
-            self._produce_terminal(entry, receipt)
-            return
-        self.metrics.count("receipt_errors", "lost")
-        self.running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
-        self.failed = self.failed or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
-        self.stopping = True
-
-    def _settle(self, entry: Entry) -> None:
-        dispatch = entry.activation["dispatch_id"]
-        self.running.pop(dispatch, None)
-        self.finished[dispatch] = None
-        if len(self.finished) > RECENT_FINISHED:
-            self.finished.popitem(last=False)
-        for offset in entry.offsets:
-            self.tracker.done(entry.tp, offset)
-        for tp, offset in entry.extra:
-            self.tracker.done(tp, offset)
-
-    def _commit(self, force: bool, synchronous: bool = False) -> None:
-        now = now_ms()
-        if not force and now - self._last_commit_ms < self.settings.commit_interval_ms:
-            return
-        self._last_commit_ms = now
-        commits = self.tracker.take_commits()
-        if not commits:
-            return
-        offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
-        except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
-            log.warning("offset commit failed: %s", exc)
-            self.metrics.count("offset_commits", "failed")
-            return
-        self.metrics.count("offset_commits", "requested")
-        self.metrics.count("offsets_committed", n=len(offsets))
-
-    def _backpressure(self) -> None:
-        """Pause the partitions after admission has been full for PAUSE_AFTER_S; resume below it.
-
-        A short burst never pauses: pausing makes the client drop its prefetched records and
-        fetch them again on resume, which costs more than it saves when slots free quickly."""
-        if self._load() >= self.admission:
-            mono = time.monotonic()
-            if self._full_since is None:
-                self._full_since = mono
-            elif not self.paused and mono - self._full_since >= PAUSE_AFTER_S:
-                self.consumer.pause(self.consumer.assignment())
-                self.paused = True
-        else:
-            self._full_since = None
-            if self.paused:
-                self.consumer.resume(self.consumer.assignment())
-                self.paused = False
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self.consumer:
-            return  # a replaced consumer closing
-        self._unassigned_since = None
-        self.paused = False
-        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self.consumer:
-            return  # a replaced consumer closing: its partitions' tracking is already reset
-        self._unassigned_since = time.monotonic()
-        revoked = [(p.topic, p.partition) for p in partitions]
-        self.producer.flush(5)  # settle receipts in flight so their offsets can still be committed
-        commits = self.tracker.take_commits(only=revoked)
-        if commits:
-            with contextlib.suppress(Exception):
-                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()],
-                                asynchronous=False)
-        self.tracker.forget(revoked)
-        # Not started and not committed: the partitions' next owner runs them, so must not we.
-        gone = set(revoked)
-        for dispatch in [d for d, e in self.backlog.items() if e.tp in gone]:
-            del self.backlog[dispatch]
-        self.paused = False
-        log.info("revoked %s", revoked)
 
 
 def run_worker(worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> int:

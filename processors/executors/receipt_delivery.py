@@ -1,0 +1,161 @@
+"""Receipts out and offsets committed: a terminal receipt settles its activation only once the
+broker has it; one refused as such is replaced by a small failure; offsets commit at the
+per-partition low watermark. A part of `WorkerRunner` (runner.py), which owns the state
+declared here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from processors.executors import receipts
+from processors.executors.metrics import WorkerMetrics
+from processors.executors.offsets import OffsetTracker
+from processors.executors.settings import WorkerSettings
+from topology.catalog import TopicNames
+
+if TYPE_CHECKING:
+    from processors.executors.runner import Entry
+
+log = logging.getLogger("runfold.worker")
+RECENT_FINISHED = 10_000
+# A terminal receipt the broker refused as such (not for an outage). Sent again once (the broker
+# refuses whole batches, so a small receipt can share the fate of a large one), then replaced.
+_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
+                      KafkaError.RECORD_LIST_TOO_LARGE})
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ReceiptDelivery:
+    settings: WorkerSettings
+    names: TopicNames
+    worker_id: str
+    consumer: Consumer
+    producer: Producer
+    metrics: WorkerMetrics
+    tracker: OffsetTracker
+    encode_receipt: Callable[[dict[str, Any]], bytes]
+    running: dict[str, Entry]  # dispatch_id -> started, not yet acknowledged
+    finished: OrderedDict[str, None]  # recently settled dispatch ids
+    counts: dict[str, int]
+    unacked: int  # terminal receipts produced, delivery not yet reported
+    failed: str | None  # why the worker stopped itself (exit 1)
+    stopping: bool
+    _receipt_limit: int
+    _last_commit_ms: int
+
+    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None,
+                 payload: bytes | None = None) -> None:
+        if payload is None:
+            payload = self.encode_receipt(receipt)
+        key = activation["run_id"].encode()
+        self.metrics.count_receipt(receipt["type"])
+        while True:
+            try:
+                self.producer.produce(self.names.receipts, payload, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: serve delivery reports and retry
+                self.producer.poll(0.05)
+
+    def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
+        """Produce the receipt that settles `entry`; one that cannot be encoded, or is too large
+        for the broker, is replaced by a small failure saying why (`receipts.undeliverable`)."""
+        payload: bytes | None = None
+        try:
+            encoded = self.encode_receipt(receipt)
+            if len(encoded) > self._receipt_limit:
+                receipt = self._substitute(
+                    entry, receipt, f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt")
+            else:
+                payload = encoded
+        except Exception as exc:  # not encodable (e.g. a lone surrogate in a message, a usage over 64 bits)
+            receipt = self._substitute(entry, receipt, f"not encodable: {exc}")
+        kind = receipt["type"]
+        self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
+        self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
+        self._produce_terminal(entry, receipt, payload)
+
+    def _produce_terminal(self, entry: Entry, receipt: dict[str, Any], payload: bytes | None = None) -> None:
+        entry.delivery_attempts += 1
+        self.unacked += 1
+        done = functools.partial(self._terminal_delivered, entry, receipt)
+        try:
+            self._produce(entry.activation, receipt, done, payload)
+        except KafkaException as exc:  # refused at once (the broker was never asked)
+            self.unacked -= 1
+            self._undelivered(entry, receipt, exc.args[0])
+
+    def _substitute(self, entry: Entry, receipt: dict[str, Any], why: str) -> dict[str, Any]:
+        entry.substituted = True
+        log.error("receipt %s for %s cannot be sent (%s): sending a failure instead", receipt["type"],
+                  receipt["dispatch_id"], why)
+        self.metrics.count("receipt_errors", "substituted")
+        return receipts.undeliverable(entry.activation, self.worker_id, receipt["type"], why)
+
+    def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
+        self.unacked -= 1
+        if err is not None:
+            self._undelivered(entry, receipt, err)
+            return
+        self._settle(entry)
+
+    def _undelivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError) -> None:
+        """A terminal receipt the broker does not have. Its offset is never marked done without
+        it (a crash must deliver the activation again): refused as such → a small failure
+        instead; not delivered in time (an outage) → again, for as long as it takes; anything
+        else, or a failure refused too → the worker stops (exit 1) and leaves the activation
+        uncommitted for whoever reads it next."""
+        if err.code() in _REFUSED and not entry.substituted and not err.fatal():
+            if entry.delivery_attempts < 2:  # maybe refused with a large neighbour in its batch
+                self._produce_terminal(entry, receipt)
+            else:
+                self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
+            return
+        if err.code() == KafkaError._MSG_TIMED_OUT or (err.retriable() and entry.delivery_attempts < 3):
+            log.warning("receipt %s not delivered (%s, attempt %d); sending it again", receipt["type"], err,
+                        entry.delivery_attempts)
+            self.metrics.count("receipt_errors", "retried")
+            self._produce_terminal(entry, receipt)
+            return
+        self.metrics.count("receipt_errors", "lost")
+        self.running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
+        self.failed = self.failed or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
+        self.stopping = True
+
+    def _settle(self, entry: Entry) -> None:
+        dispatch = entry.activation["dispatch_id"]
+        self.running.pop(dispatch, None)
+        self.finished[dispatch] = None
+        if len(self.finished) > RECENT_FINISHED:
+            self.finished.popitem(last=False)
+        for offset in entry.offsets:
+            self.tracker.done(entry.tp, offset)
+        for tp, offset in entry.extra:
+            self.tracker.done(tp, offset)
+
+    def _commit(self, force: bool, synchronous: bool = False) -> None:
+        now = now_ms()
+        if not force and now - self._last_commit_ms < self.settings.commit_interval_ms:
+            return
+        self._last_commit_ms = now
+        commits = self.tracker.take_commits()
+        if not commits:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
+        except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
+            log.warning("offset commit failed: %s", exc)
+            self.metrics.count("offset_commits", "failed")
+            return
+        self.metrics.count("offset_commits", "requested")
+        self.metrics.count("offsets_committed", n=len(offsets))
