@@ -8,6 +8,7 @@ deletes its topics afterwards. Benchmarks are not tests: they measure, they neve
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import orjson
@@ -24,6 +25,8 @@ Warmup = Annotated[int, typer.Option(help="Warm-up rounds (reduced size, discard
 def _check_settings() -> None:
     """The benchmarks build their settings from the environment as they go: a bad value there is
     refused here, one line per field (exit 2), before anything runs, not as a traceback mid-way."""
+    if {"--help", "-h"} & set(sys.argv[1:]):  # click runs this before a subcommand's --help
+        return
     from processors.runtime.settings import load_processor_settings
 
     load_processor_settings()

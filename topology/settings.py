@@ -295,9 +295,11 @@ def cannot_reach(bootstrap: str, detail: str) -> str:
 def cluster_answers(client: Any, timeout_s: float, topic: str | None = None) -> bool:
     """True when a metadata request through `client` (a producer, consumer or admin client, with
     its own security settings) is answered by a broker within `timeout_s`."""
+    from confluent_kafka import KafkaException
+
     try:
         meta = client.list_topics(topic, timeout=timeout_s)
-    except Exception:  # KafkaException, or a client already closed
+    except (KafkaException, RuntimeError):  # RuntimeError: a client already closed
         return False
     return bool(meta.brokers)
 

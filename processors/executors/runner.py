@@ -192,11 +192,14 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         The lookup waits up to 30 s for a cluster that does not answer: it runs on a daemon
         thread so that SIGTERM/SIGINT meanwhile stops the worker at once."""
         box: list[int | None] = []
+        errors: list[BaseException] = []
         looked_up = threading.Event()
 
         def look_up() -> None:
             try:
                 box.append(topic_max_message_bytes(self.kafka, self.names.receipts))
+            except BaseException as e:  # raised here, on the loop, as if called in place
+                errors.append(e)
             finally:
                 looked_up.set()
 
@@ -205,7 +208,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             if self.stopping:
                 return
             await asyncio.sleep(0.05)
-        limit = box[0] if box else None
+        if errors:
+            raise errors[0]
+        limit = box[0]
         if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self._receipt_limit):
             return
         fitted = limit - _RECEIPT_MARGIN

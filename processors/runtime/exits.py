@@ -43,20 +43,26 @@ _KEEP_WAITING = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaEr
 
 def until_stopped(call: Callable[[float], T], stop: threading.Event, timeout_s: float) -> T:
     """`call(t)` in slices of at most a second, repeated while the cluster is not answering yet,
-    until it returns, `timeout_s` has passed (its last error is raised) or `stop` is set
-    (StopRequested). Without slices a Ctrl-C during start-up waited the whole 30 s call out.
-    Only for calls librdkafka lets resume after a timeout (metadata, init_transactions)."""
+    until it returns, `timeout_s` has passed or `stop` is set (StopRequested). Without slices a
+    Ctrl-C during start-up waited the whole 30 s call out. Only for calls librdkafka lets resume
+    after a timeout (metadata, init_transactions). At the deadline the error raised is the last
+    one that says more than "timed out" (a resumed init_transactions forgets why the previous
+    slice's attempt failed, and a slice's own timeout says nothing), else the last."""
     deadline = time.monotonic() + timeout_s
+    telling: KafkaException | None = None
     while True:
         if stop.is_set():
             raise StopRequested
-        left = deadline - time.monotonic()
         began = time.monotonic()
         try:
-            return call(max(0.05, min(_SLICE_S, left)))
+            return call(max(0.05, min(_SLICE_S, deadline - began)))
         except KafkaException as e:
             err = e.args[0]
-            if not (err.retriable() or err.code() in _KEEP_WAITING) or time.monotonic() >= deadline:
+            if not (err.retriable() or err.code() in _KEEP_WAITING):
                 raise
+            if err.code() != KafkaError._TIMED_OUT:
+                telling = e
+            if time.monotonic() >= deadline - 0.05:
+                raise (telling or e) from None
         # an error at once (connection refused) is not retried faster than the slice
         stop.wait(max(0.0, min(_SLICE_S - (time.monotonic() - began), deadline - time.monotonic())))

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from confluent_kafka import Consumer, KafkaException
 
-from processors.runtime.exits import EXIT_FATAL, ProcessorStopped, until_stopped
+from processors.runtime.exits import EXIT_FATAL, ProcessorStopped, StopRequested, until_stopped
 from processors.runtime.settings import ProcessorSettings
 from topology.settings import cannot_reach
+
+_TOPICS_APPEAR_S = 5.0  # how long topics just created elsewhere may take to show in the metadata
 
 
 def check_state_dir(settings: ProcessorSettings) -> None:
@@ -35,12 +38,20 @@ def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: f
     t = settings.topics
     names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
              t.child_activations, *(t.activations(q) for q in settings.activation_queues)]
-    try:
-        meta = until_stopped(lambda t: consumer.list_topics(timeout=t), stop, timeout_s)
-    except KafkaException as e:
-        raise ProcessorStopped(EXIT_FATAL, cannot_reach(
-            settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s")) from e
-    missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
+    appear_by = time.monotonic() + _TOPICS_APPEAR_S
+    while True:
+        try:
+            meta = until_stopped(lambda t: consumer.list_topics(timeout=t), stop, timeout_s)
+        except KafkaException as e:
+            raise ProcessorStopped(EXIT_FATAL, cannot_reach(
+                settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s")) from e
+        missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
+        if not missing or time.monotonic() >= appear_by:
+            break
+        # Created a moment ago by another tool: not yet in this broker's metadata, or no leader
+        # yet (`runfold topology create` waits for its topics to be visible; others may not).
+        if stop.wait(0.25):
+            raise StopRequested
     if missing:
         raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
                                            f"with topic prefix {settings.topic_prefix!r}")

@@ -126,6 +126,7 @@ class TxnProducers:
             self.replace("it saw the whole cluster unreachable", "cluster_unreachable")
 
     def cluster_answers(self) -> bool:
+        assert self.current is not None
         return cluster_answers(self.current, 2.0, self._settings.topics.commands)
 
     # ---- replacing one -----------------------------------------------------------------------

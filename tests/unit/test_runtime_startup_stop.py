@@ -53,6 +53,41 @@ def test_a_stop_request_ends_the_wait_between_two_slices_and_a_result_is_returne
     assert until_stopped(lambda t: ("answered", t), threading.Event(), 30) == ("answered", 1.0)
 
 
+def test_at_the_deadline_the_error_that_says_why_wins_over_a_slice_timing_out() -> None:
+    # a resumed init_transactions forgets why the previous attempt failed: its last slice says
+    # only "timed out"; the error seen before it says what was wrong
+    codes = iter([KafkaError._TRANSPORT] + [KafkaError._TIMED_OUT] * 100)
+    calls: list[float] = []
+
+    def call(timeout_s: float) -> None:
+        calls.append(timeout_s)
+        raise KafkaException(KafkaError(next(codes)))
+
+    with pytest.raises(KafkaException) as e:
+        until_stopped(call, threading.Event(), 1.5)
+    assert e.value.args[0].code() == KafkaError._TRANSPORT
+    assert min(calls) >= 0.05 and len(calls) <= 3
+
+
+def test_a_worker_whose_receipts_topic_lookup_fails_unexpectedly_stops_with_that_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from processors.executors import runner
+    from processors.executors.sdk import Worker
+    from topology.settings import KafkaSettings
+
+    def broken(*_: object) -> int:
+        raise TypeError("a bug in the lookup")
+
+    monkeypatch.setattr(runner, "topic_max_message_bytes", broken)
+    worker_runner = runner.WorkerRunner(Worker(), KafkaSettings(bootstrap_servers=f"127.0.0.1:{_closed_port()}",
+                                                                topic_prefix="lookup"))  # fmt: skip
+    with pytest.raises(TypeError, match="a bug in the lookup"):  # on the loop, as if called in place
+        asyncio.run(worker_runner.run(install_signals=False))
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,23 +105,35 @@ def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_onc
     procs = {name: subprocess.Popen([sys.executable, "-m", "processors.cli", name], env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for name in commands}  # fmt: skip
+    output: dict[str, list[str]] = {name: [] for name in commands}
+    started = {name: threading.Event() for name in commands}
+
+    def read(name: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output[name].append(line)
+            if commands[name][0] in line:
+                started[name].set()
+
+    readers = [threading.Thread(target=read, args=(name, proc), daemon=True) for name, proc in procs.items()]
+    for reader in readers:
+        reader.start()
     try:
         for name, proc in procs.items():
-            started, _ = commands[name]
-            assert proc.stdout is not None
-            deadline = time.monotonic() + 30
-            while (line := proc.stdout.readline()) and started not in line:
-                assert time.monotonic() < deadline, name
-            assert started in line, f"{name} ended before it started: exit {proc.wait()}"
+            assert started[name].wait(30), f"{name} never said it started: exit {proc.poll()}"
         time.sleep(1.5)  # well inside the first 30 s wait for the cluster
         began = time.monotonic()
         for proc in procs.values():
             proc.send_signal(signal.SIGINT)
+        for proc in procs.values():
+            proc.wait(10)
+        assert time.monotonic() - began < 5
+        for reader in readers:
+            reader.join(5)
         for name, proc in procs.items():
-            rest, _ = proc.communicate(timeout=10)
+            rest = "".join(output[name])
             assert proc.returncode == 0, (name, rest[-2000:])
             assert commands[name][1] in rest and "cannot reach" not in rest and "Traceback" not in rest, (name, rest)
-        assert time.monotonic() - began < 5
     finally:
         for proc in procs.values():
             if proc.poll() is None:
