@@ -104,3 +104,8 @@ def replay(
             for p, st in sorted(result.partitions.items()):
                 console.print(f"  p{p}: {st['events']} events, {st['runs']} runs, "
                               f"applied offset {st['applied_offset']}", highlight=False)
+            lost = result.runs_before_log_start
+            if lost:
+                some = ", ".join(sorted(lost)[:5]) + (", ..." if len(lost) > 5 else "")
+                console.print(Text(f"{len(lost)} run(s) not rebuilt: the log no longer holds their RunAccepted "
+                                   f"(run-events retention): {some}", style="yellow"))

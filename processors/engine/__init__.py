@@ -5,7 +5,7 @@ from processors.engine.decider import decide
 from processors.engine.definition import Ceilings, Definition, load_definition
 from processors.engine.effects import Effects, effects
 from processors.engine.emitter import Decision, EngineContext
-from processors.engine.errors import DefinitionError
+from processors.engine.errors import DefinitionError, EventBeforeStart
 from processors.engine.evolve import evolve
 from processors.engine.state import RunState, dump_state, load_state, run_status, state_digest
 
@@ -18,6 +18,7 @@ __all__ = [
     "DefinitionError",
     "Effects",
     "EngineContext",
+    "EventBeforeStart",
     "RunState",
     "decide",
     "dump_state",

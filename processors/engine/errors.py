@@ -46,6 +46,16 @@ class ConditionError(Exception):
         super().__init__(message)
 
 
+class EventBeforeStart(ValueError):
+    """A run event of a run whose `RunAccepted` was not folded first. In a committed log this
+    means the log no longer holds the run's beginning (run-events retention deleted it): the
+    run cannot be rebuilt from it. `run_id` names the run."""
+
+    def __init__(self, event_type: str, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"{event_type} for run {run_id!r} before its RunAccepted")
+
+
 class RefError(Exception):
     """A reference could not be resolved (absent scope, missing pointer target, bad shape)."""
 

@@ -11,6 +11,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from processors.engine.errors import EventBeforeStart
 from processors.engine.ids import instance_key
 from processors.engine.pinned import root_definition
 from processors.engine.refs import input_hash
@@ -50,7 +51,7 @@ def fold(state: RunState | None, event: Event) -> RunState | None:
     if etype == "RunAccepted":
         return _run_accepted(event)
     if state is None:
-        raise ValueError(f"{etype} for run {event.get('run_id')!r} before its RunAccepted")
+        raise EventBeforeStart(etype, str(event.get("run_id")))
     handler = _HANDLERS.get(etype)
     if handler is None:
         raise ValueError(f"unknown run event type {etype!r}")

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING
 
 from processors.client.reader import PartitionReader
-from processors.engine import Catalog, EngineContext
+from processors.engine import Catalog, EngineContext, EventBeforeStart
 from processors.runtime.fold import Folder
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
@@ -40,6 +40,8 @@ class RebuildReport:
     partitions: dict[int, dict[str, int]] = field(default_factory=dict)  # p -> {events, runs, applied_offset}
     events: int = 0
     undecodable: int = 0
+    # runs whose RunAccepted the log no longer holds (run-events retention): not rebuilt
+    runs_before_log_start: set[str] = field(default_factory=set)
     seconds: float = 0.0
 
     @property
@@ -48,6 +50,7 @@ class RebuildReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": True, "store_root": self.store_root, "events": self.events, "undecodable": self.undecodable,
+                "runs_before_log_start": sorted(self.runs_before_log_start),
                 "seconds": round(self.seconds, 3), "events_per_s": round(self.events_per_s, 1),
                 "partitions": {str(p): v for p, v in sorted(self.partitions.items())}}
 
@@ -126,6 +129,8 @@ def _rebuild_partitions(reader: PartitionReader, folder: Folder, root: Path, wan
                 t.events += 1
             except DecodeError:
                 report.undecodable += 1
+            except EventBeforeStart as e:  # as the processor's restore does (assignment.py)
+                report.runs_before_log_start.add(e.run_id)
             t.last_offset = msg.offset()
             t.pending += 1
             if t.pending >= _CHUNK:

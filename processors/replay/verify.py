@@ -168,6 +168,14 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
             run_id, seq = ev["run_id"], ev["sequence"]
             if seq == 0:
                 report.rejected += 1
+            elif run_id not in states and ev["type"] != "RunAccepted":
+                # The log starts after this run's RunAccepted: nothing of it can be folded.
+                if run_id not in failed:
+                    differ(run_id, "beginning_not_in_log", folded_sequence=0, detail=(
+                        f"its first event in the log is sequence {seq} ({ev['type']}, offset {msg.offset()}): "
+                        "run-events retention deleted its beginning, so it cannot be verified"))
+                last_seq[run_id] = seq
+                continue
             elif run_id not in failed and seq != last_seq.get(run_id, 0) + 1:
                 differ(run_id, "sequence_gap", folded_sequence=last_seq.get(run_id, 0),
                        detail=f"event sequence {seq} follows {last_seq.get(run_id, 0)} (offset {msg.offset()})")

@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import Logger
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from processors.engine import EventBeforeStart
 from processors.runtime.fold import Folder
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
@@ -49,6 +50,8 @@ class _Restore:
     recheck_at: float = 0.0
     offsets_error: str = ""  # the last failure to get end offsets (logged when it changes)
     failing_since: float | None = None  # end offsets unavailable since
+    # runs whose events begin after their RunAccepted: retention deleted their beginning
+    before_start: set[str] = field(default_factory=set)
 
 
 def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
@@ -216,6 +219,12 @@ class Partitions:
                 # Our own output: never expected. Say so loudly and keep the partition alive.
                 self._log.error("undecodable run event skipped during restore",
                                 extra={"partition": p, "offset": msg.offset(), "error": e.reason})
+            except EventBeforeStart as e:
+                # The log starts after this run's RunAccepted (run_events_retention_ms shorter than
+                # the run): it cannot be rebuilt. Skip its events rather than stop for good: every
+                # restart would stop here again. Said at `partition ready`.
+                r.before_start.add(e.run_id)
+                self._metrics.events_before_start.inc()
             if r.first_offset == NO_OFFSET:
                 r.first_offset = msg.offset()
             r.last_offset = msg.offset()
@@ -263,6 +272,12 @@ class Partitions:
             self._log.info("partition ready", extra={
                 "partition": p, "restored_events": r.events, "from_offset": r.start_offset,
                 "restore_ms": round((time.monotonic() - r.started) * 1000, 1)})
+            if r.before_start:
+                self._log.error(
+                    "runs not restored: the run-events log no longer holds their beginning (its retention "
+                    "deleted their RunAccepted); their receipts will be dropped as stale and their state "
+                    "snapshots stay as they were. Keep run_events_retention_ms longer than any run lives",
+                    extra={"partition": p, "runs": len(r.before_start), "some": sorted(r.before_start)[:5]})
         if done:
             self._metrics.partitions_restoring.set(len(self.restoring))
         return done

@@ -48,6 +48,10 @@ class ProcessorMetrics(MetricsEndpoint):
                                 registry=r)
         self.events_restored = Counter("runfold_processor_events_restored",
                                        "Run events folded while restoring", registry=r)
+        self.events_before_start = Counter(
+            "runfold_processor_restore_events_before_start",
+            "Run events skipped while restoring: their run's RunAccepted is no longer in the log "
+            "(run-events retention shorter than the run)", registry=r)
         self.partitions_restoring = Gauge("runfold_processor_partitions_restoring",
                                           "Partitions restoring their store", registry=r)
         self.partitions_assigned = Gauge("runfold_processor_partitions_assigned",

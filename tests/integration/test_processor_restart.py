@@ -168,3 +168,62 @@ def test_stop_event_commits_and_exits_zero(settings: ProcessorSettings) -> None:
     stopper.start()
     pt.thread.join(20)
     assert pt.exit_code == 0 and time.monotonic() - t0 < 15
+
+
+def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_runs_and_goes_on(
+    settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_events_retention_ms shorter than a run: a lost store is rebuilt from a log that no
+    longer holds a run's RunAccepted. That run is skipped (counted, said); the others restore and
+    finish; restore progress counts from the first event read; replay verify and rebuild name the
+    run instead of crashing. Before, the restore stopped the processor at the first such event,
+    and again on every restart."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from processors.replay import rebuild, verify
+    from processors.runtime.assignment import Partitions
+    from processors.runtime.store import NO_OFFSET
+    from topology.settings import admin_config
+
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    runs = [f"lr-{i}" for i in range(8)]
+    with running(settings):
+        for r in runs:
+            cmd.start(r, "three")
+        cmd.flush()
+        events.wait_for(lambda evs: all(any(e["run_id"] == r and e["type"] == "RunStarted" for e in evs)
+                                        for r in runs), what="every run started")
+    # Retention deletes the first record of one partition: the RunAccepted of its oldest run.
+    oldest = min(events.records, key=lambda e: (e["_partition"], e["_offset"]))
+    assert oldest["type"] == "RunAccepted"
+    lost, p, log_start = oldest["run_id"], oldest["_partition"], oldest["_offset"] + 1
+    admin = AdminClient(admin_config(settings))
+    [done] = admin.delete_records([TopicPartition(settings.topics.run_events, p, log_start)]).values()
+    assert done.result(30).low_watermark == log_start
+    shutil.rmtree(settings.state_dir)
+
+    first_read: dict[int, int] = {}
+    finish = Partitions._finish_caught_up
+
+    def noting_first_offsets(self: Partitions, consumer: object) -> list[int]:
+        for q, r in self.restoring.items():
+            if r.first_offset != NO_OFFSET:
+                first_read.setdefault(q, r.first_offset)
+        return finish(self, consumer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Partitions, "_finish_caught_up", noting_first_offsets)
+    with running(settings) as pt, Responder(settings, complete_all):
+        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs if r != lost), timeout=60,
+                        what="every other run terminal")
+        assert pt.processor.metrics.events_before_start._value.get() >= 2  # its RunStarted, StepScheduled, ...
+        assert first_read[p] == log_start  # not the store's 0: retention's offsets are no progress
+        assert pt.processor._fatal is None and pt.thread.is_alive()
+    assert not terminal_of(events.drain(), lost)  # its receipt came to a processor that does not know it
+
+    report = verify(settings)
+    assert [(d.run_id, d.kind) for d in report.differences] == [(lost, "beginning_not_in_log")]
+    rebuilt = rebuild(settings.model_copy(update={"state_dir": tmp_path / "rebuilt"}))
+    assert rebuilt.runs_before_log_start == {lost}
+    events.close()
