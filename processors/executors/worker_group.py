@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
+from processors.runtime.fetch import resume_now
 from topology.settings import KafkaSettings, consumer_config
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class WorkerGroup:
         else:
             self._full_since = None
             if self.paused:
-                self.consumer.resume(self.consumer.assignment())
+                resume_now(self.consumer, self.consumer.assignment())
                 self.paused = False
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

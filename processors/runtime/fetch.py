@@ -1,0 +1,30 @@
+"""Resuming a paused partition without waiting for librdkafka's next fetcher wake-up.
+
+`Consumer.resume()` is served by the main thread, but the partition's fetches are sent by
+its leader's broker thread, which only looks at it again when something wakes it: with
+nothing else to do, up to ~1 s later (the same in confluent-kafka-go#630's log). Every
+partition the processor restores is paused until it is ready, and the worker pauses under
+backpressure, so each resume cost that much latency. A request to the leader (ListOffsets,
+answered in ~1 ms) wakes its thread at once: a record produced 50 ms after the resume arrives
+2-6 ms later instead of 0.2-0.8 s (`benchmarks/resume_bench.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+_WAKE_TIMEOUT_S = 0.5
+
+
+def resume_now(consumer: Any, partitions: list[TopicPartition]) -> None:
+    """`consumer.resume(partitions)`, then wake each one's fetcher. A leader that does not
+    answer (a broker down) ends the wake-ups: the fetchers then start at their own pace."""
+    consumer.resume(partitions)
+    for tp in partitions:
+        try:
+            consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=_WAKE_TIMEOUT_S,
+                                           cached=False)
+        except KafkaException:
+            return
