@@ -203,10 +203,10 @@ def _print_verify(console: Console, report: VerifyReport) -> None:
             console.print(Text(f"   {d.run_id}: {d.kind} {d.detail}"))
 
 
-def _wait_ready(query_port: int, children: Children, groups: list[str], admin: AdminClient,
+def _wait_ready(query_port: int, partitions: int, children: Children, groups: list[str], admin: AdminClient,
                 timeout_s: float) -> None:
-    """The processor answers ready and the worker's and child executor's groups hold their
-    partitions: runs started before the executors joined would wait for them, and their
+    """The processor owns its partitions, restored, and the worker's and child executor's groups
+    hold theirs: runs started before the executors joined would wait for them, and their
     durations (the `ms` column) would show the executors' start-up, not runfold's latency."""
     deadline = time.monotonic() + timeout_s
     waiting = ["the processor", *groups]
@@ -215,8 +215,9 @@ def _wait_ready(query_port: int, children: Children, groups: list[str], admin: A
         if dead:
             raise DemoError(f"{dead[0].name} exited with {dead[0].proc.returncode}:\n{dead[0].tail()}")
         if waiting[0] == "the processor":
-            try:
-                if httpx.get(f"http://127.0.0.1:{query_port}/health", timeout=1).json().get("ready"):
+            try:  # and owns every partition, restored: a run started before that waits for it
+                health = httpx.get(f"http://127.0.0.1:{query_port}/health", timeout=1).json()
+                if health.get("ready") and len(health.get("owned", [])) == partitions and not health.get("restoring"):
                     waiting.pop(0)
             except (httpx.HTTPError, ValueError):
                 pass
@@ -272,8 +273,8 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
                               f"child executor — logs in {work}", highlight=False)
                 # model_construct: the group id depends only on the queues (the children get a
                 # filtered environment, so this shell's RUNFOLD_WORKER_* must not matter here)
-                _wait_ready(query_port, children, [WorkerSettings.model_construct(queues=list(queues)).group_id(prefix),
-                                                   f"{prefix}-child-executor"], AdminClient(admin_config(settings)), 60)
+                groups = [WorkerSettings.model_construct(queues=list(queues)).group_id(prefix), f"{prefix}-child-executor"]
+                _wait_ready(query_port, partitions, children, groups, AdminClient(admin_config(settings)), 60)
                 roots = _start_runs(client)
                 board = follow_runs(client, settings, roots, children, console,
                                     max(timeout_s - (time.monotonic() - t0), 10), quiet)
