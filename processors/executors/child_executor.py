@@ -38,6 +38,7 @@ from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.exits import StopRequested, until_stopped
+from processors.runtime.fetch import connect_first
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
@@ -161,6 +162,7 @@ class ChildExecutor:
             port, host = self._metrics_at
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
+            connect_first(self.producer)
             try:
                 until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
             except StopRequested:

@@ -58,7 +58,9 @@ class DefinitionsReader:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
                                    f"(partitions {sorted(pending)} behind)")
-            for msg in self._consumer.consume(500, 0.2):
+            # wait for the first record only: consume(n, t) waits for n records or the whole t
+            first = self._consumer.poll(0.2)
+            for msg in [first, *self._consumer.consume(499, 0)] if first is not None else []:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

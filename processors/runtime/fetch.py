@@ -1,4 +1,5 @@
-"""Resuming a paused partition without waiting for librdkafka's next fetcher wake-up.
+"""Two librdkafka timers a client need not wait for: resuming a paused partition
+(`resume_now`), and initialising a transactional producer (`connect_first`).
 
 `Consumer.resume()` is served by the main thread, but the partition's fetches are sent by
 its leader's broker thread, which only looks at it again when something wakes it: with
@@ -28,3 +29,15 @@ def resume_now(consumer: Any, partitions: list[TopicPartition]) -> None:
                                            cached=False)
         except KafkaException:
             return
+
+
+def connect_first(producer: Any) -> None:
+    """Connect a new producer before `init_transactions`: called at once, init_transactions
+    finds no broker up yet ("No brokers available for Transactions") and retries its
+    coordinator query 500 ms later, so about every other one took 507 ms instead of ~55
+    (measured: 507, 507, 506 ms of 9 calls; with a metadata request first, 64-76 ms in 9 of 9).
+    Best effort: a cluster that does not answer is init_transactions' to report."""
+    try:
+        producer.list_topics(timeout=1.0)
+    except KafkaException:
+        return

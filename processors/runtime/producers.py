@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.runtime.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
+from processors.runtime.fetch import connect_first
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
@@ -85,6 +86,7 @@ class TxnProducers:
     def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
         s = self._settings
         producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self.on_error, slot)})
+        connect_first(producer)
         try:
             with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
                 # fences and aborts what an older one left open
