@@ -123,7 +123,10 @@ class PartitionReader:
             while follow or pending:
                 if deadline is not None and time.monotonic() > deadline:
                     raise RunfoldTimeout(f"reading {sorted(starts)} did not finish in time")
-                msgs = self._consumer.consume(_BATCH, timeout=0.2)
+                # wait for the first record only: consume(n, t) holds a partial batch back for the
+                # whole t, which a follower (runs watch, wait for a result) saw as +200 ms per event
+                first = self._consumer.poll(0.2)
+                msgs = [first, *self._consumer.consume(_BATCH - 1, timeout=0)] if first is not None else []
                 if not msgs and follow:
                     yield None
                 for msg in msgs:
