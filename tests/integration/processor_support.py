@@ -200,7 +200,8 @@ class Reader:
 
     def poll(self, timeout: float = 0.2) -> list[dict[str, Any]]:
         new = []
-        for m in self.consumer.consume(500, timeout):
+        first = self.consumer.poll(timeout)  # then what is buffered: consume(n, t) waits the whole t for n
+        for m in [first, *self.consumer.consume(499, 0)] if first is not None else []:
             if m.error() is not None:
                 continue
             rec = CODEC.decode(self.kind, m.value())
