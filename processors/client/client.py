@@ -39,6 +39,7 @@ from processors.client.errors import (
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
+from processors.runtime.fetch import connect_first
 from processors.runtime.partitioning import partition_for
 from schemas import Codec
 from topology.settings import KafkaSettings, load_settings, producer_config, topic_names
@@ -109,6 +110,7 @@ class RunClient:
             cfg["error_cb"] = self._broker_errors.append
             cfg["logger"] = KAFKA_LOGGER
             self._producer = Producer(cfg)
+            connect_first(self._producer)
         return self._producer
 
     def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]:

@@ -52,6 +52,7 @@ from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver
 from processors.executors.worker_group import WorkerGroup
 from processors.metrics_endpoint import CannotServe
+from processors.runtime.fetch import connect_first
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
@@ -152,6 +153,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             await self._fit_receipts_topic()
             if self.stopping:  # asked to stop while the cluster was not answering yet
                 return 0
+            connect_first(self.producer)  # the first receipt does not wait for a producer id
             self._subscribe()
             log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
                      self.group_id, self.worker.action_names(), self.metrics_port)

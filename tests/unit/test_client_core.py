@@ -172,6 +172,11 @@ class _ScriptedProducer:
     def flush(self, timeout: float) -> int:
         return len(self.callbacks)
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))  # as no broker at 127.0.0.1:1 would
+
 
 def test_a_send_that_gets_no_answer_leaves_its_producer_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     from processors.client import RunClient
