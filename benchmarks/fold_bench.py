@@ -8,13 +8,18 @@ transactions of `--batch` records, exactly as the loop does between `consume` an
 first pass (so the timed pass includes no receipt building) and replayed into a fresh
 store. Reports input records per CPU-second; `--profile` prints a cProfile summary.
 
-    .venv/bin/python benchmarks/fold_bench.py [--runs 2000] [--batch 500] [--repeat 1] [--profile]
+    .venv/bin/python benchmarks/fold_bench.py [--runs 2000] [--batch 500] [--repeat 1] [--profile] [--digest]
+
+`--digest` prints a sha256 over every output in produce order (topic, key, value, and the
+partition/headers arguments) and over the store's final contents (every key/value pair):
+the clock is fixed, so a change that keeps the outputs byte-identical keeps the digest.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import pstats
 import shutil
 import sys
@@ -44,12 +49,39 @@ DEFINITION = {
 class Sink:
     def __init__(self) -> None:
         self.out: list[tuple[str, bytes, bytes | None]] = []
+        self.extra: list[tuple[int | None, Any]] = []  # (partition, headers) per output
 
     def produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
-        self.out.append((topic, value, key))
-        cb = kw.get("on_delivery")
-        if cb is not None:
-            pass  # no delivery reports offline
+        self.out.append((topic, value, key))  # no delivery reports offline
+        self.extra.append((kw.get("partition"), kw.get("headers")))
+
+
+def _frame(h: Any, b: bytes | None) -> None:
+    """Length-prefixed, so concatenations cannot collide (None differs from b"")."""
+    if b is None:
+        h.update(b"\xff" * 8)
+    else:
+        h.update(len(b).to_bytes(8, "big"))
+        h.update(b)
+
+
+def digest(sink: Sink, store: PartitionStore) -> str:
+    """sha256 over every output in order and the store's final key/value pairs."""
+    h = hashlib.sha256()
+    for (topic, value, key), (partition, headers) in zip(sink.out, sink.extra, strict=True):
+        _frame(h, topic.encode())
+        _frame(h, key)
+        _frame(h, value)
+        _frame(h, None if partition is None else str(partition).encode())
+        _frame(h, None if headers is None else repr(headers).encode())
+    h.update(b"--store--")
+    it = store.db.iter()
+    it.seek_to_first()
+    while it.valid():
+        _frame(h, it.key())
+        _frame(h, it.value())
+        it.next()
+    return h.hexdigest()
 
 
 def make_folder(codec: Codec, topics: TopicNames, sink: Sink) -> Folder:
@@ -106,6 +138,7 @@ def main() -> None:
     ap.add_argument("--tune-gc", action="store_true", help="the processor's GC settings (runfold processor does this)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sort", default="tottime")
+    ap.add_argument("--digest", action="store_true", help="sha256 of the outputs and final store (byte-identity check)")
     args = ap.parse_args()
     codec = Codec.default()
     topics = TopicNames("bench")
@@ -118,6 +151,7 @@ def main() -> None:
             tune_gc()
         prof = cProfile.Profile() if args.profile else None
         cpu = wall = float("inf")
+        digests: set[str] = set()
         for n in range(args.repeat):  # each replay into a fresh store; the least CPU counts
             sink = Sink()
             folder = make_folder(codec, topics, sink)
@@ -132,6 +166,8 @@ def main() -> None:
                 prof.disable()
             wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
             succeeded = store.stats.get("status.succeeded", 0)
+            if args.digest:
+                digests.add(digest(sink, store))
             store.close()
         if prof:
             pstats.Stats(prof, stream=sys.stderr).sort_stats(args.sort).print_stats(35)
@@ -139,6 +175,7 @@ def main() -> None:
             "bench": "fold_offline", "runs": args.runs, "repeat": args.repeat, "tune_gc": args.tune_gc, "succeeded": succeeded, "input_records": len(stream),
             "outputs": len(sink.out), "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
             "records_per_cpu_s": round(len(stream) / cpu), "us_per_record_cpu": round(1e6 * cpu / len(stream), 1),
+            **({"digest": digests.pop() if len(digests) == 1 else sorted(digests)} if args.digest else {}),
         }).decode())  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
