@@ -47,13 +47,15 @@ DEFINITION = {
 
 
 class Sink:
-    def __init__(self) -> None:
+    def __init__(self, digest: bool = False) -> None:
         self.out: list[tuple[str, bytes, bytes | None]] = []
-        self.extra: list[tuple[int | None, Any]] = []  # (partition, headers) per output
+        # (partition, headers) per output, only for --digest: timed runs keep what they always kept
+        self.extra: list[tuple[int | None, Any]] | None = [] if digest else None
 
     def produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
         self.out.append((topic, value, key))  # no delivery reports offline
-        self.extra.append((kw.get("partition"), kw.get("headers")))
+        if self.extra is not None:
+            self.extra.append((kw.get("partition"), kw.get("headers")))
 
 
 def _frame(h: Any, b: bytes | None) -> None:
@@ -68,6 +70,7 @@ def _frame(h: Any, b: bytes | None) -> None:
 def digest(sink: Sink, store: PartitionStore) -> str:
     """sha256 over every output in order and the store's final key/value pairs."""
     h = hashlib.sha256()
+    assert sink.extra is not None
     for (topic, value, key), (partition, headers) in zip(sink.out, sink.extra, strict=True):
         _frame(h, topic.encode())
         _frame(h, key)
@@ -153,7 +156,7 @@ def main() -> None:
         cpu = wall = float("inf")
         digests: set[str] = set()
         for n in range(args.repeat):  # each replay into a fresh store; the least CPU counts
-            sink = Sink()
+            sink = Sink(args.digest)
             folder = make_folder(codec, topics, sink)
             store = PartitionStore(root / f"replay{n}", 0)
             w0, c0 = time.perf_counter(), time.process_time()
