@@ -24,12 +24,15 @@ RunState = dict[str, Any]
 
 
 class PartitionOverlay:
-    __slots__ = ("dumped", "event_ts", "events", "min_new_due", "purged", "purges", "states", "stats", "store",
-                 "timer_dels", "timer_puts", "unpurges")
+    __slots__ = ("absent", "dumped", "event_ts", "events", "min_new_due", "purged", "purges", "states", "stats",
+                 "store", "timer_dels", "timer_puts", "unpurges")
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
         self.states: dict[str, RunState | None] = {}
+        # Runs the store has no state for: a new run's state is read twice (the purged-id
+        # check, then the decision), and the store does not change until this overlay is written.
+        self.absent: set[str] = set()
         self.event_ts: dict[str, int] = {}  # run_id -> ts_ms of its last event in this transaction
         self.dumped: dict[str, bytes] = {}  # run_id -> dump_state bytes, filled at commit time
         self.events: list[tuple[bytes, bytes]] = []  # (event key, Avro bytes)
@@ -48,9 +51,11 @@ class PartitionOverlay:
             return self.states[run_id]
         cache = self.store.cache
         state = cache.get(run_id)
-        if state is None:
+        if state is None and run_id not in self.absent:
             raw = self.store.state_bytes(run_id)
-            if raw is not None:
+            if raw is None:
+                self.absent.add(run_id)
+            else:
                 state = load(raw)
                 cache[run_id] = state
         return state
