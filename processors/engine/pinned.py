@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 
 from processors.engine.catalog import Bundle
@@ -22,11 +23,15 @@ _CACHE_MAX = 256
 class Pinned:
     """A run's bundle with its root definition and compiled JSON Schemas."""
 
-    __slots__ = ("_children", "_validators", "bundle", "root")
+    __slots__ = ("_canonical", "_children", "_validators", "bundle", "json", "root")
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
         self.root: Definition = bundle.definition()
+        # The bundle JSON a RunAccepted carries: one object for every run started from this pin,
+        # so its canonical bytes (most of a small run's state) are computed once, not per snapshot.
+        self.json: dict[str, Any] = bundle.to_json()
+        self._canonical: orjson.Fragment | None = None
         self._validators: dict[str, Draft202012Validator | None] = {}
         self._children: dict[str, dict[str, Any]] = {}
 
@@ -76,6 +81,17 @@ def remember(bundle: Bundle) -> Pinned:
         if len(_CACHE) > _CACHE_MAX:
             _CACHE.popitem(last=False)
     return found
+
+
+def canonical_bundle(bundle_json: Any, bundle_hash: Any) -> orjson.Fragment | None:
+    """`dump_state`'s bytes of a state's bundle, if it is the very object a cached pin handed
+    out (`Pinned.json`, never mutated, like every state value); None: serialize it as usual."""
+    found = _CACHE.get(bundle_hash) if type(bundle_hash) is str else None
+    if found is None or found.json is not bundle_json:
+        return None
+    if found._canonical is None:
+        found._canonical = orjson.Fragment(orjson.dumps(bundle_json, option=orjson.OPT_SORT_KEYS))
+    return found._canonical
 
 
 def root_definition(bundle_json: dict[str, Any], bundle_hash: str) -> Definition:

@@ -87,7 +87,7 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     em = Emitter(None, msg, ctx)
     em.emit(
         "RunAccepted", definition_id=definition.id, revision=definition.revision,
-        bundle_hash=pinned.bundle.hash, bundle=pinned.bundle.to_json(), input=run_input, parent=parent,
+        bundle_hash=pinned.bundle.hash, bundle=pinned.json, input=run_input, parent=parent,
         budgets=limits, labels=dict(msg.get("labels") or {}),
     )  # fmt: skip
     em.emit("RunStarted", superstep=1)

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from processors.engine.pinned import canonical_bundle
+
 RunState = dict[str, Any]
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -24,7 +26,11 @@ _DUMP_OPTIONS = orjson.OPT_SORT_KEYS
 
 
 def dump_state(state: RunState) -> bytes:
-    """Canonical bytes: orjson with sorted keys (the RocksDB value and the snapshot body)."""
+    """Canonical bytes: orjson with sorted keys (the RocksDB value and the snapshot body). The
+    pinned bundle's part is serialized once per pin (`canonical_bundle`): the same bytes."""
+    bundle = canonical_bundle(state.get("bundle"), state.get("bundle_hash"))
+    if bundle is not None:
+        state = {**state, "bundle": bundle}
     return orjson.dumps(state, option=_DUMP_OPTIONS)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
+import orjson
 from engine_harness import RunHarness, definition
 
-from processors.engine import Ceilings, evolve
+from processors.engine import Ceilings, dump_state, evolve
 from processors.engine.catalog import Catalog
 
 ACTION = {"kind": "action", "action": "do", "writes": {"out": {"from": "output"}}}
@@ -118,3 +121,15 @@ def test_malformed_messages_are_dropped_with_a_reason() -> None:
     assert h.last.dropped == "unknown message type 'Bogus'"
     h.send({"type": "ActivationCompleted", "node": "a"})
     assert h.last.dropped is not None and "lineage" in h.last.dropped
+
+
+def test_state_bytes_of_a_shared_bundle_are_the_plain_canonical_bytes() -> None:
+    h = RunHarness(simple()).start({"topic": "kafka"})
+    state = h.state
+    assert state is not None
+    plain = orjson.dumps(state, option=orjson.OPT_SORT_KEYS)
+    assert dump_state(state) == plain and dump_state(state) == plain  # computed, then cached
+    # a bundle that is not the pin's own object (a decoded snapshot, a restored run) is dumped as is
+    other = {**state, "bundle": copy.deepcopy(state["bundle"])}
+    other["bundle"]["root"] = "tampered@1"
+    assert dump_state(other) == orjson.dumps(other, option=orjson.OPT_SORT_KEYS) != plain
