@@ -83,7 +83,9 @@ class PartitionOverlay:
         timer_id = str(body["timer_id"])
         rkey = timer_ref_key(run_id, timer_id)
         tkey = timer_key(due, run_id, timer_id)
-        stored = self._stored_tkey(rkey)
+        # A run the store has no state for has no stored timers either (its timers are only
+        # ever written with its state, and purged with it): a new run's timer needs no read.
+        stored = None if run_id in self.absent else self._stored_tkey(rkey)
         if stored is not None and stored != tkey:
             self.timer_dels[rkey] = stored
         self.timer_puts[rkey] = (tkey, encoded)
