@@ -8,9 +8,8 @@ pointer; `{"from": "literal", "value": {...}}` is how a literal object that itse
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -54,10 +53,10 @@ class _Absent:
 ABSENT: Final = _Absent()
 
 
-@dataclass(frozen=True, slots=True)
-class Scope:
+class Scope(NamedTuple):
     """What references can read. Leave out what does not exist here: e.g. `item` outside
-    a mapped node, `output` before a step finished, `signal` outside a wait node."""
+    a mapped node, `output` before a step finished, `signal` outside a wait node. (Immutable
+    like a frozen dataclass, but built in a third of the time: one or two per input record.)"""
 
     input: Any = ABSENT
     state: Any = ABSENT
