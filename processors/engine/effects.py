@@ -66,9 +66,9 @@ def effects(state: RunState | None, event: Event) -> Effects:
         }])  # fmt: skip
     if etype in RUN_STOPPING:
         wall = state["wall"]
-        return Effects(
-            clear_timers=[wall_timer_id(state["run_id"], wall["epoch"])] if wall["due_ms"] is not None else []
-        )
+        if wall["due_ms"] is None:
+            return NONE
+        return Effects(clear_timers=[wall_timer_id(state["run_id"], wall["epoch"])])
     return NONE
 
 
@@ -178,4 +178,6 @@ def _settled(state: RunState, event: Event) -> Effects:
         )
         message["reason"] = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
         messages.append(message)
-    return Effects(messages=messages, set_timers=[], clear_timers=clear)
+    if not messages and not clear:  # most settlements: no timer armed, nothing in flight
+        return NONE
+    return Effects(messages=messages, clear_timers=clear)
