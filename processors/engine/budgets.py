@@ -8,6 +8,7 @@ budget continues (docs/semantics.md, "Budgets").
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from processors.engine.definition import LIMIT_DIMENSIONS, Budgets, Ceilings
@@ -55,14 +56,10 @@ def effective_budgets(
     """The limits a run gets, or (None, reason). At start, overrides may only lower the
     definition's limits (`may_raise=False`); at resume they may raise them. Never above a
     server ceiling: exceeding one rejects, it does not clamp."""
-    base = definition_budgets.limits()
-    for name, value in base.items():
-        if value > getattr(ceilings, name):
-            return (
-                None,
-                f"definition exceeds server workflow budget ceilings: {name} {value} > {getattr(ceilings, name)}",
-            )
-    out = ceilings.effective(definition_budgets)
+    base, reason = _definition_limits(definition_budgets, ceilings)
+    if base is None:
+        return None, reason
+    out = dict(base)
     if overrides is None:
         return out, ""
     if not isinstance(overrides, dict):
@@ -87,6 +84,19 @@ def effective_budgets(
             )
         out[name] = value
     return out, ""
+
+
+@lru_cache(maxsize=256)
+def _definition_limits(definition_budgets: Budgets, ceilings: Ceilings) -> tuple[dict[str, int] | None, str]:
+    """A definition's limits under the server ceilings, or (None, reason). Both are immutable,
+    so this is worked out once per pair, not at every start (callers copy the dict)."""
+    for name, value in definition_budgets.limits().items():
+        if value > getattr(ceilings, name):
+            return (
+                None,
+                f"definition exceeds server workflow budget ceilings: {name} {value} > {getattr(ceilings, name)}",
+            )
+    return ceilings.effective(definition_budgets), ""
 
 
 def fits(state: RunState, dimension: str, amount: int) -> bool:
