@@ -76,7 +76,7 @@ class PartitionOverlay:
     def _stored_tkey(self, rkey: bytes) -> bytes | None:
         if rkey in self.timer_dels:
             return self.timer_dels[rkey]
-        return self.store.get(rkey)
+        return self.store.timer_ref(rkey)
 
     def set_timer(self, run_id: str, body: dict[str, Any], encoded: bytes) -> None:
         due = int(body["due_ms"])
@@ -162,6 +162,10 @@ class PartitionOverlay:
     def write(self, applied_offset: int | None) -> None:
         """Write this overlay to the store (only after the transaction committed)."""
         states = {run_id: self.states[run_id] for run_id in self.dumped}
+        # what to_batch leaves each timer reference pointing to (a put after a delete wins)
+        refs: dict[bytes, bytes | None] = dict.fromkeys(self.timer_dels)
+        for rkey, (tkey, _) in self.timer_puts.items():
+            refs[rkey] = tkey
         self.store.write(self.to_batch(), states, self.min_new_due, bool(self.timer_dels),
                          applied_offset, self.stats, min((p[0] for p in self.purges), default=None),
-                         self.purged)
+                         self.purged, refs)

@@ -41,6 +41,10 @@ _SEP = b"\x1f"
 # runs cost ~500 MiB of Python objects (~5 KiB a state; a 3-step run's JSON is ~3.3 KB).
 STATE_CACHE_RUNS = 5_000
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# Timer references written recently, per partition: clearing or re-arming a timer needs the
+# t-key it points to, and a RocksDB read of one costs ~10 us (most timers are cleared within
+# a few transactions of being armed). ~150 bytes an entry.
+TIMER_REF_CACHE = 20_000
 # RocksDB memory is bounded per process, not per partition: one LRU block cache shared by
 # every store and small memtables (a store holds one partition's runs; writes are one batch
 # per transaction, so large memtables buy nothing).
@@ -111,6 +115,9 @@ class PartitionStore:
         # load_state per record. Engine states are never mutated in place, so sharing the
         # objects is safe.
         self.cache: dict[str, Any] = {}
+        # r-key -> t-key (None: deleted) as the last writes left them, oldest first: exactly
+        # what the database holds for these keys (only `write` changes either).
+        self.timer_refs: dict[bytes, bytes | None] = {}
         raw = self._db.get(OFFSET_KEY)
         self.applied_offset: int = int.from_bytes(raw, "big", signed=True) if raw else NO_OFFSET
         stats = self._db.get(STATS_KEY)
@@ -131,6 +138,12 @@ class PartitionStore:
         with self._lock:
             value: bytes | None = self.db.get(key)
             return value
+
+    def timer_ref(self, rkey: bytes) -> bytes | None:
+        """The t-key a timer reference (`timer_ref_key`) points to, None if there is no such
+        timer: from memory when it was written recently (loop thread only)."""
+        refs = self.timer_refs
+        return refs[rkey] if rkey in refs else self.get(rkey)
 
     def state_bytes(self, run_id: str) -> bytes | None:
         return self.get(state_key(run_id))
@@ -259,6 +272,7 @@ class PartitionStore:
                 while it.valid() and it.key().startswith(ref):
                     batch.delete(it.value())  # the t-key
                     batch.delete(it.key())
+                    self.timer_refs[it.key()] = None
                     it.next()
             batch.delete(state_key(run_id))
             batch.delete(xkey)
@@ -266,20 +280,35 @@ class PartitionStore:
 
     def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
               timers_deleted: bool, applied_offset: int | None, stats: dict[str, int],
-              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str | None]] | None = None) -> None:
+              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str | None]] | None = None,
+              timer_refs: dict[bytes, bytes | None] | None = None) -> None:
         """Apply one committed transaction's changes (`batch` holds every key but the
-        deletions of `purged` runs, added here)."""
-        if purged:
-            self._purge_into(batch, purged)
-        if applied_offset is not None and applied_offset > self.applied_offset:
-            batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
-            self.applied_offset = applied_offset
-        if stats:
-            for name, value in stats.items():
-                self.stats[name] = self.stats.get(name, 0) + value
-            batch.put(STATS_KEY, orjson.dumps(self.stats))
-        with self._lock:
-            self.db.write(batch)
+        deletions of `purged` runs, added here; `timer_refs`: the timer references it puts,
+        r-key -> t-key, or deletes, r-key -> None)."""
+        refs = self.timer_refs
+        try:
+            if timer_refs:
+                for rkey, tkey in timer_refs.items():
+                    refs.pop(rkey, None)  # re-inserted: insertion order is write order
+                    refs[rkey] = tkey
+            if purged:
+                self._purge_into(batch, purged)  # after: its deletions come last in the batch too
+            if applied_offset is not None and applied_offset > self.applied_offset:
+                batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
+                self.applied_offset = applied_offset
+            if stats:
+                for name, value in stats.items():
+                    self.stats[name] = self.stats.get(name, 0) + value
+                batch.put(STATS_KEY, orjson.dumps(self.stats))
+            with self._lock:
+                self.db.write(batch)
+        except BaseException:
+            refs.clear()  # maybe not written: what they say may not be in the database
+            raise
+        excess = len(refs) - TIMER_REF_CACHE
+        if excess > 0:
+            for rkey in list(itertools.islice(refs, excess + TIMER_REF_CACHE // 10)):
+                del refs[rkey]
         self._cache_states(states)
         if (timers_deleted or purged) and self.next_due_ms is not None:
             # The earliest timer may be gone; re-seek from the old bound (skips only the
@@ -302,6 +331,7 @@ class PartitionStore:
                 self._db.close()
                 self._db = None
         self.cache.clear()
+        self.timer_refs.clear()
 
     @property
     def closed(self) -> bool:

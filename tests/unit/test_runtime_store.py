@@ -167,3 +167,34 @@ def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_one
     none.write(WriteBatch(raw_mode=True), {"a": {"run_id": "a", "status": "running"}}, None, False, None, {})
     assert none.cache == {}
     none.close()
+
+
+def test_recently_written_timer_references_agree_with_the_database(store: PartitionStore, monkeypatch) -> None:
+    import processors.runtime.store as store_module
+
+    monkeypatch.setattr(store_module, "TIMER_REF_CACHE", 3)  # evictions happen too
+    refs = [timer_ref_key(f"r{i}", "t") for i in range(5)]
+
+    def agree() -> None:
+        for rkey in refs:
+            assert store.timer_ref(rkey) == store.get(rkey)
+
+    for due in (100, 200):  # arm, then move every timer (the old t-keys go)
+        ov = PartitionOverlay(store)
+        for i in range(5):
+            ov.set_timer(f"r{i}", *_timer(f"r{i}", "t", due + i))
+        ov.write(None)
+        agree()
+        assert store.pending_timers() == 5 and len(store.timer_refs) <= 3
+    ov = PartitionOverlay(store)
+    ov.clear_timer("r4", "t")  # cleared and re-armed in one transaction: the put wins
+    ov.set_timer("r4", *_timer("r4", "t", 900))
+    ov.clear_timer("r3", "t")
+    ov.write(None)
+    agree()
+    assert store.timer_ref(refs[3]) is None and store.timer_ref(refs[4]) is not None
+    ov = PartitionOverlay(store)  # a purge deletes the run's timers with it
+    ov.purge(b"x" + (0).to_bytes(8, "big") + b"r4", "r4", "succeeded")
+    ov.write(None)
+    agree()
+    assert store.timer_ref(refs[4]) is None and store.pending_timers() == 3
