@@ -43,7 +43,7 @@ STATE_CACHE_RUNS = 5_000
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Timer references written recently, per partition: clearing or re-arming a timer needs the
 # t-key it points to, and a RocksDB read of one costs ~10 us (most timers are cleared within
-# a few transactions of being armed). ~150 bytes an entry.
+# a few transactions of being armed). ~240 bytes an entry (~5 MB per partition when full).
 TIMER_REF_CACHE = 20_000
 # RocksDB memory is bounded per process, not per partition: one LRU block cache shared by
 # every store and small memtables (a store holds one partition's runs; writes are one batch
