@@ -28,10 +28,10 @@ from processors.runtime.fetch import resume_now
 from topology.settings import KafkaSettings, admin_config, consumer_config, producer_config
 
 
-def _round(settings: KafkaSettings, wake: bool, gap_s: float) -> float:
+def _round(settings: KafkaSettings, wake: bool, gap_s: float, partitions: int) -> float:
     topic = f"rb{uuid.uuid4().hex[:8]}.input"
     admin = AdminClient(admin_config(settings))
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     try:
         consumer = Consumer(consumer_config(settings, f"{topic}-group", read_committed=True))
         assigned: list[TopicPartition] = []
@@ -74,11 +74,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gap", type=float, default=50.0, help="ms between resume and the produce")
+    ap.add_argument("--partitions", type=int, default=2, help="partitions resumed at once (>= 2; > 2 as the worker)")
     args = ap.parse_args()
     settings = KafkaSettings()
-    out: dict[str, Any] = {"bench": "resume", "rounds": args.rounds, "gap_ms": args.gap}
+    out: dict[str, Any] = {"bench": "resume", "rounds": args.rounds, "gap_ms": args.gap, "partitions": args.partitions}
     for name, wake in (("resume", False), ("resume_now", True)):
-        ms = [_round(settings, wake, args.gap / 1000) for _ in range(args.rounds)]
+        ms = [_round(settings, wake, args.gap / 1000, max(2, args.partitions)) for _ in range(args.rounds)]
         out[name] = {"median_ms": round(statistics.median(ms), 1), "max_ms": round(max(ms), 1),
                      "all_ms": [round(x, 1) for x in ms]}
     print(orjson.dumps(out).decode())

@@ -37,6 +37,9 @@ def _print_verify(report: VerifyReport) -> None:
                   f"({report.events_per_s:,.0f} events/s)", highlight=False)
     if report.undecodable:
         console.print(f"[yellow]{report.undecodable} undecodable record(s) skipped[/]")
+    if report.expired:
+        console.print(f"{report.expired} finished run(s) not verifiable: run-events retention deleted their "
+                      "beginning", highlight=False)
     if report.differences:
         table = Table("run id", "kind", "snapshot seq", "folded seq", "expected digest", "actual digest", "detail")
         for d in report.differences:

@@ -110,7 +110,7 @@ class RunClient:
             cfg["error_cb"] = self._broker_errors.append
             cfg["logger"] = KAFKA_LOGGER
             self._producer = Producer(cfg)
-            connect_first(self._producer)
+            connect_first(self._producer, self.topics.commands)
         return self._producer
 
     def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.exits import StopRequested, until_stopped
+from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
 from processors.runtime.fetch import connect_first
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
@@ -162,17 +162,18 @@ class ChildExecutor:
             port, host = self._metrics_at
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
-            connect_first(self.producer)
+            connect_first(self.producer, self.names.commands)
             try:
                 until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
             except StopRequested:
                 log.info("child executor stopped during start-up")
                 return 0
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError._TIMED_OUT or cluster_answers(self.consumer, 5.0):
+                err = exc.args[0]
+                if err.code() not in KEEP_WAITING or cluster_answers(self.consumer, 5.0):
                     raise
                 log.error("child executor stopped: %s", cannot_reach(
-                    self.kafka.bootstrap_servers, f"init_transactions timed out after {TXN_TIMEOUT_S:g} s"))
+                    self.kafka.bootstrap_servers, f"init_transactions: {err.str()}, after {TXN_TIMEOUT_S:g} s"))
                 return 1
             self.consumer.subscribe([self.names.child_activations, self.names.run_events],
                                     on_assign=self._own, on_revoke=self._forget_parents, on_lost=self._forget_parents)

@@ -153,7 +153,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             await self._fit_receipts_topic()
             if self.stopping:  # asked to stop while the cluster was not answering yet
                 return 0
-            connect_first(self.producer)  # the first receipt does not wait for a producer id
+            connect_first(self.producer, self.names.receipts)  # the first receipt does not wait for a producer id
             self._subscribe()
             log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
                      self.group_id, self.worker.action_names(), self.metrics_port)

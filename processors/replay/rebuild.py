@@ -131,6 +131,7 @@ def _rebuild_partitions(reader: PartitionReader, folder: Folder, root: Path, wan
                 report.undecodable += 1
             except EventBeforeStart as e:  # as the processor's restore does (assignment.py)
                 report.runs_before_log_start.add(e.run_id)
+                t.overlay.lost.add(e.run_id)
             t.last_offset = msg.offset()
             t.pending += 1
             if t.pending >= _CHUNK:

@@ -56,6 +56,7 @@ class VerifyReport:
     rejected: int = 0
     snapshots: int = 0
     purged: int = 0  # finished runs whose snapshot was tombstoned after their retention
+    expired: int = 0  # finished runs whose beginning run-events retention deleted (not verifiable)
     undecodable: int = 0
     seconds: float = 0.0
     differences: list[Difference] = field(default_factory=list)
@@ -70,7 +71,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "runs": self.runs, "runs_checked": self.runs_checked, "events": self.events,
-                "rejected": self.rejected, "snapshots": self.snapshots, "purged": self.purged,
+                "rejected": self.rejected, "snapshots": self.snapshots, "purged": self.purged, "expired": self.expired,
                 "undecodable": self.undecodable,
                 "seconds": round(self.seconds, 3), "events_per_s": round(self.events_per_s, 1),
                 "differences": [asdict(d) for d in self.differences]}
@@ -143,6 +144,7 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
         states: dict[str, Any] = {}
         last_seq: dict[str, int] = {}
         failed: set[str] = set()  # runs with a difference already: one report per run
+        lost: dict[str, str] = {}  # runs whose RunAccepted the log no longer holds -> what was seen first
         checked: set[str] = set()
         topic = topics.run_events
         total = _end_total(reader, topic)
@@ -169,11 +171,11 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
             if seq == 0:
                 report.rejected += 1
             elif run_id not in states and ev["type"] != "RunAccepted":
-                # The log starts after this run's RunAccepted: nothing of it can be folded.
+                # The log starts after this run's RunAccepted: nothing of it can be folded. Whether
+                # that matters depends on its snapshot (a finished run lost nothing): decided below.
                 if run_id not in failed:
-                    differ(run_id, "beginning_not_in_log", folded_sequence=0, detail=(
-                        f"its first event in the log is sequence {seq} ({ev['type']}, offset {msg.offset()}): "
-                        "run-events retention deleted its beginning, so it cannot be verified"))
+                    failed.add(run_id)
+                    lost[run_id] = f"sequence {seq} ({ev['type']}, offset {msg.offset()})"
                 last_seq[run_id] = seq
                 continue
             elif run_id not in failed and seq != last_seq.get(run_id, 0) + 1:
@@ -203,6 +205,14 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
                            detail=f"snapshot says {snap.status}, fold says {run_status(state)}")
         if progress is not None:
             progress(n, max(total, n))
+        for run_id, first in lost.items():
+            snap = snaps.get(run_id)
+            if snap is None or snap.status in _FINISHED:
+                report.expired += 1  # finished (or purged) before its events expired: nothing lost
+            else:
+                differ(run_id, "beginning_not_in_log", snapshot_sequence=snap.sequence, folded_sequence=0, detail=(
+                    f"a {snap.status} run whose first event in the log is {first}: run-events retention "
+                    "deleted its beginning, so it cannot be verified nor restored"))
         for run_id, snap in snaps.items():
             if run_id in checked or run_id in failed:
                 continue

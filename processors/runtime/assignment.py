@@ -219,6 +219,7 @@ class Partitions:
             ov = overlays.get(p)
             if ov is None:
                 ov = overlays[p] = PartitionOverlay(self._stores[p])
+            restored = True
             try:
                 self._folder.fold_committed(ov, msg.value())
             except DecodeError as e:
@@ -228,14 +229,17 @@ class Partitions:
             except EventBeforeStart as e:
                 # The log starts after this run's RunAccepted (run_events_retention_ms shorter than
                 # the run): it cannot be rebuilt. Skip its events rather than stop for good: every
-                # restart would stop here again. Said at `partition ready`.
+                # restart would stop here again. Its id stays taken; said at `partition ready`.
                 r.before_start.add(e.run_id)
+                ov.lost.add(e.run_id)
                 self._metrics.events_before_start.inc()
+                restored = False
             if r.first_offset == NO_OFFSET:
                 r.first_offset = msg.offset()
             r.last_offset = msg.offset()
-            r.events += 1
-            folded += 1
+            if restored:
+                r.events += 1
+                folded += 1
         for p, ov in overlays.items():
             Folder.dump_all(ov)
             ov.write(self.restoring[p].last_offset)
@@ -279,10 +283,13 @@ class Partitions:
                 "partition": p, "restored_events": r.events, "from_offset": r.start_offset,
                 "restore_ms": round((time.monotonic() - r.started) * 1000, 1)})
             if r.before_start:
-                self._log.error(
+                # Mostly runs long finished (and purged): harmless. A run still live is lost, which
+                # its snapshot (not terminal) shows; the processor cannot tell the two apart here.
+                self._log.warning(
                     "runs not restored: the run-events log no longer holds their beginning (its retention "
-                    "deleted their RunAccepted); their receipts will be dropped as stale and their state "
-                    "snapshots stay as they were. Keep run_events_retention_ms longer than any run lives",
+                    "deleted their RunAccepted); their ids stay taken, their receipts are dropped as stale "
+                    "and their state snapshots stay as they were. Finished runs lose nothing; keep "
+                    "run_events_retention_ms longer than any run lives",
                     extra={"partition": p, "runs": len(r.before_start), "some": sorted(r.before_start)[:5]})
         if done:
             self._metrics.partitions_restoring.set(len(self.restoring))

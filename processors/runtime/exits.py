@@ -37,7 +37,7 @@ class StopRequested(Exception):
 # A start-up call waits this long at most before the stop request is looked at again. The
 # signal handler itself only runs between two calls: librdkafka holds the main thread meanwhile.
 _SLICE_S = 1.0
-_KEEP_WAITING = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+KEEP_WAITING = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
                            KafkaError._WAIT_COORD, KafkaError.COORDINATOR_NOT_AVAILABLE})
 
 
@@ -58,7 +58,7 @@ def until_stopped(call: Callable[[float], T], stop: threading.Event, timeout_s: 
             return call(max(0.05, min(_SLICE_S, deadline - began)))
         except KafkaException as e:
             err = e.args[0]
-            if not (err.retriable() or err.code() in _KEEP_WAITING):
+            if not (err.retriable() or err.code() in KEEP_WAITING):
                 raise
             if err.code() != KafkaError._TIMED_OUT:
                 telling = e

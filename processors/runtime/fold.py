@@ -23,6 +23,7 @@ from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
 from processors.runtime import deadletter
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 
@@ -161,9 +162,11 @@ class Folder:
         if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
             status = overlay.store.purged_status(run_id)
             if status is not None:  # the engine would see a new run: the id would be reused
+                why = ("began before the start of the run-events log (its retention deleted the beginning), so "
+                       "the processor could not restore it" if status == LOST_STATUS.decode() else
+                       f"already ran ({status}) and was purged from the processor's store after its retention")
                 self._reject(overlay, counters, partition, key, run_id, rejection(
-                    msg, "Conflict", f"run {run_id} already ran ({status}) and was purged from the processor's "
-                    "store after its retention; run ids are not reused"))
+                    msg, "Conflict", f"run {run_id} {why}; run ids are not reused"))
                 return
         try:
             outputs = self._decide(overlay, counters, msg, run_id)

@@ -13,9 +13,11 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from processors.runtime.store import (
+    LOST_STATUS,
     PartitionStore,
     event_prefix,
     purge_key,
+    purged_key,
     timer_key,
     timer_ref_key,
 )
@@ -24,8 +26,8 @@ RunState = dict[str, Any]
 
 
 class PartitionOverlay:
-    __slots__ = ("absent", "dumped", "event_ts", "events", "min_new_due", "purged", "purges", "states", "stats",
-                 "store", "timer_dels", "timer_puts", "unpurges")
+    __slots__ = ("absent", "dumped", "event_ts", "events", "lost", "min_new_due", "purged", "purges", "states",
+                 "stats", "store", "timer_dels", "timer_puts", "unpurges")
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
@@ -42,6 +44,7 @@ class PartitionOverlay:
         self.purges: list[tuple[int, str, str, int]] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
         self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
+        self.lost: set[str] = set()  # runs whose beginning the log no longer holds: their ids stay taken
         self.stats: dict[str, int] = {}
 
     # ---- run states ------------------------------------------------------------------------
@@ -139,7 +142,7 @@ class PartitionOverlay:
     # ---- commit ----------------------------------------------------------------------------
     def is_empty(self) -> bool:
         return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats
-                    or self.purges or self.purged or self.unpurges)
+                    or self.purges or self.purged or self.unpurges or self.lost)
 
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -157,6 +160,8 @@ class PartitionOverlay:
             batch.delete(xkey)
         for purge_ms, run_id, status, finished_ms in self.purges:
             batch.put(purge_key(purge_ms, run_id), f"{status} {finished_ms}".encode())
+        for run_id in self.lost:  # as a purged run's marker: a StartRun of the id is refused
+            batch.put(purged_key(run_id), LOST_STATUS)
         return batch
 
     def write(self, applied_offset: int | None) -> None:

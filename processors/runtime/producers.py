@@ -86,7 +86,7 @@ class TxnProducers:
     def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
         s = self._settings
         producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self.on_error, slot)})
-        connect_first(producer)
+        connect_first(producer, s.topics.run_events)
         try:
             with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
                 # fences and aborts what an older one left open

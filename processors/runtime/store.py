@@ -91,6 +91,11 @@ def purged_key(run_id: str) -> bytes:
     return b"g" + run_id.encode()
 
 
+# A purged marker's value for a run a restore could not rebuild: the run-events log no longer
+# held its RunAccepted (assignment.py). Its id stays taken like a purged run's.
+LOST_STATUS = b"lost"
+
+
 def purge_key(purge_ms: int, run_id: str) -> bytes:
     return b"x" + max(purge_ms, 0).to_bytes(8, "big") + run_id.encode()
 

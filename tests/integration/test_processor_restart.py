@@ -174,10 +174,11 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
     settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """run_events_retention_ms shorter than a run: a lost store is rebuilt from a log that no
-    longer holds a run's RunAccepted. That run is skipped (counted, said); the others restore and
-    finish; restore progress counts from the first event read; replay verify and rebuild name the
-    run instead of crashing. Before, the restore stopped the processor at the first such event,
-    and again on every restart."""
+    longer holds some runs' RunAccepted. Those runs are skipped (counted, said) and their ids stay
+    taken; the others restore and finish; restore progress counts from the first event read;
+    replay verify fails only for the run still open (a finished one lost nothing) and rebuild
+    names both. Before, the restore stopped the processor at the first such event, and again on
+    every restart."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
@@ -188,20 +189,33 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
 
     events = Reader(settings, [settings.topics.run_events], "run_events")
     cmd = Commands(settings)
+    finished, p_finished = "lr-done", partition_for("lr-done", settings.partitions)
     runs = [f"lr-{i}" for i in range(8)]
+    assert any(partition_for(r, settings.partitions) != p_finished for r in runs)
     with running(settings):
+        with Responder(settings, complete_all):
+            cmd.start(finished, "three")
+            cmd.flush()
+            events.wait_for(lambda evs: terminal_of(evs, finished), what="the first run finished")
         for r in runs:
             cmd.start(r, "three")
         cmd.flush()
         events.wait_for(lambda evs: all(any(e["run_id"] == r and e["type"] == "RunStarted" for e in evs)
                                         for r in runs), what="every run started")
-    # Retention deletes the first record of one partition: the RunAccepted of its oldest run.
-    oldest = min(events.records, key=lambda e: (e["_partition"], e["_offset"]))
-    assert oldest["type"] == "RunAccepted"
-    lost, p, log_start = oldest["run_id"], oldest["_partition"], oldest["_offset"] + 1
+
+    def accepted(run_id: str) -> dict:
+        [ev] = [e for e in events.records if e["run_id"] == run_id and e["type"] == "RunAccepted"]
+        return ev
+
+    # Retention deletes the RunAccepted of the finished run, and that of the oldest open run of the
+    # other partition (nothing comes before it there).
+    open_lost = min((accepted(r) for r in runs if partition_for(r, settings.partitions) != p_finished),
+                    key=lambda e: e["_offset"])["run_id"]  # fmt: skip
+    p_open = partition_for(open_lost, settings.partitions)
+    cuts = {p_finished: accepted(finished)["_offset"] + 1, p_open: accepted(open_lost)["_offset"] + 1}
     admin = AdminClient(admin_config(settings))
-    [done] = admin.delete_records([TopicPartition(settings.topics.run_events, p, log_start)]).values()
-    assert done.result(30).low_watermark == log_start
+    deleted = admin.delete_records([TopicPartition(settings.topics.run_events, q, o) for q, o in cuts.items()])
+    assert sorted(f.result(30).low_watermark for f in deleted.values()) == sorted(cuts.values())
     shutil.rmtree(settings.state_dir)
 
     first_read: dict[int, int] = {}
@@ -215,15 +229,25 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
 
     monkeypatch.setattr(Partitions, "_finish_caught_up", noting_first_offsets)
     with running(settings) as pt, Responder(settings, complete_all):
-        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs if r != lost), timeout=60,
+        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs if r != open_lost), timeout=60,
                         what="every other run terminal")
-        assert pt.processor.metrics.events_before_start._value.get() >= 2  # its RunStarted, StepScheduled, ...
-        assert first_read[p] == log_start  # not the store's 0: retention's offsets are no progress
+        assert pt.processor.metrics.events_before_start._value.get() >= 4  # RunStarted, StepScheduled, ... of both
+        assert first_read == cuts  # not the store's 0: retention's offsets are no progress
+        # their ids stay taken, as a purged run's
+        for run_id in (open_lost, finished):
+            cmd.start(run_id, "three")
+        cmd.flush()
+        events.wait_for(lambda evs: all(any(e["run_id"] == r and e["type"] == "RunRejected" for e in evs)
+                                        for r in (open_lost, finished)), what="both starts rejected")
         assert pt.processor._fatal is None and pt.thread.is_alive()
-    assert not terminal_of(events.drain(), lost)  # its receipt came to a processor that does not know it
+    for run_id in (open_lost, finished):
+        [rejected] = [e for e in events.records if e["run_id"] == run_id and e["type"] == "RunRejected"]
+        assert rejected["code"] == "Conflict" and "began before the start of the run-events log" in rejected["reason"]
+    assert not terminal_of(events.drain(), open_lost)  # its receipt came to a processor that does not know it
 
     report = verify(settings)
-    assert [(d.run_id, d.kind) for d in report.differences] == [(lost, "beginning_not_in_log")]
+    assert [(d.run_id, d.kind) for d in report.differences] == [(open_lost, "beginning_not_in_log")]
+    assert report.expired == 1  # the finished one: not verifiable, nothing lost
     rebuilt = rebuild(settings.model_copy(update={"state_dir": tmp_path / "rebuilt"}))
-    assert rebuilt.runs_before_log_start == {lost}
+    assert rebuilt.runs_before_log_start == {open_lost, finished}
     events.close()
