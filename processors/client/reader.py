@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTimeout
+from processors.runtime.fetch import first_then_buffered
 from topology.settings import KafkaSettings, consumer_config
 
 T = TypeVar("T")
@@ -123,10 +124,7 @@ class PartitionReader:
             while follow or pending:
                 if deadline is not None and time.monotonic() > deadline:
                     raise RunfoldTimeout(f"reading {sorted(starts)} did not finish in time")
-                # wait for the first record only: consume(n, t) holds a partial batch back for the
-                # whole t, which a follower (runs watch, wait for a result) saw as +200 ms per event
-                first = self._consumer.poll(0.2)
-                msgs = [first, *self._consumer.consume(_BATCH - 1, timeout=0)] if first is not None else []
+                msgs = first_then_buffered(self._consumer, _BATCH, 0.2)
                 if not msgs and follow:
                     yield None
                 for msg in msgs:

@@ -38,7 +38,7 @@ from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
-from processors.runtime.fetch import connect_first
+from processors.runtime.fetch import connect_first, first_then_buffered
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
@@ -180,12 +180,9 @@ class ChildExecutor:
             log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
                      self.names.run_events, self.metrics_port)
             while not self.stopping:
-                # Block only until the first record, then take what is buffered: consume(n, timeout)
-                # would hold a lone record back until n arrive or the timeout passes (+100 ms a hop).
-                first = self.consumer.poll(0.1)
-                if first is not None:
-                    rest = self.consumer.consume(num_messages=self.batch - 1, timeout=0) if self.batch > 1 else []
-                    self._transact([first, *rest])
+                msgs = first_then_buffered(self.consumer, self.batch, 0.1)
+                if msgs:
+                    self._transact(msgs)
         except KafkaException as exc:
             log.error("child executor stopped: %s", exc)
             return 1

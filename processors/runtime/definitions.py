@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors.engine import Catalog
 from processors.runtime.exits import StopRequested, until_stopped
+from processors.runtime.fetch import first_then_buffered
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
 
@@ -58,9 +59,7 @@ class DefinitionsReader:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
                                    f"(partitions {sorted(pending)} behind)")
-            # wait for the first record only: consume(n, t) waits for n records or the whole t
-            first = self._consumer.poll(0.2)
-            for msg in [first, *self._consumer.consume(499, 0)] if first is not None else []:
+            for msg in first_then_buffered(self._consumer, 500, 0.2):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

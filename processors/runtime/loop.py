@@ -37,6 +37,7 @@ from processors.runtime.exits import (  # re-exported: the exit codes callers kn
     ProcessorStopped,
     StopRequested,
 )
+from processors.runtime.fetch import first_then_buffered
 from processors.runtime.fold import Folder
 from processors.runtime.housekeeping import Housekeeping
 from processors.runtime.membership import GroupMembership
@@ -217,10 +218,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         if txn.open:
             msgs = consumer.consume(batch - txn.records, 0) if txn.records < batch else []
         else:
-            first = consumer.poll(self._idle_timeout())
-            msgs = [first] if first is not None else []
-            if first is not None and batch > 1:
-                msgs.extend(consumer.consume(batch - 1, 0))
+            msgs = first_then_buffered(consumer, batch, self._idle_timeout())
         if self._fatal is not None:  # a rebalance callback inside poll/consume failed: stop now
             return
         if msgs:

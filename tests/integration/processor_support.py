@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, Producer
 
 from processors.engine import Catalog
 from processors.engine.catalog import content_hash
+from processors.runtime.fetch import first_then_buffered
 from processors.runtime.loop import Processor
 from processors.runtime.settings import ProcessorSettings
 from schemas import Codec
@@ -200,8 +201,7 @@ class Reader:
 
     def poll(self, timeout: float = 0.2) -> list[dict[str, Any]]:
         new = []
-        first = self.consumer.poll(timeout)  # then what is buffered: consume(n, t) waits the whole t for n
-        for m in [first, *self.consumer.consume(499, 0)] if first is not None else []:
+        for m in first_then_buffered(self.consumer, 500, timeout):
             if m.error() is not None:
                 continue
             rec = CODEC.decode(self.kind, m.value())
