@@ -42,6 +42,31 @@ def test_a_finished_run_is_purged_after_its_retention_and_a_running_one_is_not(t
     again.close()
 
 
+def test_a_purge_deletes_key_by_key_and_leaves_a_run_whose_id_extends_it_alone(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "live")
+    rig.transaction(start("done"), start("done2"))  # "rdone\x1f..." < "rdone2...": neighbours in the store
+    finished_at = TS + 500
+    rig.transaction(completed(rig.activation("done"), finished_at))
+    store = rig.store
+    # a timer the finished run still holds (none is expected; the purge must take it anyway)
+    body = {"type": "TimerFired", "timer_id": "stray", "timer_kind": "sleep", "due_ms": TS + 10**9, "run_id": "done"}
+    ov = PartitionOverlay(store)
+    ov.set_timer("done", body, orjson.dumps(body))
+    ov.write(None)
+    kept_events, kept_timers = store.events("done2"), timer_ids(store, "done2")
+    assert kept_events and kept_timers and timer_ids(store, "done") != []
+    pending, events = store.pending_timers(), len(store.events("done"))
+    deletes = store.db.property_int_value("rocksdb.num-deletes-active-mem-table")
+    assert purge(store, finished_at + RETENTION) == 1
+    assert store.events("done") == [] and timer_ids(store, "done") == [] and store.state_bytes("done") is None
+    assert store.pending_timers() == pending - 1
+    assert store.events("done2") == kept_events and timer_ids(store, "done2") == kept_timers
+    # Point deletes only (each event, the timer and its reference, the state, the purge entry):
+    # RocksDB rebuilds its list of range tombstones on every iterator it creates, so a range
+    # deletion per purged run made every later scan of the store slower.
+    assert store.db.property_int_value("rocksdb.num-deletes-active-mem-table") - deletes == events + 4
+
+
 def test_restore_from_the_events_sets_the_same_purge_time(tmp_path: Path) -> None:
     rig = Rig(tmp_path / "live")
     rig.transaction(start("done"))
