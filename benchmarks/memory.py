@@ -77,7 +77,9 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
 
         create_topology(rig.settings)
         t0 = time.perf_counter()
-        events = synthesize_runs(rig.settings, "noop-1", runs, tag="done")
+        # finished a moment ago, so that they stay in the store: the processor purges a run
+        # `finished_retention_ms` (7 days) after it finished
+        events = synthesize_runs(rig.settings, "noop-1", runs, tag="done", ts0=int(time.time() * 1000) - runs)
         ctx.log(f"{runs} completed runs ({events} events) produced in {time.perf_counter() - t0:.0f} s")
         t0 = time.perf_counter()
         rig.start(timeout=300)

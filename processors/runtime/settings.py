@@ -37,6 +37,11 @@ from topology.settings import (
 from .partitioning import PARTITIONER
 from .store import STATE_CACHE_RUNS
 
+# librdkafka prefetches up to 64 MiB per consumer by default; the fold takes a few MB/s, so
+# 8 MiB is seconds of input ahead, and the restore reader's 64 MiB (filled at once by a long
+# run-events log) stayed in the process's heap after the restore. `client_overrides` wins.
+_PREFETCH_KB = 8 * 1024
+
 
 class _ProcessorFileSource(PydanticBaseSettingsSource):
     """The `processor` table of the config file (only when the file has one)."""
@@ -141,15 +146,18 @@ class ProcessorSettings(KafkaSettings):
         )
         if self.static_membership:
             cfg["group.instance.id"] = self.transactional_id
+        cfg.setdefault("queued.max.messages.kbytes", _PREFETCH_KB)
         return cfg
 
     def side_consumer_config(self, purpose: str) -> dict[str, Any]:
         """A group-less reader (restore, definitions): assigned partitions, no commits."""
-        return consumer_config(
+        cfg = consumer_config(
             self, f"{self.group}-{purpose}",
             client_id=f"{self.transactional_id}-{purpose}",
             enable_partition_eof=True,
         )
+        cfg.setdefault("queued.max.messages.kbytes", _PREFETCH_KB)
+        return cfg
 
     def producer_config(self, slot: int = 0) -> dict[str, Any]:
         return transactional_producer_config(

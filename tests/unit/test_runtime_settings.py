@@ -35,6 +35,15 @@ def test_defaults_and_derived_names(monkeypatch: pytest.MonkeyPatch) -> None:
         "group.instance.id") is None
 
 
+def test_consumers_prefetch_8_mib_unless_the_client_overrides_say_otherwise() -> None:
+    s = ProcessorSettings(topic_prefix="a")
+    for cfg in (s.input_consumer_config(), s.side_consumer_config("restore")):
+        assert cfg["queued.max.messages.kbytes"] == 8 * 1024  # librdkafka's default: 64 MiB
+    mine = ProcessorSettings(topic_prefix="a", client_overrides={"queued.max.messages.kbytes": "100000"})
+    assert mine.input_consumer_config()["queued.max.messages.kbytes"] == "100000"
+    assert mine.side_consumer_config("definitions")["queued.max.messages.kbytes"] == "100000"
+
+
 def test_env_and_config_file_processor_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     cfg = tmp_path / "runfold.yaml"
     cfg.write_text("kafka:\n  topic_prefix: fromfile\nprocessor:\n  batch_size: 64\n  instance_id: file-id\n")
