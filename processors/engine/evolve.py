@@ -13,7 +13,7 @@ from typing import Any
 
 from processors.engine.errors import EventBeforeStart
 from processors.engine.ids import instance_key
-from processors.engine.pinned import root_definition
+from processors.engine.pinned import pinned, root_definition
 from processors.engine.refs import input_hash
 from processors.engine.state import OPEN_STEP_STATUSES, RunState
 
@@ -66,7 +66,10 @@ def fold(state: RunState | None, event: Event) -> RunState | None:
 
 
 def _run_accepted(ev: Event) -> RunState:
-    definition = root_definition(ev["bundle"], ev["bundle_hash"])
+    # The pin's own bundle object, not the event's copy (a restore decodes one per run): see
+    # state.load_state.
+    pin = pinned(ev["bundle"], ev["bundle_hash"])
+    definition = pin.root
     parent = ev.get("parent")
     return {
         "run_id": ev["run_id"],
@@ -74,7 +77,7 @@ def _run_accepted(ev: Event) -> RunState:
         "sequence": ev["sequence"],
         "definition_id": ev["definition_id"],
         "revision": ev["revision"],
-        "bundle": ev["bundle"],
+        "bundle": pin.json,
         "bundle_hash": ev["bundle_hash"],
         "input": ev["input"],
         "input_hash": input_hash(ev["input"]),

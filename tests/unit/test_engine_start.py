@@ -7,7 +7,7 @@ import copy
 import orjson
 from engine_harness import RunHarness, definition
 
-from processors.engine import Ceilings, dump_state, evolve
+from processors.engine import Ceilings, dump_state, evolve, load_state
 from processors.engine.catalog import Catalog
 
 ACTION = {"kind": "action", "action": "do", "writes": {"out": {"from": "output"}}}
@@ -133,3 +133,20 @@ def test_state_bytes_of_a_shared_bundle_are_the_plain_canonical_bytes() -> None:
     other = {**state, "bundle": copy.deepcopy(state["bundle"])}
     other["bundle"]["root"] = "tampered@1"
     assert dump_state(other) == orjson.dumps(other, option=orjson.OPT_SORT_KEYS) != plain
+
+
+def test_a_state_from_bytes_or_from_its_events_holds_the_pins_bundle_object() -> None:
+    """One copy of a pin's bundle for all its runs, however a state was made (restore, store
+    read, live): about half a running run's state in memory; and the bytes are unchanged."""
+    h = RunHarness(simple()).start({"topic": "kafka"})
+    live = h.state
+    assert live is not None
+    raw = dump_state(live)
+    loaded_1, loaded_2 = load_state(raw), load_state(raw)
+    assert loaded_1["bundle"] is loaded_2["bundle"] is live["bundle"]
+    assert dump_state(loaded_1) == raw and loaded_1 == live
+    # a restore folds the decoded events: RunAccepted's bundle arrives as a fresh copy per run
+    restored = None
+    for event in h.log:
+        restored = evolve(restored, orjson.loads(orjson.dumps(event)))
+    assert restored is not None and restored["bundle"] is live["bundle"] and dump_state(restored) == raw
