@@ -66,7 +66,10 @@ def pinned(bundle_json: dict[str, Any], bundle_hash: str) -> Pinned:
     came from a RunAccepted this engine emitted after checking it, so it is not re-validated."""
     found = _CACHE.get(bundle_hash)
     if found is not None:
-        _CACHE.move_to_end(bundle_hash)
+        try:  # noqa: SIM105 (zero-cost try; contextlib.suppress costs a call per hit on the hot path)
+            _CACHE.move_to_end(bundle_hash)
+        except KeyError:  # evicted by another thread meanwhile: the pin is still good
+            pass
         return found
     bundle = Bundle(bundle_json["root"], bundle_json["definitions"], bundle_hash)
     return remember(bundle)

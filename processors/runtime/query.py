@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import orjson
 from confluent_kafka.admin import AdminClient
 
-from processors.engine import load_state, run_status
+from processors.engine import run_status
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.partitioning import partition_for
 from processors.runtime.store import StoreClosed
@@ -97,7 +97,7 @@ class QueryServer:
             return 400, _err("bad_request", str(e))
         if raw is None:
             return 404, self._not_found(run_id, p)
-        state = load_state(raw)
+        state = orjson.loads(raw)  # status and sequence only: no pinned bundle (the loop thread's cache)
         return 200, orjson.dumps({"run_id": run_id, "partition": p, "restoring": restoring,
                                   "status": run_status(state), "sequence": state.get("sequence"),
                                   "state": orjson.Fragment(raw)})

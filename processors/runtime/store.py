@@ -26,7 +26,7 @@ import itertools
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
@@ -272,7 +272,7 @@ class PartitionStore:
                 batch.delete(xkey)
                 continue
             prefix = event_prefix(run_id)
-            for key, _ in self._scan(prefix, prefix + b"\xff" * 9):
+            for key in self._scan(prefix, prefix + b"\xff" * 9, values=False):
                 batch.delete(key)
             ref = b"r" + run_id.encode() + _SEP
             for rkey, tkey in self._scan(ref, ref[:-1] + bytes([_SEP[0] + 1])):
@@ -283,18 +283,23 @@ class PartitionStore:
             batch.delete(xkey)
             batch.put(purged_key(run_id), status.encode())
 
-    def _scan(self, lower: bytes, upper: bytes) -> list[tuple[bytes, bytes]]:
-        """Every (key, value) with lower <= key < upper. The bound stops the iterator at
-        `upper`: a run with no such keys costs one seek, not a walk over the tombstones of
-        the runs after it."""
+    @overload
+    def _scan(self, lower: bytes, upper: bytes) -> list[tuple[bytes, bytes]]: ...
+    @overload
+    def _scan(self, lower: bytes, upper: bytes, values: Literal[False]) -> list[bytes]: ...
+
+    def _scan(self, lower: bytes, upper: bytes, values: bool = True) -> list[Any]:
+        """Every (key, value) with lower <= key < upper, or only the keys. The bound stops the
+        iterator at `upper`: a run with no such keys costs one seek, not a walk over the
+        tombstones of the runs after it."""
         bounds = ReadOptions()
         bounds.set_iterate_upper_bound(upper)
-        out: list[tuple[bytes, bytes]] = []
+        out: list[Any] = []
         with self._lock:
             it = self.db.iter(bounds)
             it.seek(lower)
             while it.valid():
-                out.append((it.key(), it.value()))
+                out.append((it.key(), it.value()) if values else it.key())
                 it.next()
         return out
 
