@@ -158,6 +158,9 @@ class RunClient:
     def _command(self, run_id: str, body: dict[str, Any]) -> None:
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
+        bad = next((c for c in run_id if c < " " or c == "\x7f"), None)
+        if bad is not None:
+            raise ValueError(f"run_id must be printable text; it contains the control character {bad!r}")
         msg = {"run_id": run_id, "record_id": uuid.uuid4().hex, "ts_ms": int(time.time() * 1000), **body}
         self.produce(self.topics.commands, run_id, self._enc_command(msg))
 

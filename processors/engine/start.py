@@ -7,6 +7,7 @@ run id again with the same content is a no-op; with different content it is reje
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any
 
@@ -23,12 +24,20 @@ from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
 from processors.engine.superstep import progress, schema_error
 
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+
 Message = dict[str, Any]
 
 
 def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
     if state is not None:
         return _restart(state, msg)
+    bad = _CONTROL_CHARACTER.search(msg["run_id"])
+    if bad is not None:
+        # The store's timer keys join the run id and the timer id with \x1f: such an id
+        # would share its keys with another run's.
+        reason = f"run_id contains the control character {bad.group()!r}; run ids are printable text"
+        return Decision([rejection(msg, "InvalidInput", reason)], reason)
     pinned_or_reason = _pin(msg, ctx)
     if isinstance(pinned_or_reason, tuple):
         code, reason = pinned_or_reason

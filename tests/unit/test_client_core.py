@@ -194,3 +194,14 @@ def test_a_send_that_gets_no_answer_leaves_its_producer_behind(monkeypatch: pyte
     assert len(_ScriptedProducer.made) == 2 and client._producer is _ScriptedProducer.made[1]
     assert _ScriptedProducer.made[0].callbacks  # its record was never answered
     client.close()
+
+
+def test_a_command_for_a_run_id_with_a_control_character_is_refused_before_it_is_sent() -> None:
+    from processors.client import RunClient
+    from topology.settings import KafkaSettings
+
+    client = RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1"), timeout_s=0.1)
+    with pytest.raises(ValueError, match=r"printable text; it contains the control character '\\x1f'"):
+        client.cancel("a\x1fb")
+    assert client._producer is None  # nothing was produced, no connection made
+    client.close()

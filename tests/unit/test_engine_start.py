@@ -150,3 +150,10 @@ def test_a_state_from_bytes_or_from_its_events_holds_the_pins_bundle_object() ->
     for event in h.log:
         restored = evolve(restored, orjson.loads(orjson.dumps(event)))
     assert restored is not None and restored["bundle"] is live["bundle"] and dump_state(restored) == raw
+
+
+def test_a_run_id_with_a_control_character_is_rejected() -> None:
+    # the store joins a run id and a timer id with \x1f: "a" and "a\x1fb" would share keys
+    h = RunHarness(simple(), run_id="a\x1fb").start({"topic": "kafka"})
+    assert h.state is None and h.types == ["RunRejected"]
+    assert h.last.events[0]["code"] == "InvalidInput" and "'\\x1f'" in h.last.events[0]["reason"]
