@@ -3,7 +3,7 @@ purged a page (`store.PURGE_PAGE`) per transaction as the processor's housekeepi
 (`due_purges`, then the overlay's commit-time write). Reports runs purged per second and the
 slowest page: while a backlog drains, each page holds up the loop.
 
-    .venv/bin/python benchmarks/purge_bench.py [--runs 20000]
+    .venv/bin/python benchmarks/purge_bench.py [--runs 20000] [--page 1000]
 
 Prints one JSON object.
 """
@@ -28,6 +28,7 @@ from topology.catalog import TopicNames
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20_000)
+    ap.add_argument("--page", type=int, default=PURGE_PAGE, help="runs a page (the loop's is a tenth while input flows)")
     args = ap.parse_args()
     codec, topics = Codec.default(), TopicNames("bench")
     root = Path(tempfile.mkdtemp(prefix="runfold-purge-bench-"))
@@ -42,7 +43,7 @@ def main() -> None:
         started = time.perf_counter()
         while True:
             t0 = time.perf_counter()
-            due = store.due_purges(TS + 10_000_000, PURGE_PAGE)
+            due = store.due_purges(TS + 10_000_000, args.page)
             if not due:
                 break
             ov = PartitionOverlay(store)
@@ -56,7 +57,7 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(orjson.dumps({
-        "bench": "purge", "runs": args.runs, "page": PURGE_PAGE, "pages": len(pages), "left": left,
+        "bench": "purge", "runs": args.runs, "page": args.page, "pages": len(pages), "left": left,
         "seconds": round(seconds, 3), "runs_per_s": round(args.runs / seconds),
         "page_ms_median": round(sorted(pages)[len(pages) // 2] * 1000, 1), "page_ms_max": round(max(pages) * 1000, 1),
     }).decode())

@@ -40,19 +40,22 @@ class Housekeeping:
         assert self.partitions is not None
         self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
 
-    def _purge_finished(self) -> None:
+    def _purge_finished(self, busy: bool = False) -> None:
         """Finished runs past `finished_retention_ms` leave the local store and the run-state
         table: a transaction of their run-state tombstones, whose commit applies the store
         deletions (overlay). Only between transactions, so no overlay holds a purged run; an
         abort leaves them for the next pass. A pass takes at most a page per partition; while
         one fills a page the next pass follows at once, so a backlog (a burst of runs finishing
-        together) drains at the loop's pace rather than a page a second."""
+        together, a long stop) drains at the loop's pace rather than a page a second. `busy`
+        (this iteration folded input): a tenth of a page, so that a backlog holds live runs
+        up ~25 ms a partition between their transactions, not ~100 (benchmarks/purge_bench.py)."""
         assert self.partitions is not None
         self._next_purge = time.monotonic() + _PURGE_EVERY_S
         now = now_ms()
-        due = [(store, store.due_purges(now, self.purge_page)) for store in self.partitions.ready()]
+        page = max(1, self.purge_page // 10) if busy else self.purge_page
+        due = [(store, store.due_purges(now, page)) for store in self.partitions.ready()]
         due = [(store, runs) for store, runs in due if runs]
-        self._purge_more = any(len(runs) >= self.purge_page for _, runs in due)
+        self._purge_more = any(len(runs) >= page for _, runs in due)
         if not due:
             return
         self._begin()

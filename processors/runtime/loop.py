@@ -237,7 +237,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             self._commit()
         if not txn.open and self.settings.finished_retention_ms > 0 and (
                 self._purge_more or time.monotonic() >= self._next_purge):
-            self._purge_finished()
+            self._purge_finished(busy=bool(msgs))
         if time.monotonic() >= self._next_lag:
             self._report_lag()
             self._refresh_statuses()
