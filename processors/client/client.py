@@ -39,6 +39,7 @@ from processors.client.errors import (
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
+from processors.engine.ids import control_character
 from processors.runtime.fetch import connect_first
 from processors.runtime.partitioning import partition_for
 from schemas import Codec
@@ -158,7 +159,7 @@ class RunClient:
     def _command(self, run_id: str, body: dict[str, Any]) -> None:
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
-        bad = next((c for c in run_id if c < " " or c == "\x7f"), None)
+        bad = control_character(run_id)
         if bad is not None:
             raise ValueError(f"run_id must be printable text; it contains the control character {bad!r}")
         msg = {"run_id": run_id, "record_id": uuid.uuid4().hex, "ts_ms": int(time.time() * 1000), **body}

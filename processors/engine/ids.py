@@ -7,6 +7,17 @@ Everything here is a pure function of its arguments so that a replay derives the
 from __future__ import annotations
 
 import hashlib
+import re
+
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+
+
+def control_character(run_id: str) -> str | None:
+    """The first control character in `run_id`, if any: run ids are printable text (the
+    processor's store joins a run id and a timer id with \x1f, so "a" and "a\x1fb" would
+    share keys). StartRun rejects such an id; the client refuses to send one."""
+    bad = _CONTROL_CHARACTER.search(run_id)
+    return bad.group() if bad else None
 
 
 def dispatch_id(run_id: str, node: str, lineage: str, attempt: int) -> str:

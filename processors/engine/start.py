@@ -7,7 +7,6 @@ run id again with the same content is a no-op; with different content it is reje
 
 from __future__ import annotations
 
-import re
 import weakref
 from typing import Any
 
@@ -17,6 +16,7 @@ from processors.engine import budgets
 from processors.engine.catalog import Bundle
 from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
 from processors.engine.errors import DefinitionError
+from processors.engine.ids import control_character
 from processors.engine.pinned import Pinned, remember
 from processors.engine.refs import input_hash
 from processors.engine.secrets import find_secret_literals
@@ -24,19 +24,15 @@ from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
 from processors.engine.superstep import progress, schema_error
 
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
-
 Message = dict[str, Any]
 
 
 def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
     if state is not None:
         return _restart(state, msg)
-    bad = _CONTROL_CHARACTER.search(msg["run_id"])
+    bad = control_character(msg["run_id"])
     if bad is not None:
-        # The store's timer keys join the run id and the timer id with \x1f: such an id
-        # would share its keys with another run's.
-        reason = f"run_id contains the control character {bad.group()!r}; run ids are printable text"
+        reason = f"run_id contains the control character {bad!r}; run ids are printable text"
         return Decision([rejection(msg, "InvalidInput", reason)], reason)
     pinned_or_reason = _pin(msg, ctx)
     if isinstance(pinned_or_reason, tuple):

@@ -256,10 +256,7 @@ class PartitionStore:
             cache.pop(run_id, None)  # re-inserted below: insertion order is write order
             if state is not None and state.get("status") not in _FINISHED:  # the engine state's field
                 cache[run_id] = state
-        excess = len(cache) - self.cache_runs
-        if excess > 0:
-            for run_id in list(itertools.islice(cache, excess + self.cache_runs // 10)):
-                del cache[run_id]
+        _drop_oldest(cache, self.cache_runs)
 
     def _purge_into(self, batch: WriteBatch, purged: list[tuple[bytes, str, str | None]]) -> None:
         """Delete purged runs (state, event log, leftover timers), keeping a marker of each id;
@@ -330,10 +327,7 @@ class PartitionStore:
         except BaseException:
             refs.clear()  # maybe not written: what they say may not be in the database
             raise
-        excess = len(refs) - TIMER_REF_CACHE
-        if excess > 0:
-            for rkey in list(itertools.islice(refs, excess + TIMER_REF_CACHE // 10)):
-                del refs[rkey]
+        _drop_oldest(refs, TIMER_REF_CACHE)
         self._cache_states(states)
         if (timers_deleted or purged) and self.next_due_ms is not None:
             # The earliest timer may be gone; re-seek from the old bound (skips only the
@@ -365,6 +359,15 @@ class PartitionStore:
     @staticmethod
     def destroy(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _drop_oldest(entries: dict[Any, Any], keep: int) -> None:
+    """Past `keep` entries, drop the first inserted (a tenth more than the excess, so that
+    the eviction is not paid on every write)."""
+    excess = len(entries) - keep
+    if excess > 0:
+        for key in list(itertools.islice(entries, excess + keep // 10)):
+            del entries[key]
 
 
 class StoreClosed(RuntimeError):
