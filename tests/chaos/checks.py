@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError
+from processor_support import assign_from_start
 
 from processors.replay import verify
 from schemas import Codec, DecodeError
@@ -43,8 +44,7 @@ def read_all(settings: KafkaSettings, topic: str, kind: str, timeout: float = 60
     """Every committed record of `topic`, decoded as `kind`, with _partition/_offset added."""
     c = Consumer(consumer_config(settings, f"chaos-check-{uuid.uuid4().hex[:8]}", enable_partition_eof=True))
     try:
-        parts = len(c.list_topics(topic, timeout=15).topics[topic].partitions)
-        c.subscribe([topic])
+        parts = assign_from_start(c, [topic])
         out: list[dict[str, Any]] = []
         eof: set[int] = set()
         deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from processor_support import assign_from_start
 
 from processors.engine.ids import dispatch_id
 from processors.executors.runner import WorkerRunner
@@ -69,7 +70,7 @@ class ReceiptReader:
         self.codec = Codec.default()
         self.kind = kind
         self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
-        self.consumer.subscribe([topic or TopicNames(settings.topic_prefix).receipts])
+        assign_from_start(self.consumer, [topic or TopicNames(settings.topic_prefix).receipts])
         self.records: list[dict[str, Any]] = []
 
     def poll_until(self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.engine import Catalog
 from processors.engine.catalog import content_hash
@@ -189,12 +189,31 @@ class Commands:
         assert left == 0, f"{left} command/receipt records still undelivered after {timeout} s"
 
 
+def assign_from_start(consumer: Consumer, topics: list[str], timeout: float = 15.0) -> int:
+    """Assign every partition of `topics` from its first offset; returns how many partitions.
+
+    Test readers observe a topic; they do not share it. Assignment keeps them out of group
+    coordination, which a broker stall (tests/chaos/test_stalls.py) can leave a subscriber waiting on
+    for longer than the test's deadline while the topic itself is complete and readable.
+    """
+    meta = consumer.list_topics(timeout=timeout).topics
+    parts = []
+    for topic in topics:
+        tmeta = meta.get(topic)
+        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+            raise AssertionError(f"topic {topic!r} has no partitions to read "
+                                 f"({tmeta.error if tmeta is not None else 'not found'})")
+        parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
+    consumer.assign(parts)
+    return len(parts)
+
+
 class Reader:
     """A read_committed reader of one or more topics (from the beginning), decoding as `kind`."""
 
     def __init__(self, settings: ProcessorSettings, topics: list[str], kind: str) -> None:
         self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
-        self.consumer.subscribe(topics)
+        assign_from_start(self.consumer, topics)
         self.kind = kind
         self.records: list[dict[str, Any]] = []
         self.raw: list[Any] = []
