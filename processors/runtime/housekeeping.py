@@ -11,11 +11,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from processors.runtime.assignment import Partitions
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.store import PartitionStore
 from processors.runtime.txn import ProduceFailed, Txn, now_ms
 from topology.catalog import TopicNames
 
 _LAG_EVERY_S = 5.0
 _PURGE_EVERY_S = 1.0
+_Due = list[tuple[PartitionStore, list[tuple[bytes, str, str | None]]]]  # partitions and their runs to purge
 
 
 class Housekeeping:
@@ -28,6 +30,7 @@ class Housekeeping:
     _next_lag: float
     _next_purge: float
     _purge_more: bool  # the last purge pass left due runs behind (a full page)
+    _purge_turn: int  # where the next purge pass starts (an index into the ready partitions)
 
     if TYPE_CHECKING:
         def _begin(self) -> None: ...
@@ -40,22 +43,26 @@ class Housekeeping:
         assert self.partitions is not None
         self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
 
-    def _purge_finished(self, busy: bool = False) -> None:
+    def _purge_finished(self, folded: int = 0) -> None:
         """Finished runs past `finished_retention_ms` leave the local store and the run-state
         table: a transaction of their run-state tombstones, whose commit applies the store
         deletions (overlay). Only between transactions, so no overlay holds a purged run; an
-        abort leaves them for the next pass. A pass takes at most a page per partition; while
-        one fills a page the next pass follows at once, so a backlog (a burst of runs finishing
-        together, a long stop) drains at the loop's pace rather than a page a second. `busy`
-        (this iteration folded input): a tenth of a page, so that a backlog holds live runs
-        up ~25 ms a partition between their transactions, not ~100 (benchmarks/purge_bench.py)."""
+        abort leaves them for the next pass.
+
+        An idle pass takes at most a page per partition. After a transaction that folded
+        `folded` inputs, a pass takes at most a tenth of a page plus `folded` runs in all,
+        partition after partition in turn. A backlog then holds live runs up between their
+        transactions ~21 ms plus at most about two thirds of the transaction's own fold time
+        (purge 0.13-0.22 ms a run, benchmarks/purge_bench.py --page 100; fold ~0.3 ms an
+        input), not ~100 ms per partition; and it drains faster than runs finish, each having
+        taken an input, even under saturation. While a pass fills its share the next pass comes at the next
+        iteration, so a backlog (a burst of runs finishing together, a long stop) drains at
+        the loop's pace rather than once a second."""
         assert self.partitions is not None
         self._next_purge = time.monotonic() + _PURGE_EVERY_S
-        now = now_ms()
-        page = max(1, self.purge_page // 10) if busy else self.purge_page
-        due = [(store, store.due_purges(now, page)) for store in self.partitions.ready()]
-        due = [(store, runs) for store, runs in due if runs]
-        self._purge_more = any(len(runs) >= page for _, runs in due)
+        stores = self.partitions.ready()
+        budget = max(1, self.purge_page // 10) + folded if folded else self.purge_page * len(stores)
+        due, self._purge_more = self._due_in_turn(stores, now_ms(), budget)
         if not due:
             return
         self._begin()
@@ -71,6 +78,24 @@ class Housekeeping:
             self._produce_failed(e.err, "purge")
             return
         self._commit()
+
+    def _due_in_turn(self, stores: list[PartitionStore], now: int, budget: int) -> tuple[_Due, bool]:
+        """Up to `budget` due runs, at most a page from each partition, starting after the
+        partition where the last pass ran out of budget; and whether one came back full (more
+        are due)."""
+        due: _Due = []
+        full = False
+        for i in range(len(stores)):
+            k = (self._purge_turn + i) % len(stores)
+            cap = min(self.purge_page, budget)
+            if runs := stores[k].due_purges(now, cap):
+                due.append((stores[k], runs))
+                full = full or len(runs) >= cap
+                budget -= len(runs)
+                if budget <= 0:
+                    self._purge_turn = k + 1
+                    break
+        return due, full
 
     def _report_lag(self) -> None:
         self._next_lag = time.monotonic() + _LAG_EVERY_S

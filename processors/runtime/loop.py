@@ -102,6 +102,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         self._next_lag = 0.0
         self._next_purge = 0.0
         self._purge_more = False  # the last purge pass left due runs behind (a full page)
+        self._purge_turn = 0  # where the next purge pass starts (an index into the ready partitions)
         self.purge_page = PURGE_PAGE  # finished runs purged per partition and transaction
         self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, now_ms,
                              settings.finished_retention_ms)
@@ -233,11 +234,13 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                     self._produce_failed(e.err if isinstance(e, ProduceFailed) else KafkaError(
                         KafkaError.MSG_SIZE_TOO_LARGE, str(e)), "timers")
                     break
+        # the inputs of the transaction this iteration may commit (or of one a failed fold aborted)
+        folded = max(txn.records if txn.open else 0, len(msgs))
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
             self._commit()
         if not txn.open and self.settings.finished_retention_ms > 0 and (
                 self._purge_more or time.monotonic() >= self._next_purge):
-            self._purge_finished(busy=bool(msgs))
+            self._purge_finished(folded)
         if time.monotonic() >= self._next_lag:
             self._report_lag()
             self._refresh_statuses()

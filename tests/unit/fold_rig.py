@@ -27,21 +27,23 @@ ONE = {"schema": "runfold.workflow/v1", "id": "one", "revision": 1, "entry": ["a
 
 
 class Rig:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, partition: int = 0) -> None:
         catalog = Catalog()
         catalog.register(ONE)
         self.out: list[tuple[str, bytes]] = []
         self.folder = Folder(EngineContext(catalog=catalog), CODEC, TOPICS,
                              lambda topic, value, key, **kw: self.out.append((topic, value)),
                              lambda err, msg: None, lambda: TS, RETENTION)  # fmt: skip
-        self.store = PartitionStore(path, 0)
+        self.partition = partition
+        self.store = PartitionStore(path, partition)
 
     def transaction(self, *inputs: tuple[str, dict[str, Any]]) -> None:
         ov, counters = PartitionOverlay(self.store), TxnCounters()
         for i, (kind, msg) in enumerate(inputs):
             topic = TOPICS.commands if kind == "commands" else TOPICS.receipts
-            self.folder.fold_input(ov, counters, topic, 0, i, msg["run_id"].encode(), CODEC.encode(kind, msg))
-        self.folder.snapshots(ov, 0, counters)
+            self.folder.fold_input(ov, counters, topic, self.partition, i, msg["run_id"].encode(),
+                                   CODEC.encode(kind, msg))
+        self.folder.snapshots(ov, self.partition, counters)
         ov.write(None)
 
     def activation(self, run_id: str) -> dict[str, Any]:
