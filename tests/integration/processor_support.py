@@ -196,14 +196,17 @@ def assign_from_start(consumer: Consumer, topics: list[str], timeout: float = 15
     coordination, which a broker stall (tests/chaos/test_stalls.py) can leave a subscriber waiting on
     for longer than the test's deadline while the topic itself is complete and readable.
     """
-    meta = consumer.list_topics(timeout=timeout).topics
-    parts = []
-    for topic in topics:
-        tmeta = meta.get(topic)
-        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
-            raise AssertionError(f"topic {topic!r} has no partitions to read "
-                                 f"({tmeta.error if tmeta is not None else 'not found'})")
-        parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
+    deadline = time.monotonic() + timeout
+    while True:  # all topics, not by name: a by-name request can auto-create a topic
+        meta = consumer.list_topics(timeout=timeout).topics
+        missing = {t: meta[t].error if t in meta else "not found" for t in topics
+                   if t not in meta or meta[t].error is not None or not meta[t].partitions}
+        if not missing:
+            break
+        if time.monotonic() > deadline:  # a broker's metadata may lag the one that created it
+            raise AssertionError(f"no partitions to read after {timeout:.0f}s: {missing}")
+        time.sleep(0.2)
+    parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in sorted(meta[t].partitions)]
     consumer.assign(parts)
     return len(parts)
 
