@@ -368,6 +368,11 @@ def consumer_config(settings: KafkaSettings, group_id: str, read_committed: bool
         # range gives one member partition N of every subscribed topic with the same partition count:
         # the co-location of commands/receipts partitions the processor relies on.
         "partition.assignment.strategy": "range",
+        # A member that dies (kill -9, a lost host) keeps its partitions until its session
+        # expires: librdkafka's 45 s default left a dead worker's activations, and the retries
+        # its lease expiry sends to the same partitions, waiting that long. Heartbeats come from
+        # librdkafka's own thread, so a busy handler or fold does not spend this budget.
+        "session.timeout.ms": 10_000,
         **_base(settings),
         **_kwargs(overrides),
     }

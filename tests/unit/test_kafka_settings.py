@@ -131,6 +131,11 @@ def test_builders_layer_defaults_settings_and_call_overrides() -> None:
     assert c["enable.auto.commit"] is False and c["auto.offset.reset"] == "earliest"
     assert c["partition.assignment.strategy"] == "range"
     assert consumer_config(s, "g1", read_committed=False)["isolation.level"] == "read_uncommitted"
+    # a dead member's partitions wait 10 s, not librdkafka's 45; settings, then the call, override it
+    assert c["session.timeout.ms"] == 10_000
+    slow = KafkaSettings(client_overrides={"session.timeout.ms": "30000"})
+    assert consumer_config(slow, "g1")["session.timeout.ms"] == "30000"
+    assert consumer_config(slow, "g1", session_timeout_ms=6_000)["session.timeout.ms"] == 6_000
     assert admin_config(s) == {"bootstrap.servers": "b:1", "security.protocol": "SSL", "linger.ms": "20"}
 
 
