@@ -54,9 +54,12 @@ def cancel_notice(act: dict[str, Any], reason: str = "test cancel") -> dict[str,
     }
 
 
-def produce(settings: KafkaSettings, topic: str, kind: str, msgs: list[dict[str, Any]]) -> None:
+def produce(settings: KafkaSettings, topic: str, kind: str, msgs: list[dict[str, Any]],
+            producer: Producer | None = None) -> None:
+    """Send `msgs` and wait for them; through `producer` when a test times what follows (a new
+    producer's first record can wait ~0.5 s for its producer id)."""
     codec = Codec.default()
-    producer = Producer(producer_config(settings))
+    producer = producer or Producer(producer_config(settings))
     for m in msgs:
         producer.produce(topic, codec.encode(kind, m), key=m["run_id"].encode())
         producer.poll(0)
@@ -73,10 +76,12 @@ class ReceiptReader:
         assign_from_start(self.consumer, [topic or TopicNames(settings.topic_prefix).receipts])
         self.records: list[dict[str, Any]] = []
 
-    def poll_until(self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30) -> list[dict[str, Any]]:
+    def poll_until(self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30,
+                   step_s: float = 0.2) -> list[dict[str, Any]]:
+        """Read until `done(records)`; `step_s` is how long one read may hold a partial batch."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and not done(self.records):
-            for m in self.consumer.consume(num_messages=500, timeout=0.2):
+            for m in self.consumer.consume(num_messages=500, timeout=step_s):
                 if m.error() is None:
                     self.records.append(self.codec.decode(self.kind, m.value()))
         return self.records

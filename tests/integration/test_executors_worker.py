@@ -12,7 +12,7 @@ from pathlib import Path
 
 import actions_for_tests  # noqa: F401  (registers test.* actions on the module-level registry)
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from executor_support import (
     TERMINAL,
     ReceiptReader,
@@ -26,7 +26,7 @@ from executor_support import (
 from processors.executors import Worker
 from topology.admin import create_topology
 from topology.catalog import TopicNames
-from topology.settings import KafkaSettings, consumer_config
+from topology.settings import KafkaSettings, consumer_config, producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 HERE = Path(__file__).resolve().parent
@@ -94,13 +94,14 @@ def test_cancel_reaches_a_running_handler_within_one_heartbeat(kafka_settings: K
     running = activation("r-long", "test.slow", {"ms": 60_000}, heartbeat_ms=1000)
     blocked = activation("r-queued", "test.slow", {"ms": 60_000})
     reader = ReceiptReader(kafka_settings)
+    producer = Producer(producer_config(kafka_settings))  # warm (producer id, connection) before the clock runs
     with WorkerThread(Worker(name="it", queues=["default"], concurrency=1), kafka_settings) as wt:
-        produce(kafka_settings, topic, "activations", [running, blocked])
+        produce(kafka_settings, topic, "activations", [running, blocked], producer)
         reader.poll_until(lambda r: "ActivationHeartbeat" in _types(r, running["dispatch_id"]), 20)
         assert "ActivationAccepted" not in _types(reader.records, blocked["dispatch_id"])  # waits for the slot
         sent = time.monotonic()
-        produce(kafka_settings, topic, "activations", [cancel_notice(blocked), cancel_notice(running)])
-        reader.poll_until(lambda r: "ActivationCancelled" in _types(r, running["dispatch_id"]), 10)
+        produce(kafka_settings, topic, "activations", [cancel_notice(blocked), cancel_notice(running)], producer)
+        reader.poll_until(lambda r: "ActivationCancelled" in _types(r, running["dispatch_id"]), 10, step_s=0.02)
         latency = time.monotonic() - sent
         reader.poll_until(lambda r: "ActivationCancelled" in _types(r, blocked["dispatch_id"]), 10)
         assert wt.stop() == 0

@@ -32,7 +32,7 @@ from processor_support import (
     workflow,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC_LIMIT = 20_000
 PRODUCER_LIMIT = 200_000
@@ -83,8 +83,8 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
     with running(settings) as pt:
         events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs)
                         and any(e["type"] == "RunRejected" for e in evs if e["run_id"] == "big-start"),
-                        what="every run to finish, big-start to be rejected")  # fmt: skip
-        dead.wait_for(lambda d: len(d) >= 3, what="3 dead letters")
+                        timeout=90, what="every run to finish, big-start to be rejected")  # fmt: skip
+        dead.wait_for(lambda d: len(d) >= 3, timeout=90, what="3 dead letters")
         # the partition is not jammed: a new run goes through (the responder reads every
         # activation from the beginning: it answers only the new run's)
         with Responder(clients, lambda c, act: complete_all(c, act) if act["run_id"] == "after" else None):

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from processor_support import assign_from_start
 
 from topology.admin import create_topology
 from topology.catalog import TopicNames
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def _read_all(settings: KafkaSettings, topic: str, read_committed: bool, expect_at_least: int) -> list[bytes]:
     consumer = Consumer(consumer_config(settings, f"g-{uuid.uuid4().hex[:8]}", read_committed=read_committed))
-    consumer.subscribe([topic])
+    assign_from_start(consumer, [topic])
     values: list[bytes] = []
     idle = 0
     try:

@@ -126,8 +126,8 @@ def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_onc
         for proc in procs.values():
             proc.send_signal(signal.SIGINT)
         for proc in procs.values():
-            proc.wait(10)
-        assert time.monotonic() - began < 5
+            proc.wait(20)
+        assert time.monotonic() - began < 15  # ~2 s here; the bug this guards against takes >= 28 s
         for reader in readers:
             reader.join(5)
         for name, proc in procs.items():
