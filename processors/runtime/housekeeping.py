@@ -55,9 +55,9 @@ class Housekeeping:
         transactions ~21 ms plus at most about two thirds of the transaction's own fold time
         (purge 0.13-0.22 ms a run, benchmarks/purge_bench.py --page 100; fold ~0.3 ms an
         input), not ~100 ms per partition; and it drains faster than runs finish, each having
-        taken an input, even under saturation. While a pass fills its share the next pass comes at the next
-        iteration, so a backlog (a burst of runs finishing together, a long stop) drains at
-        the loop's pace rather than once a second."""
+        taken an input, even under saturation. While a pass fills its share the next pass
+        comes at the next iteration, so a backlog (a burst of runs finishing together, a long
+        stop) drains at the loop's pace rather than once a second."""
         assert self.partitions is not None
         self._next_purge = time.monotonic() + _PURGE_EVERY_S
         stores = self.partitions.ready()
