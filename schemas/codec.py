@@ -255,7 +255,11 @@ class _Topic:
             if found is None:
                 if len(data) < 10:
                     raise DecodeError("truncated single-object header", self.kind)
-                raise DecodeError(f"unknown writer schema fingerprint {data[2:10].hex()}", self.kind)
+                raise DecodeError(
+                    f"unknown writer schema fingerprint {data[2:10].hex()}: write with the schema of "
+                    f"schemas/standalone/{self.name}.avsc (fingerprint {self.fingerprint.hex()}) or one in "
+                    f"schemas/history/{self.kind}/; a writer schema of your own (even one extra optional "
+                    "field) needs Schema Registry framing (docs/contract.md, Schema evolution)", self.kind)
             start = 10
         elif data[:1] == b"\x00":
             found = self._registry_writer(data)
