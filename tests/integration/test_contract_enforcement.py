@@ -154,3 +154,32 @@ def test_wrong_time_units_and_invalid_json_get_a_rejection_the_client_sees(
     assert not [d for d in dead.drain(0.5) if d["key"] == b"badjson"]
     events.close()
     dead.close()
+
+
+def test_commands_compressed_with_any_kafka_codec_are_read(settings: ProcessorSettings) -> None:
+    """docs/contract.md, Compression: a service may produce with any codec."""
+    from confluent_kafka import Producer
+
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    codecs = ("none", "gzip", "snappy", "lz4", "zstd")
+    with running(settings), Responder(settings, lambda c, a: None):
+        for codec in codecs:
+            producer = Producer(producer_config(settings, linger_ms=0, compression_type=codec))
+            msg = {
+                "type": "StartRun",
+                "run_id": f"z-{codec}",
+                "ts_ms": time.time_ns() // 1_000_000,
+                "record_id": codec,
+                "definition_id": "one",
+                "revision": None,
+                "input": {"codec": codec},
+            }
+            producer.produce(settings.topics.commands, CODEC.encode("commands", msg), msg["run_id"].encode())
+            assert producer.flush(30) == 0
+        events.wait_for(
+            lambda evs: (
+                {e["run_id"] for e in evs if e["type"] == "RunAccepted"} >= {f"z-{c}" for c in codecs}
+            ),
+            what="a RunAccepted per codec",
+        )
+    events.close()
