@@ -90,3 +90,20 @@ def test_a_writer_schema_of_ones_own_is_refused_with_the_rule_and_the_schema_to_
         "schemas/standalone/runfold.CommandEnvelope.avsc (fingerprint a603db8dbef79e61)" in err.value.reason
     )
     assert "Schema Registry" in err.value.reason
+
+
+def test_with_schema_registry_a_compatible_writer_schema_of_ones_own_is_read() -> None:
+    from test_codec import _InMemoryRegistry
+
+    schema = orjson.loads((STANDALONE_DIR / "runfold.CommandEnvelope.avsc").read_bytes())
+    schema["fields"].insert(4, {"name": "trace", "type": ["null", "string"], "default": None})
+    registry = _InMemoryRegistry()
+    mine = Codec(schemas={**{k: CODEC.schema(k) for k in TOPIC_KINDS}, "commands": schema}, history=[],
+                 registry_client=registry)  # fmt: skip
+    data = mine.encode(
+        "commands", {"type": "CancelRun", "run_id": "x", "record_id": "r", "ts_ms": 1, "trace": "t"}
+    )
+    assert data[0] == 0  # Confluent framing: the writer schema travels by id
+    processor = Codec(history=[], registry_client=registry)
+    assert processor.decode("commands", data) == {"type": "CancelRun", "run_id": "x", "record_id": "r", "ts_ms": 1,
+                                                  "reason": ""}  # fmt: skip
