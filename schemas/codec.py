@@ -147,8 +147,9 @@ def _decode_reason(exc: BaseException) -> str:
         return "truncated or malformed Avro body (read past the end or bad union index)"
     if isinstance(exc, MemoryError):
         return "length prefix too large"
-    if isinstance(exc, SchemaResolutionError):
-        return f"not readable with the current reader schema ({str(exc)[:200]})"
+    if isinstance(exc, SchemaResolutionError):  # fastavro's text is a Python repr of the schemas: not shown
+        return ("not readable with the current reader schema: the writer used a union branch (a message "
+                "type) or a field type the reader does not have, e.g. a newer runfold schema")
     return f"not valid for the schema ({type(exc).__name__}: {str(exc)[:200]})"
 
 

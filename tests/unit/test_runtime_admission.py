@@ -301,3 +301,32 @@ def test_implausible_time_words() -> None:
     why = admission.implausible_time(TS // 1000, TS)
     assert why is not None and "1970-01-21T" in why and "2025-11-29T" in why
     assert orjson.dumps(why)  # plain text
+
+
+def test_undecodable_records_are_dead_lettered_in_words_not_python_reprs(rig: Any) -> None:
+    import copy
+
+    from schemas import Codec
+    from schemas.contract import load_contract
+
+    newer = copy.deepcopy(load_contract()["commands"])
+    newer["fields"][-1]["type"].append(
+        {"type": "record", "name": "PauseRun", "namespace": "runfold", "fields": []}
+    )
+    rig.folder._decode[TOPICS.commands] = Codec(history=[("commands", newer)]).decoder("commands")
+    writer = Codec(schemas={**load_contract(), "commands": newer}, history=[])
+    good = CODEC.encode("commands", start("dl-2")[1])
+    bad = [
+        writer.encode("commands", {"type": "PauseRun", "run_id": "dl-2", "record_id": "x", "ts_ms": TS}),
+        good[:-3],
+        good + b"\x00",
+        b"\xc3\x01" + b"\x00" * 8 + good[10:],
+        b"not avro",
+        b"",
+    ]
+    for value in bad:
+        rig.fold(partition_for("dl-2", 2), TOPICS.commands, b"dl-2", value)
+    errors = [d["error"] for d in rig.dead()]
+    assert len(errors) == len(bad)
+    for error in errors:
+        assert not any(mark in error for mark in ("b'", "{'", "'type'", "None")), error
