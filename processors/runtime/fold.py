@@ -178,9 +178,10 @@ class Folder:
                              f"{admission.key_text(run_id.encode())} of its value")
             return
         owner = self._owner
-        if owner is not None and owner(key) != partition:
-            self._forward(counters, topic, partition, offset, key, value, timestamp, headers, owner(key))
+        if owner is not None and (home := owner(key)) != partition:
+            self._forward(counters, topic, partition, offset, key, value, timestamp, headers, home)
             return
+        # the bounds inline (admission.implausible_time words them): one comparison per input
         if bad_json is not None or (timestamp > 0 and not (
                 timestamp - self.ts_past_ms <= msg["ts_ms"] <= timestamp + self.ts_future_ms)):
             admitted = self._admit(overlay, counters, topic, partition, key, msg, bad_json, timestamp)
