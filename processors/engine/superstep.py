@@ -223,6 +223,14 @@ def finish_run(em: Emitter) -> None:
 
 
 def schema_error(error: Any) -> str:
-    """A JSON Schema error without the offending value (it may hold a secret)."""
+    """A JSON Schema error without the offending value (it may hold a secret): where, which rule,
+    and what the schema asked for, in the schema's own words (property names it requires, the
+    type it expects), so the producer can fix the message without the schema at hand."""
     path = error.json_path
-    return f"at {path} fails {error.validator!r} (schema {'/'.join(str(p) for p in error.schema_path)})"
+    rule, wanted, detail = error.validator, error.validator_value, ""
+    if rule == "required" and isinstance(error.instance, dict) and isinstance(wanted, list):
+        missing = [str(name) for name in wanted if name not in error.instance]
+        detail = f": missing {', '.join(repr(m) for m in missing)}" if missing else ""
+    elif rule == "type":
+        detail = f": expected {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
+    return f"at {path} fails {rule!r}{detail} (schema {'/'.join(str(p) for p in error.schema_path)})"

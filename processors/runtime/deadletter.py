@@ -11,6 +11,7 @@ PRODUCER = "processor"
 UNDECODABLE = "undecodable"
 NULL_VALUE = "null_value"
 KEY_MISMATCH = "key_mismatch"
+MISROUTED = "misrouted"  # forwarded to its owning partition once already, and not owned there either
 PROCESSING_ERROR = "processing_error"
 OUTPUT_TOO_LARGE = "output_too_large"  # folding it produced a record the broker refuses
 
