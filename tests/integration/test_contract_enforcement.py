@@ -138,16 +138,22 @@ def test_wrong_time_units_and_invalid_json_get_a_rejection_the_client_sees(
         cmd.send("commands", "ahead", {**start, "ts_ms": now + 3_600_000})  # a clock an hour ahead
         raw = CODEC.encode("commands", {"run_id": "badjson", "ts_ms": now, "record_id": "x", **start})
         cmd.raw(settings.topics.commands, b"badjson", raw.replace(b'{"a":1}', b"{'a':1}"))
+        # a host whose whole clock is an hour ahead: its client's CreateTime agrees with its ts_ms,
+        # but the topic keeps the broker's append time (LogAppendTime), which does not
+        skewed = CODEC.encode("commands", {"run_id": "skewed", "ts_ms": now + 3_600_000, "record_id": "y", **start})
+        cmd.producer.produce(settings.topics.commands, skewed, b"skewed", timestamp=now + 3_600_000,
+                             partition=partition_for("skewed", settings.partitions))  # fmt: skip
         cmd.flush()
         events.wait_for(
             lambda evs: (
-                {e["run_id"] for e in evs if e["type"] == "RunRejected"} >= {"secs", "ahead", "badjson"}
+                {e["run_id"] for e in evs if e["type"] == "RunRejected"} >= {"secs", "ahead", "badjson", "skewed"}
             ),
-            what="three rejections",
+            what="four rejections",
         )
     by_run = {e["run_id"]: e for e in events.records if e["type"] == "RunRejected"}
     assert "looks like seconds" in by_run["secs"]["reason"] and by_run["secs"]["code"] == "InvalidInput"
     assert " s after the record's Kafka timestamp" in by_run["ahead"]["reason"]
+    assert " s after the record's Kafka timestamp" in by_run["skewed"]["reason"]
     assert by_run["badjson"]["reason"].startswith("StartRun.input is not valid JSON text")
     assert not [e for e in events.records if e["type"] == "RunAccepted"]
     assert all(e["ts_ms"] > now - 60_000 for e in events.records)  # no 1970 timestamps
