@@ -195,13 +195,14 @@ def redactor_for(secrets: Iterable[str]) -> Redactor:
     return _cached(frozenset(s for s in secrets if s))
 
 
-# Every secret value this process has resolved or holds in its store: what the log filter
-# (logs.py in this package) and the metric labels are redacted of.
+# Every secret value this process has resolved, holds in a secret store or uses as an agent
+# provider's API key: what receipts, log records (log_redaction.py) and metric labels are
+# redacted of, whichever activation resolved it.
 _known: set[str] = set()
 
 
 def remember(values: Iterable[str]) -> None:
-    _known.update(v for v in values if v)
+    _known.update(v for v in values if len(v) >= MIN_SECRET_CHARS)
 
 
 def known_redactor() -> Redactor:

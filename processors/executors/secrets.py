@@ -34,7 +34,7 @@ import httpx
 
 from processors.executors.destinations import first_match, origin_text, parse_entry, url_origin
 from processors.executors.errors import ActionError
-from processors.executors.redaction import MIN_SECRET_CHARS, Redactor, redactor_for, remember
+from processors.executors.redaction import MIN_SECRET_CHARS, Redactor, known_redactor, redactor_for, remember
 from processors.executors.settings import SecretRule
 
 SECRET_KEY = "$secret"
@@ -228,5 +228,7 @@ class SecretResolver:
 
     @property
     def redactor(self) -> Redactor:
-        """Finds the values resolved here and every value of the worker's store."""
-        return redactor_for([*self.resolved, *self._store.known_values()])
+        """Finds every secret value this process knows: those resolved here or for any other
+        activation, every value of the worker's store, the agent providers' API keys."""
+        self._store.known_values()  # remembered once
+        return known_redactor()

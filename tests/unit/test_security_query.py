@@ -454,3 +454,19 @@ def test_the_client_sends_the_token_from_its_environment(
         )
     finally:
         server.close()
+
+
+def test_a_token_file_other_users_can_read_is_warned_about_and_an_empty_one_refused(
+    store: PartitionStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    os.chmod(token_file, 0o644)
+    with caplog.at_level(logging.WARNING):
+        _server(store, query_token_file=token_file).close()
+    assert "can be read by other users" in caplog.text and TOKEN not in caplog.text
+    token_file.write_text("\n")
+    with pytest.raises(CannotServe, match="empty"):
+        _server(store, query_token_file=token_file)
+    with pytest.raises(CannotServe, match="cannot read the query token file"):
+        _server(store, query_token_file=tmp_path / "missing")
