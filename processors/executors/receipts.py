@@ -82,6 +82,8 @@ def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseExceptio
     """The receipt that settles an activation once its handler has returned or raised."""
     activation, worker_id, secrets = ctx.activation, ctx.worker_id, ctx.secrets.redactor
     usage = ctx.usage_record()
+    if secrets and secrets.contains(usage):  # a numeric secret reported as a token count
+        return failed(activation, worker_id, "InvalidOutput", "usage holds a secret value", False)
     if ctx.cancel_kind == "cancel":
         return cancelled(activation, worker_id, redact(ctx.cancel_reason or "cancelled", secrets))
     if ctx.cancel_kind == "deadline":

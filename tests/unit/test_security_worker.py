@@ -251,6 +251,14 @@ def test_property_text_without_the_secret_is_left_alone(secret: str, text: str) 
     assert not contains_any({"t": text}, [secret])
 
 
+def test_a_numeric_secret_reported_as_usage_is_refused() -> None:
+    ctx = _ctx(WorkerSettings(**_policy_settings([])), caps=("secret:num",))
+    ctx.usage(prompt_tokens=int(ctx.secrets.get("num")))
+    receipt = terminal_receipt(ctx, output={"ok": True})
+    assert receipt["code"] == "InvalidOutput" and receipt["usage"]["prompt_tokens"] == 0
+    assert leaks(json.dumps(receipt), NUMERIC) == []
+
+
 def test_the_echoed_header_in_a_response_is_invalid_output(echo_port: int) -> None:
     settings = WorkerSettings(**_policy_settings([f"http://127.0.0.1:{echo_port}"]))
     for header in ({"$secret": "api"},):
