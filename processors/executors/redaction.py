@@ -17,16 +17,16 @@ pieces shorter than `PARTIAL_CHARS`, encrypted, encoded twice in base64...). The
 accidents and echoes, not a handler written to leak (see docs/security.md).
 
 Search cost is a few `str.find` passes per secret over the text (in C), then a check of each
-candidate: microseconds for a message, tens of milliseconds for a 1 MB response.
+candidate: ~8 us per secret for an 800-character message, ~7 ms per secret for 1 MB.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import json
 import math
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
@@ -41,11 +41,12 @@ REDACTED = "[redacted]"
 PARTIAL_CHARS = 8
 MIN_SECRET_CHARS = 8
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON escapes in a string
 
 
 def _lower(text: str) -> str:
     """ASCII lower case only: keeps every index where it was (str.lower can change lengths)."""
-    return text.translate(_ASCII_LOWER)
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
 def _base64_cores(raw: bytes) -> list[str]:
@@ -84,7 +85,7 @@ class _Form:
         # Probes of length P every S characters: any run of min_run characters contains a whole
         # probe (P = min_run - S + 1), so a run is never missed; each probe hit is then extended
         # both ways and kept only if the common run reaches min_run.
-        step = max(1, self.min_run // 3)
+        step = max(1, self.min_run // 2)
         size = self.min_run - step + 1
         self.probes = [(i, text[i : i + size]) for i in range(0, len(text) - size + 1, step)]
 
@@ -161,28 +162,32 @@ class Redactor:
 
     def contains(self, value: Any) -> bool:
         """True when a JSON-able `value` holds a secret anywhere: in a string, a key, or as a
-        number (its JSON text). The texts are searched together, joined by NUL."""
+        number. Searched in its JSON text (one pass, in C); strings that JSON escapes (a quote,
+        a backslash, a control character) are searched once more as they are, so a form with
+        its own escapes (JSON-in-JSON, repr) is not hidden by a second escaping."""
         if not self._forms:
             return False
-        texts: list[str] = []
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:
+            text = repr(value)
+        if self.find(text):
+            return True
+        if "\\" not in text:
+            return False
+        escaped: list[str] = []
         stack = [value]
         while stack:
             item = stack.pop()
             if isinstance(item, str):
-                texts.append(item)
+                if _ESCAPED.search(item):
+                    escaped.append(item)
             elif isinstance(item, dict):
-                for key, inner in item.items():
-                    stack.append(key if isinstance(key, str) else str(key))
-                    stack.append(inner)
+                stack.extend(k for k in item if isinstance(k, str))
+                stack.extend(item.values())
             elif isinstance(item, list | tuple):
                 stack.extend(item)
-            elif isinstance(item, int | float) and not isinstance(item, bool):
-                texts.append(str(item))
-                with contextlib.suppress(TypeError, orjson.JSONEncodeError):
-                    texts.append(orjson.dumps(item).decode())  # 7.3e13 -> "73000000000000.0"
-            elif item is not None and not isinstance(item, bool):
-                texts.append(repr(item))
-        return self.find("\0".join(texts))
+        return self.find("\0".join(escaped))
 
 
 @lru_cache(maxsize=256)
