@@ -4,9 +4,9 @@ might turn them into.
 A `Redactor` is built from secret values. It finds each value, and every run of at least
 `PARTIAL_CHARS` consecutive characters of it (a partial secret), written
 
-- as is, in any ASCII case (`GHP_ABC...`, `ghp_abc...`);
+- as is, in any case (`GHP_ABC...`, `ghp_abc...`; non-ASCII letters as str.upper/lower give them);
 - URL-encoded (`quote`, `quote_plus`, twice), JSON-escaped (with and without `\\uXXXX` for
-  non-ASCII, with `\\/`), as Python `repr` of the str or of its UTF-8 bytes, HTML-escaped, or
+  non-ASCII, with `\\/`, twice), as Python `repr` of the str or of its UTF-8 bytes, HTML-escaped, or
   as hex of its UTF-8 bytes: all in any ASCII case;
 - in base64, standard or URL-safe alphabet, padded or not, at any of the three byte
   alignments (so also inside the base64 of a longer text, e.g. `Basic base64(user:secret)`).
@@ -45,8 +45,11 @@ _ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON escapes in a string
 
 
 def _lower(text: str) -> str:
-    """ASCII lower case only: keeps every index where it was (str.lower can change lengths)."""
-    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
+    """Lower case that keeps every index where it was: str.lower unless it changes the length
+    (a few characters, e.g. "İ"), then ASCII letters only (the upper- and lower-cased secret are
+    forms of their own, so a secret's non-ASCII letters are still found in either case)."""
+    lowered = text.lower()
+    return lowered if len(lowered) == len(text) else text.translate(_ASCII_LOWER)
 
 
 def _base64_cores(raw: bytes) -> list[str]:
@@ -64,9 +67,10 @@ def _base64_cores(raw: bytes) -> list[str]:
 
 def _text_forms(secret: str) -> list[str]:
     forms = [
-        secret,
+        secret, secret.upper(), secret.lower(),
         quote(secret, safe=""), quote(secret), quote_plus(secret, safe=""), quote(quote(secret, safe=""), safe=""),
         json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"),
+        json.dumps(json.dumps(secret)[1:-1])[1:-1],  # JSON text inside a JSON string
         repr(secret)[1:-1], repr(secret.encode())[2:-1], secret.encode("unicode_escape").decode("ascii"),
         html.escape(secret), secret.encode().hex(),
     ]  # fmt: skip

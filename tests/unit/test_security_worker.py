@@ -217,28 +217,11 @@ def test_a_numeric_secret_returned_as_a_number_is_refused() -> None:
 
 
 @given(
-    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=8, max_size=40),
-    st.sampled_from(
-        [
-            "upper",
-            "base64",
-            "base64-unpadded",
-            "base64url",
-            "basic-auth",
-            "url",
-            "json",
-            "repr",
-            "repr-bytes",
-            "hex",
-            "prefix",
-            "suffix",
-        ]
-    ),
-    st.text(alphabet=" .,:;-", max_size=20),
+    st.text(min_size=8, max_size=40).filter(lambda s: "\0" not in s),  # any Unicode; NUL joins texts
+    st.sampled_from(sorted(_encodings("x" * 8))),
+    st.text(max_size=20),
 )
-def test_property_any_printable_secret_in_any_encoding_is_redacted(
-    secret: str, encoding: str, filler: str
-) -> None:
+def test_property_any_secret_in_any_encoding_is_redacted(secret: str, encoding: str, filler: str) -> None:
     form = _encodings(secret)[encoding]
     redacted = redact(f"{filler}{form}{filler}", [secret])
     assert leaks(redacted, secret) == [], (encoding, redacted)
