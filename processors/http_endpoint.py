@@ -9,7 +9,7 @@ their own, with bounds that hold whatever a client does:
 - answers are computed by at most `threads` threads (`handler` blocks: a RocksDB read, a
   metrics scrape); at most 4 x `threads` requests wait for one, more are answered 503;
 - request lines and headers are bounded (256 KiB a line, 8 KiB a header, 32 headers), only
-  GET and HEAD are served, and a request body is never read;
+  GET and HEAD are served, and a request body is ignored;
 - an optional bearer token (compared in constant time) guards every path but `open_paths`.
 
 A handler's exception is answered 500 with a fixed message: exception text never reaches
