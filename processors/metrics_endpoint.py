@@ -1,20 +1,24 @@
 """One Prometheus registry served on its own /metrics port: the base of the processor's and
-the executors' metrics (each process has its own registry, port and collectors)."""
+the executors' metrics (each process has its own registry, port and collectors).
+
+The endpoint is an `HttpEndpoint` (http_endpoint.py: request deadline, bounded connections and
+threads), listening on 127.0.0.1 unless the process's settings name another address."""
 
 from __future__ import annotations
 
-from typing import Any
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 
-from prometheus_client import GC_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, start_http_server
+from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, error_body
 
+LOOPBACK = "127.0.0.1"
 
-class CannotServe(Exception):
-    """An HTTP endpoint of ours could not bind its port (in use, not permitted): the message
-    says which endpoint, where, and what to do."""
-
-    def __init__(self, what: str, host: str, port: int, option: str, error: OSError) -> None:
-        super().__init__(f"cannot serve {what} on {host}:{port}: {error.strerror or error} (choose another "
-                         f"{option}; 0 picks a free one)")
+__all__ = ["LOOPBACK", "CannotServe", "MetricsEndpoint"]
 
 
 class MetricsEndpoint:
@@ -27,20 +31,29 @@ class MetricsEndpoint:
         # The process's CPU, memory and GC next to the loop's own figures (same scrape).
         r.register(PROCESS_COLLECTOR)
         r.register(GC_COLLECTOR)
-        self._server: Any = None
+        self._server: HttpEndpoint | None = None
         return r
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+    def serve(self, port: int, addr: str = LOOPBACK) -> int:
         """Start the /metrics endpoint; returns the bound port (port 0 = ephemeral)."""
-        try:
-            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as e:
-            raise CannotServe("/metrics", addr, port, "metrics port", e) from e
-        self._server = server
-        return int(server.server_address[1])
+        self._server = HttpEndpoint(
+            "/metrics",
+            "metrics port",
+            addr,
+            port,
+            self._answer,
+            threads=2,
+            max_connections=32,
+            timeout_s=10.0,
+        )
+        return self._server.port
+
+    def _answer(self, request: Request) -> Reply:
+        if request.path not in ("/metrics", "/"):
+            return Reply(404, error_body("no_route", "metrics are served at /metrics"))
+        return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None

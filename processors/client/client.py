@@ -59,6 +59,15 @@ def _dispose(producer: Producer) -> None:
     threading.Thread(target=holder.clear, name="runfold-client-dispose", daemon=True).start()
 
 
+def _query_token_from_env() -> str | None:
+    token = os.environ.get("RUNFOLD_QUERY_TOKEN")
+    path = os.environ.get("RUNFOLD_QUERY_TOKEN_FILE")
+    if not token and path:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline()
+    return token.strip() if token and token.strip() else None
+
+
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
@@ -67,11 +76,13 @@ class RunClient:
     """The Python SDK of runfold. Thread-compatible (one per thread), cheap to keep open."""
 
     def __init__(self, settings: KafkaSettings | None = None, *, timeout_s: float = 15.0,
-                 query_url: str | None = None, codec: Codec | None = None) -> None:
+                 query_url: str | None = None, codec: Codec | None = None, query_token: str | None = None) -> None:
         self.settings = settings or load_settings()
         self.topics = topic_names(self.settings)
         self.timeout_s = timeout_s
         self.query_url = (query_url or os.environ.get("RUNFOLD_QUERY_URL") or "").rstrip("/") or None
+        # the query endpoint's bearer token: RUNFOLD_QUERY_TOKEN, or the first line of RUNFOLD_QUERY_TOKEN_FILE
+        self._query_token = query_token or _query_token_from_env()
         self._codec = codec or Codec.default()
         self._enc_command = self._codec.encoder("commands")
         self._dec_event = self._codec.decoder("run_events")
@@ -241,7 +252,8 @@ class RunClient:
         url = self.query_url
         for _ in range(2):
             try:
-                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", timeout=self.timeout_s)
+                headers = {"Authorization": f"Bearer {self._query_token}"} if self._query_token else {}
+                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", headers=headers, timeout=self.timeout_s)
             except httpx.HTTPError:
                 return None  # the owner may be restarting: the snapshot topic still answers
             if resp.status_code == 200:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -261,6 +263,9 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
             env = {**_base_env(), "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "RUNFOLD_BOOTSTRAP_SERVERS": bootstrap,
                    "RUNFOLD_TOPIC_PREFIX": prefix, "RUNFOLD_PARTITIONS": str(partitions),
                    "RUNFOLD_ACTIVATION_QUEUES": ",".join(queues)}
+            # The query endpoint listens on 127.0.0.1, where any user of this machine reaches it: a
+            # token (a file only this user reads) keeps the demo's runs to itself on a shared host.
+            env["RUNFOLD_QUERY_TOKEN_FILE"] = str(_token_file(work))
             query_port = _free_port()
             cli = [sys.executable, "-m", "processors.cli"]
             with managed(Children(work, env)) as children:
@@ -296,8 +301,15 @@ def run_demo(console: Console, *, prefix: str | None = None, partitions: int = 4
     return result
 
 
-def _base_env() -> dict[str, str]:
-    import os
+def _token_file(work: Path) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "query-token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
+
+def _base_env() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "JAVA_HOME", "PYTHONPATH", "VIRTUAL_ENV", "RUNFOLD_CONFIG")
     return {k: v for k, v in os.environ.items() if k in keep or k.startswith("RUNFOLD_CLIENT_")}

@@ -10,8 +10,18 @@ import httpx
 import orjson
 
 from processors.executors.context import ActionContext
+from processors.executors.destinations import (
+    AddressGuard,
+    DestinationRefused,
+    GuardedTransport,
+    first_match,
+    origin_text,
+    parse_entry,
+    url_origin,
+)
 from processors.executors.errors import ActionError, Cancelled, NonRetryableError, RetryableError
 from processors.executors.sdk import ActionRegistry
+from processors.executors.secrets import SECRET_KEY
 from processors.executors.settings import WorkerSettings
 
 
@@ -36,77 +46,107 @@ async def sleep(ctx: ActionContext, input: Any) -> Any:
     return {"slept_ms": ms}
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_KEYS = frozenset({"url", "method", "headers", "params", "json", "body", "timeout_ms"})
+
+
 def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
-    """`host`, `host:port` or `*.domain` entries; deny when the list is empty."""
-    host = (url.host or "").lower()
-    port = url.port or (443 if url.scheme == "https" else 80)
-    for entry in allowed:
-        entry = entry.strip().lower()
-        if not entry:
-            continue
-        name, _, want_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-        if want_port and (not want_port.isdigit() or int(want_port) != port):
-            continue
-        if name == host or (name.startswith("*.") and host.endswith(name[1:])):
-            return True
-    return False
+    """The URL's scheme, host and port match an allow-list entry (destinations.py); deny when
+    the list is empty."""
+    return first_match([parse_entry(e) for e in allowed], url) is not None
+
+
+def _invalid(message: str) -> NonRetryableError:
+    return NonRetryableError(f"http.request: {message}", code="InvalidInput")
 
 
 class HttpRequestAction:
-    """`http.request`: `{method, url, headers?, params?, json? | body?, timeout_ms?}` ->
+    """`http.request`: `{url, method?, headers?, params?, json? | body?, timeout_ms?}` ->
     `{status, headers: {content-type}, json | text}`.
 
-    Deny by default: the URL's host must match `http_allowed_hosts`. `$secret` handles anywhere
-    in the input are resolved here (capability `secret:<name>` required). Redirects are not
-    followed. A response that echoes a resolved secret is `InvalidOutput`. 5xx, 429, network
-    errors and timeouts are retryable; other 4xx are not."""
+    Deny by default: the URL's scheme, host and port must match `http_allowed_hosts`, and the
+    address connected to must be public unless allowed (destinations.py, checked at connect
+    time). `$secret` handles are resolved in `headers` values, `params` values and the body
+    (`json`, `body`) only; `url`, `method` and `timeout_ms` are plain values (`method` one of
+    METHODS), and no error message repeats an input value. A request that carries a secret goes
+    only where the secret's policy rule lets it (`hosts`: https unless an entry says http://).
+    Redirects are not followed. A response that echoes a secret, in any form the redactor finds,
+    is `InvalidOutput`. 5xx, 429, network errors and timeouts are retryable; other 4xx are not."""
 
     def __init__(self, settings: WorkerSettings) -> None:
-        self._allowed = list(settings.http_allowed_hosts)
+        self._allowed = [parse_entry(e) for e in settings.http_allowed_hosts]
+        self._guard = AddressGuard([e.host for e in self._allowed], settings.http_allowed_networks)
         self._timeout_s = settings.http_timeout_s
         self._max_bytes = settings.http_max_response_bytes
         self._client: httpx.AsyncClient | None = None
 
-    async def call(self, ctx: ActionContext, input: Any) -> Any:
+    def _parse(self, input: Any) -> tuple[httpx.URL, str, float | None]:
         if not isinstance(input, dict) or not isinstance(input.get("url"), str):
-            raise NonRetryableError("http.request needs input {\"url\": ..., \"method\": ...}", code="InvalidInput")
+            raise _invalid('needs input {"url": "<string>", "method": ...} (the url is never a secret handle)')
+        unknown = sorted(str(k) for k in input if k not in _KEYS)
+        if unknown:
+            raise _invalid(f"unknown input keys {unknown[:5]} (takes {sorted(_KEYS)})")
         try:
             url = httpx.URL(input["url"])
         except Exception as exc:  # httpx raises several types for bad URLs
-            raise NonRetryableError(f"http.request: invalid url ({type(exc).__name__})", code="InvalidInput") from None
-        if url.scheme not in ("http", "https"):
-            raise NonRetryableError("http.request: only http and https URLs", code="InvalidInput")
-        if not host_allowed(url, self._allowed):
-            raise ActionError("PermissionDenied", f"http.request: host {url.host!r} is not allowed on this worker")
-        request = ctx.secrets.resolve({k: v for k, v in input.items() if k != "url"})
-        method = str(request.get("method", "GET")).upper()
-        timeout_s = request.get("timeout_ms", self._timeout_s * 1000) / 1000
+            raise _invalid(f"invalid url ({type(exc).__name__})") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise _invalid("only http and https URLs with a host")
+        method = input.get("method", "GET")
+        if not isinstance(method, str) or method.upper() not in METHODS:
+            raise _invalid(f"method must be one of {', '.join(METHODS)} (a plain string, never a secret handle)")
+        timeout_ms = input.get("timeout_ms")
+        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)
+                                       or timeout_ms <= 0):
+            raise _invalid("timeout_ms must be a positive number")
+        for key in ("headers", "params"):
+            if input.get(key) is not None and (not isinstance(input[key], dict) or SECRET_KEY in input[key]):
+                raise _invalid(f"{key} must be an object of names to values (a handle goes in a value)")
+        return url, method.upper(), timeout_ms / 1000 if timeout_ms is not None else None
+
+    async def call(self, ctx: ActionContext, input: Any) -> Any:
+        url, method, timeout_s = self._parse(input)
+        if first_match(self._allowed, url) is None:
+            raise ActionError("PermissionDenied", f"http.request: {origin_text(*url_origin(url))} is not in this "
+                              "worker's http_allowed_hosts")
+        headers = ctx.secrets.resolve(input.get("headers") or {})
+        params = ctx.secrets.resolve(input.get("params"))
+        ctx.secrets.check_destination(url)  # before the body: a refused request resolves no more
+        body = ctx.secrets.resolve({k: input[k] for k in ("json", "body") if k in input})
+        ctx.secrets.check_destination(url)
+        if any(not isinstance(v, str | int | float) or isinstance(v, bool) for v in headers.values()):
+            raise _invalid("header values must be strings or numbers")
+        headers = {str(k): str(v) for k, v in headers.items()}
+        timeout_s = timeout_s if timeout_s is not None else self._timeout_s
         remaining = ctx.remaining_ms()
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining / 1000))
-        kwargs: dict[str, Any] = {"headers": request.get("headers") or {}, "params": request.get("params")}
-        if "json" in request:
-            kwargs["content"] = orjson.dumps(request["json"])
-            kwargs["headers"] = {"content-type": "application/json", **kwargs["headers"]}
-        elif "body" in request:
-            kwargs["content"] = str(request["body"]).encode()
+        kwargs: dict[str, Any] = {"headers": headers, "params": params}
+        if "json" in body:
+            kwargs["content"] = orjson.dumps(body["json"])
+            kwargs["headers"] = {"content-type": "application/json", **headers}
+        elif "body" in body:
+            kwargs["content"] = str(body["body"]).encode()
+        where = url.host
         try:
-            body, status, content_type = await self._send(method, url, timeout_s, kwargs)
+            raw, status, content_type = await self._send(method, url, timeout_s, kwargs)
+        except DestinationRefused as exc:
+            raise ActionError("PermissionDenied", f"http.request: {exc}") from None
         except httpx.TimeoutException:
-            raise ActionError("Timeout", f"http.request: {method} {url.host} timed out", True) from None
+            raise ActionError("Timeout", f"http.request: {method} {where} timed out", True) from None
         except httpx.HTTPError as exc:
-            raise RetryableError(f"http.request: {method} {url.host} failed ({type(exc).__name__})") from None
-        text = body.decode("utf-8", errors="replace")
-        if any(secret in text for secret in ctx.secrets.resolved):
-            raise ActionError("InvalidOutput", "http.request: the response echoed a resolved secret")
+            raise RetryableError(f"http.request: {method} {where} failed ({type(exc).__name__})") from None
+        text = raw.decode("utf-8", errors="replace")
+        if ctx.secrets.redactor.find(text) or ctx.secrets.redactor.find(content_type):
+            raise ActionError("InvalidOutput", "http.request: the response echoed a secret")
         if status >= 500 or status == 429:
-            raise RetryableError(f"http.request: {method} {url.host} answered HTTP {status}")
+            raise RetryableError(f"http.request: {method} {where} answered HTTP {status}")
         if status >= 400:
-            raise NonRetryableError(f"http.request: {method} {url.host} answered HTTP {status}")
+            raise NonRetryableError(f"http.request: {method} {where} answered HTTP {status}")
         out: dict[str, Any] = {"status": status, "headers": {"content-type": content_type}}
         if "json" in content_type:
             try:
-                out["json"] = orjson.loads(body)
+                out["json"] = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 out["text"] = text
         else:
@@ -117,7 +157,8 @@ class HttpRequestAction:
         self, method: str, url: httpx.URL, timeout_s: float, kwargs: dict[str, Any]
     ) -> tuple[bytes, int, str]:
         if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+            self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                             transport=GuardedTransport(self._guard))
         async with self._client.stream(method, url, timeout=timeout_s, **kwargs) as response:
             chunks: list[bytes] = []
             size = 0
@@ -143,4 +184,4 @@ def builtin_registry(settings: WorkerSettings) -> ActionRegistry:
     return reg
 
 
-__all__ = ["Cancelled", "HttpRequestAction", "builtin_registry", "echo", "host_allowed", "noop", "sleep"]
+__all__ = ["METHODS", "Cancelled", "HttpRequestAction", "builtin_registry", "echo", "host_allowed", "noop", "sleep"]

@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
+from processors.executors.settings import LOOPBACK
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
 from processors.runtime.fetch import connect_first, first_then_buffered
@@ -125,7 +126,7 @@ def finished_receipt(step: dict[str, Any], child_run_id: str, event: dict[str, A
 class ChildExecutor:
     def __init__(self, kafka: KafkaSettings | None = None, topic_prefix: str | None = None,
                  instance_id: str = "0", batch: int = 500, metrics_port: int | None = None,
-                 metrics_host: str = "0.0.0.0") -> None:
+                 metrics_host: str = LOOPBACK) -> None:
         self.kafka = kafka or load_settings()
         prefix = topic_prefix or self.kafka.topic_prefix
         self.names = TopicNames(prefix)

@@ -49,7 +49,8 @@ def worker_command(
     queue: Annotated[list[str], typer.Option("--queue", "-q", help="activation queue to serve; repeatable")] = [],  # noqa: B006
     name: Annotated[str | None, typer.Option(help="worker name (in worker ids)")] = None,
     concurrency: Annotated[int | None, typer.Option(help="handlers running at once")] = None,
-    allow_host: Annotated[list[str], typer.Option("--allow-host", help="host http.request may call; repeatable")] = [],  # noqa: B006
+    allow_host: Annotated[list[str], typer.Option("--allow-host", help="where http.request may call: [scheme://]host[:port], "
+                                                  "https and its port unless given; repeatable")] = [],  # noqa: B006
     config: Annotated[str | None, typer.Option(help="YAML file with WorkerSettings (agents, hosts, ...)")] = None,
     topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
     metrics_port: Annotated[int | None, typer.Option(

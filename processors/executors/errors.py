@@ -4,12 +4,15 @@ A handler signals failure by raising. `ActionError(code, message, retryable)` is
 general form; `RetryableError` / `NonRetryableError` are the two common shorthands.
 Any other exception becomes `ExecutionFailed`, **retryable** (an unexpected crash is
 treated like a transient fault; the step's retry policy bounds it), with the exception
-type and message, redacted of every secret resolved for the activation.
+type and message, redacted of every secret resolved for the activation (and of every other
+value in the worker's store), in the encodings `redaction.Redactor` knows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from processors.executors.redaction import Redactor, redactor_for
 
 FAILURE_CODES = frozenset(
     {
@@ -19,7 +22,6 @@ FAILURE_CODES = frozenset(
     }
 )
 MAX_MESSAGE_CHARS = 2000
-REDACTED = "[redacted]"
 
 
 class ActionError(Exception):
@@ -52,17 +54,17 @@ class Cancelled(Exception):
     """Raised by `ActionContext.check_cancelled()` once the activation is cancelled."""
 
 
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret value replaced; long messages truncated."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
+def redact(text: str, secrets: Iterable[str] | Redactor) -> str:
+    """`text` with every secret value (any form, partial runs too) replaced by `[redacted]`;
+    long messages truncated after the redaction (a cut cannot leave half a secret behind)."""
+    redactor = secrets if isinstance(secrets, Redactor) else redactor_for(secrets)
+    text = redactor.redact(text)
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[:MAX_MESSAGE_CHARS] + "…"
     return text
 
 
-def classify(exc: BaseException, secrets: Iterable[str] = ()) -> tuple[str, str, bool]:
+def classify(exc: BaseException, secrets: Iterable[str] | Redactor = ()) -> tuple[str, str, bool]:
     """(code, message, retryable) for an exception a handler raised."""
     if isinstance(exc, ActionError):
         return exc.code, redact(exc.message, secrets), exc.retryable

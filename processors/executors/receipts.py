@@ -3,8 +3,10 @@
 `terminal_receipt` is the one place that decides which receipt ends an activation:
 a cancel notice -> ActivationCancelled; the deadline -> ActivationFailed Timeout (retryable);
 a handler that stops with an error on worker shutdown -> ActivationFailed Cancelled (retryable: another worker can run it); an exception -> ActivationFailed with its classification; an output that is not JSON or
-that echoes a resolved secret or holds a secret literal (processors.engine.secrets)
--> ActivationFailed InvalidOutput; otherwise ActivationCompleted.
+that echoes a secret of the worker's store in any form `redaction.Redactor` finds (case,
+base64, URL, JSON, repr, hex, a partial run) or holds a secret literal
+(processors.engine.secrets) -> ActivationFailed InvalidOutput; otherwise ActivationCompleted.
+Every message (failure, cancel reason) is redacted the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import orjson
 from processors.engine.secrets import find_secret_literals
 from processors.executors.context import ActionContext
 from processors.executors.errors import classify, redact
-from processors.executors.secrets import contains_any
 
 STEP_FIELDS = ("node", "lineage", "attempt", "dispatch_id")
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
@@ -79,8 +80,10 @@ def completed(activation: dict[str, Any], worker_id: str, output: Any, usage: di
 
 def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseException | None = None) -> dict[str, Any]:
     """The receipt that settles an activation once its handler has returned or raised."""
-    activation, worker_id, secrets = ctx.activation, ctx.worker_id, ctx.secrets.resolved
+    activation, worker_id, secrets = ctx.activation, ctx.worker_id, ctx.secrets.redactor
     usage = ctx.usage_record()
+    if secrets and secrets.contains(usage):  # a numeric secret reported as a token count
+        return failed(activation, worker_id, "InvalidOutput", "usage holds a secret value", False)
     if ctx.cancel_kind == "cancel":
         return cancelled(activation, worker_id, redact(ctx.cancel_reason or "cancelled", secrets))
     if ctx.cancel_kind == "deadline":
@@ -94,7 +97,7 @@ def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseExceptio
         orjson.dumps(output)
     except TypeError as exc:
         return failed(activation, worker_id, "InvalidOutput", f"output is not JSON: {redact(str(exc), secrets)}", False, usage)
-    if contains_any(output, secrets):
+    if secrets.contains(output):
         return failed(activation, worker_id, "InvalidOutput", "output contains a resolved secret", False, usage)
     literals = find_secret_literals(output)
     if literals:  # paths only: the values never leave the worker

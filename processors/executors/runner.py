@@ -41,15 +41,16 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from processors.executors import receipts
+from processors.executors import log_redaction, receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.receipt_delivery import ReceiptDelivery, now_ms
+from processors.executors.redaction import known_redactor
 from processors.executors.sdk import Action, Worker
-from processors.executors.secrets import SecretResolver
+from processors.executors.secrets import SecretResolver, SecretsPolicy
 from processors.executors.worker_group import WorkerGroup
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.fetch import connect_first, first_then_buffered
@@ -102,6 +103,10 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.decode = self.codec.decoder("activations")
         self.encode_receipt = self.codec.encoder("receipts")
         self.router = ProviderRouter(self.settings.agents.model_copy(deep=True), worker.secrets)
+        self.policy = SecretsPolicy(self.settings.secrets_policy)
+        # Every value of the store is redacted from every log record of this process, resolved or not.
+        worker.secrets.known_values()
+        log_redaction.install()
         self.concurrency = self.settings.concurrency
         self.admission = self.concurrency + self.settings.backlog
         self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
@@ -336,7 +341,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             if len(self._labels) >= MAX_ACTION_LABELS:
                 return "(other)"
             known = name.startswith("agent:") or self.worker.lookup(name) is not None
-            label = self._labels[name] = name if known else "(unknown)"
+            label = self._labels[name] = known_redactor().redact(name) if known else "(unknown)"
         return label
 
     def _on_cancel(self, record: dict[str, Any]) -> None:
@@ -385,8 +390,11 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
     def _start(self, entry: Entry) -> None:
         act = entry.activation
         dispatch = act["dispatch_id"]
-        ctx = ActionContext(act, SecretResolver(self.worker.secrets, act.get("capabilities") or ()), self.worker_id,
-                            functools.partial(self._request_heartbeat, dispatch))
+        # The queue is the topic's it came from (not what the record says): the policy's queue rules
+        # bind to the worker pool that serves the topic.
+        resolver = SecretResolver(self.worker.secrets, act.get("capabilities") or (), self.policy,
+                                  act.get("definition_id") or "", self._queue_of.get(entry.tp[0], ""))
+        ctx = ActionContext(act, resolver, self.worker_id, functools.partial(self._request_heartbeat, dispatch))
         entry.ctx = ctx
         action: Action | None = None
         if act.get("kind") == "agent":

@@ -4,12 +4,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from processors.executors.destinations import parse_entry
 from topology.settings import build_settings, read_config_file
+
+# Where the HTTP endpoints of the executors listen unless told otherwise: this machine only.
+LOOPBACK = "127.0.0.1"
+
+
+def _check_entries(entries: list[str]) -> list[str]:
+    for entry in entries:
+        parse_entry(entry)  # ValueError names the entry and the problem
+    return entries
 
 
 class ProviderConfig(BaseModel):
@@ -38,6 +49,31 @@ class AgentsConfig(BaseModel):
     routes: dict[str, str] = Field(default_factory=lambda: {"*": "local"})
 
 
+class SecretRule(BaseModel):
+    """Who may resolve one secret, and where `http.request` may send it (operator configuration,
+    `secrets_policy.<name>` in the worker settings). An activation resolves the secret only
+    when its definition id matches `definitions` and its queue matches `queues` (a list left
+    empty places no condition; at least one must be given; `*` and other shell-style globs
+    match). `hosts` are allow-list entries (`[scheme://]host[:port]`, https unless written
+    `http://`): the only destinations an `http.request` carrying this secret may go to. Empty:
+    the secret is never sent by `http.request` (a custom action that resolves it sends it
+    where its own code does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    definitions: list[str] = Field(default_factory=list)
+    queues: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+
+    _hosts = field_validator("hosts")(_check_entries)
+
+    @model_validator(mode="after")
+    def _scoped(self) -> SecretRule:
+        if not self.definitions and not self.queues:
+            raise ValueError("name the definitions and/or queues that may resolve this secret ('*' for any)")
+        return self
+
+
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNFOLD_WORKER_", extra="ignore")
 
@@ -54,13 +90,33 @@ class WorkerSettings(BaseSettings):
     cancel_grace_ms: int = Field(default=5_000, ge=0)
     poll_batch: int = Field(default=500, ge=1)
     commit_interval_ms: int = Field(default=200, ge=1)
-    # hosts `http.request` may call: "api.example.com", "*.example.com", "127.0.0.1:8080"
+    # where `http.request` may call, scheme + host + port (destinations.py): "api.example.com"
+    # (https, port 443), "*.example.com", "http://127.0.0.1:8080", "https://[::1]:8443"
     http_allowed_hosts: list[str] = Field(default_factory=list)
+    # networks whose non-public addresses (private, loopback, link-local...) `http.request` may
+    # reach, e.g. "10.20.0.0/16"; an address listed literally in http_allowed_hosts is allowed too
+    http_allowed_networks: list[str] = Field(default_factory=list)
     http_timeout_s: float = Field(default=30.0, gt=0)
     http_max_response_bytes: int = Field(default=1_000_000, ge=1)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = LOOPBACK  # "0.0.0.0" (or an interface's address) exposes it beyond this machine
+    # secret name -> who may resolve it and where it may be sent. No rule: the secret never
+    # resolves on this worker (PermissionDenied), whatever an activation's capabilities say.
+    secrets_policy: dict[str, SecretRule] = Field(default_factory=dict)
+
+    _hosts = field_validator("http_allowed_hosts")(_check_entries)
+
+    @field_validator("http_allowed_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for net in v:
+            try:
+                ipaddress.ip_network(net.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"http_allowed_networks entry {net!r} is not an address or network "
+                                 "(e.g. 10.0.0.0/8, fd00::/8)") from None
+        return [n.strip() for n in v]
 
     def group_id(self, prefix: str) -> str:
         """One consumer group per (sorted) queue set: workers serving the same queues share work."""
@@ -84,7 +140,7 @@ class ChildExecutorSettings(BaseSettings):
     instance_id: str = "0"  # stable per instance: the suffix of its transactional id
     batch: int = Field(default=500, ge=1)  # records per poll, i.e. per transaction at most
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = LOOPBACK
 
     @classmethod
     def load(cls, **overrides: Any) -> ChildExecutorSettings:

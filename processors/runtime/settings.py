@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -98,7 +98,22 @@ class ProcessorSettings(KafkaSettings):
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # None = no endpoint, 0 = ephemeral
     query_port: int | None = Field(default=None, ge=0, le=65_535)
-    http_host: str = "0.0.0.0"
+    # Where the metrics and query endpoints listen: this machine only, unless an address is set
+    # here ("0.0.0.0": every interface). The query endpoint refuses to listen beyond loopback
+    # without a token.
+    http_host: str = "127.0.0.1"
+    # Bearer token the query endpoint requires on /runs (not /health), from RUNFOLD_QUERY_TOKEN or
+    # the file named by RUNFOLD_QUERY_TOKEN_FILE (its first line). Never logged.
+    query_token: SecretStr | None = None
+    query_token_file: Path | None = None
+    # A run-events page of the query endpoint holds at most this many bytes of JSON (one event
+    # at least); `next_since` names the next page.
+    query_page_bytes: int = Field(default=1 << 20, ge=4096, le=64 << 20)
+    # Both endpoints: a request's deadline (headers, answer, response), open connections, and
+    # threads answering (requests waiting for one: 4 per thread; more are answered 503).
+    http_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    http_max_connections: int = Field(default=64, ge=1, le=10_000)
+    http_threads: int = Field(default=4, ge=1, le=64)
     log_level: Annotated[str, AfterValidator(log_level_name)] = "INFO"
 
     @classmethod
@@ -174,6 +189,8 @@ class ProcessorSettings(KafkaSettings):
     def redacted(self) -> dict[str, Any]:
         data = super().redacted()
         data["state_dir"] = str(self.state_dir)
+        data["query_token"] = "***" if self.query_token is not None else None
+        data["query_token_file"] = str(self.query_token_file) if self.query_token_file is not None else None
         data["client_overrides"] = redact(self.client_overrides)
         return data
 

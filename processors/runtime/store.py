@@ -173,6 +173,30 @@ class PartitionStore:
                 it.next()
         return out
 
+    def events_chunk(self, run_id: str, since: int, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """(sequence, bytes) of the stored events of `run_id` with sequence > since, in order: at
+        most `max_events`, and none more once `max_bytes` are gathered (at least one). For
+        readers on other threads (the query server), which page through a long log chunk by
+        chunk: the lock the loop's `write` takes is held for one chunk only, and the iterator is
+        dropped before it is released (a live iterator keeps the database open, and reopening
+        the partition's store after a rebalance would then fail on its lock file)."""
+        prefix = event_prefix(run_id)
+        out: list[tuple[int, bytes]] = []
+        size = 0
+        with self._lock:
+            it = self.db.iter()
+            it.seek(prefix + (since + 1).to_bytes(8, "big"))
+            while it.valid() and len(out) < max_events and (size < max_bytes or not out):
+                key = it.key()
+                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                    break
+                value = it.value()
+                out.append((int.from_bytes(key[-8:], "big"), value))
+                size += len(value)
+                it.next()
+            del it
+        return out
+
     def due_timers(self, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to `limit` stored timers with due_ms <= now_ms, earliest first. Cost is
         proportional to the due timers (plus tombstones of recently fired ones)."""

@@ -95,7 +95,7 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
         # the poison receipts' own effects were never applied; their steps failed in their place
         base = f"http://127.0.0.1:{pt.processor.query_port}"
         for run_id in ("big-broker", "big-client"):
-            body = httpx.get(f"{base}/runs/{run_id}", timeout=5).json()
+            body = httpx.get(f"{base}/runs/{run_id}", params={"view": "state"}, timeout=5).json()
             step = body["state"]["steps"]["a"]
             assert body["status"] == "failed" and step["status"] == "failed" and step["output"] is None
             assert step["failure"]["code"] == "InvalidOutput" and not step["failure"]["retryable"]
@@ -153,7 +153,8 @@ def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leavin
                         what="both runs to finish")  # fmt: skip
         dead.wait_for(lambda d: len(d) >= 1, what="the timer's dead letter")
         assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 1
-        body = httpx.get(f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", timeout=5).json()
+        body = httpx.get(f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", params={"view": "state"},
+                         timeout=5).json()
         assert body["status"] == "failed" and body["state"]["steps"]["s"]["status"] == "cancelled"
     [letter] = dead.records
     assert letter["key"] == b"sleeper" and letter["source_topic"] == settings.topics.receipts

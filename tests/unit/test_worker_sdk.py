@@ -11,7 +11,10 @@ from processors.executors.context import ActionContext
 from processors.executors.errors import Cancelled, classify, redact
 from processors.executors.receipts import accepted, heartbeat, terminal_receipt
 from processors.executors.sdk import ActionRegistry
-from processors.executors.secrets import SecretResolver, contains_any, contains_handle, env_var_for
+from processors.executors.secrets import SecretResolver, SecretsPolicy, contains_any, contains_handle, env_var_for
+from processors.executors.settings import SecretRule
+
+POLICY = SecretsPolicy({"api": SecretRule(definitions=["*"]), "db": SecretRule(queues=["*"])})
 
 
 def _activation(**extra: object) -> dict:
@@ -25,7 +28,7 @@ def _activation(**extra: object) -> dict:
 def _ctx(store: SecretStore | None = None, **extra: object) -> ActionContext:
     act = _activation(**extra)
     return ActionContext(act, SecretResolver(store or SecretStore({"api": "s3cr3t-value"}, use_env=False),
-                                             act["capabilities"]), "w-1")
+                                             act["capabilities"], POLICY), "w-1")
 
 
 def test_registry_requires_ctx_and_input_and_unique_names() -> None:
@@ -73,19 +76,19 @@ def test_classify_maps_errors_and_redacts_secrets() -> None:
 
 
 def test_secret_resolver_is_capability_scoped() -> None:
-    store = SecretStore({"api": "s3cr3t-value", "db": "other"}, use_env=False)
-    resolver = SecretResolver(store, ["secret:api"])
+    store = SecretStore({"api": "s3cr3t-value", "db": "other-value"}, use_env=False)
+    resolver = SecretResolver(store, ["secret:api"], POLICY)
     out = resolver.resolve({"headers": {"authorization": {"$secret": "api"}}, "n": [1, {"k": "v"}]})
     assert out == {"headers": {"authorization": "s3cr3t-value"}, "n": [1, {"k": "v"}]}
     assert resolver.resolved == ["s3cr3t-value"]
     with pytest.raises(ActionError) as denied:
         resolver.resolve({"$secret": "db"})
-    assert denied.value.code == "PermissionDenied" and "other" not in denied.value.message
+    assert denied.value.code == "PermissionDenied" and "other-value" not in denied.value.message
     with pytest.raises(ActionError) as malformed:
         resolver.resolve({"$secret": "api", "extra": 1})
     assert malformed.value.code == "InvalidInput"
     with pytest.raises(ActionError, match="not configured"):
-        SecretResolver(store, ["secret:nope"]).get("nope")
+        SecretResolver(store, ["secret:nope"], SecretsPolicy({"nope": SecretRule(definitions=["*"])})).get("nope")
     assert contains_handle([{"a": {"$secret": "x"}}]) and not contains_handle({"a": "$secret"})
     assert contains_any({"k": ["xx s3cr3t-value"]}, ["s3cr3t-value"]) and not contains_any({"k": 1}, ["s"])
 

@@ -23,6 +23,7 @@ from processors.executors.agents.local import LocalProvider
 from processors.executors.agents.openai_compat import OpenAICompatProvider
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
+from processors.executors.redaction import remember
 from processors.executors.secrets import SecretStore, contains_handle
 from processors.executors.settings import AgentsConfig, ProviderConfig
 
@@ -70,6 +71,8 @@ class ProviderRouter:
             key = self._secrets.lookup(cfg.api_key_secret)
         if (cfg.api_key_env or cfg.api_key_secret) and not key:
             raise ActionError("PermissionDenied", f"agent provider {name!r}: API key is not configured")
+        if key:
+            remember([key])  # redacted from this process's logs, messages and outputs like any secret
         return OpenAICompatProvider(cfg.base_url, key, cfg.model, cfg.timeout_s, cfg.prices)
 
     async def aclose(self) -> None:
