@@ -295,8 +295,13 @@ def _step_lease_extended(s: RunState, ev: Event) -> None:
 
 def _step_succeeded(s: RunState, ev: Event) -> None:
     _add_usage(s, ev["usage"])
-    _step_update(s, ev, status="succeeded", output=ev["output"], usage=ev["usage"], finished_ms=ev["ts_ms"])
-    _drop_wait(s, instance_key(ev["node"], ev["lineage"]))
+    key = instance_key(ev["node"], ev["lineage"])
+    old = s["steps"].get(key)
+    if old is None or old["superstep"] != s["superstep"]:
+        _settled_unscheduled(s, ev, key, old, "succeeded")  # an empty map
+    else:
+        _step_update(s, ev, status="succeeded", output=ev["output"], usage=ev["usage"], finished_ms=ev["ts_ms"])
+    _drop_wait(s, key)
 
 
 def _step_failed(s: RunState, ev: Event) -> None:
@@ -304,22 +309,31 @@ def _step_failed(s: RunState, ev: Event) -> None:
     key = instance_key(ev["node"], ev["lineage"])
     old = s["steps"].get(key)
     if old is None or old["superstep"] != s["superstep"]:
-        # failed before dispatch (its input or map source did not resolve): no StepScheduled
-        step: dict[str, Any] = {
-            "node": ev["node"], "lineage": ev["lineage"], "kind": None, "status": "failed",
-            "attempt": ev["attempt"], "first_attempt": ev["attempt"], "dispatch_id": ev["dispatch_id"],
-            "superstep": s["superstep"], "queue": None, "input": None, "input_hash": None,
-            "deadline_ms": None, "scheduled_ms": None, "started_ms": None, "finished_ms": ev["ts_ms"],
-            "worker_id": None, "lease_expires_ms": None, "retry_due_ms": None, "output": None,
-            "failure": ev["failure"], "usage": ev["usage"], "reason": None, "cancel_in_flight": False,
-        }  # fmt: skip
-        _put_step(s, key, step, old)
-        _count_item(s, ev["node"], ev["lineage"])
+        _settled_unscheduled(s, ev, key, old, "failed")  # its input or map source did not resolve
     else:
         _step_update(
             s, ev, status="failed", failure=ev["failure"], usage=ev["usage"], finished_ms=ev["ts_ms"]
         )
     _drop_wait(s, key)
+
+
+def _settled_unscheduled(s: RunState, ev: Event, key: str, old: dict[str, Any] | None, status: str) -> None:
+    """A node instance of this superstep that settled without a StepScheduled (an empty map, a
+    map source or input that did not resolve). It takes a step, as a scheduled one does, so
+    that max_steps bounds a loop through it."""
+    _add_usage(s, None, steps=1)
+    step: dict[str, Any] = {
+        "node": ev["node"], "lineage": ev["lineage"], "kind": None, "status": status,
+        "attempt": ev["attempt"], "first_attempt": ev["attempt"], "dispatch_id": ev["dispatch_id"],
+        "superstep": s["superstep"], "queue": None, "input": None, "input_hash": None,
+        "deadline_ms": None, "scheduled_ms": None, "started_ms": None, "finished_ms": ev["ts_ms"],
+        "worker_id": None, "lease_expires_ms": None, "retry_due_ms": None,
+        "output": ev["output"] if status == "succeeded" else None,
+        "failure": ev["failure"] if status == "failed" else None, "usage": ev["usage"], "reason": None,
+        "cancel_in_flight": False,
+    }  # fmt: skip
+    _put_step(s, key, step, old)
+    _count_item(s, ev["node"], ev["lineage"])
 
 
 def _step_retry_scheduled(s: RunState, ev: Event) -> None:

@@ -57,7 +57,8 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
     steps = state["steps"]
     pinned = em.pinned
     plans: list[tuple[str, Node, str, Any, dict[str, Any] | None]] = []
-    map_failures: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
+    # mapped nodes settled without an activation: their source failed (a failure) or is empty (None)
+    unscheduled: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
     fresh_steps = fresh_agents = 0
     mapped = False
     for name in state["frontier"]:
@@ -66,18 +67,16 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         if node.map is not None:
             mapped = True
             own = steps.get(name)
-            if (
-                own is not None
-                and own["superstep"] == superstep
-                and own["status"] == "failed"
-                and not reactivate
-            ):
-                continue  # its map source already failed in this superstep
+            own_current = own is not None and own["superstep"] == superstep
+            if own_current and own is not None and (own["status"] == "succeeded" or not reactivate):
+                continue  # settled in this superstep already: an empty map, or a source that failed
             items, problem = map_items(em, name, node)
-            if problem is not None:
-                map_failures.append((name, problem, own))
+            if problem is not None or not items:
+                # Settled at once, yet it takes a step like any node instance of a superstep, so
+                # that max_steps bounds a loop through it too (it would loop without end otherwise).
+                unscheduled.append((name, problem, own))
+                fresh_steps += not own_current
                 continue
-            assert items is not None
             instances = [(str(index), item) for index, item in enumerate(items)]
         else:
             instances = [("", ABSENT)]
@@ -90,15 +89,18 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
                 fresh_steps += 1
                 fresh_agents += node.kind == "agent"
             plans.append((name, node, lineage, item, old))
-    if not plans and not map_failures:
+    if not plans and not unscheduled:
         return False
     if not budgets.reserve(em, fresh_steps, fresh_agents, mapped):
         return True
-    for name, problem, old in map_failures:
+    for name, problem, old in unscheduled:
         attempt = _next_attempt(old)
-        em.emit("StepFailed", node=name, lineage="", attempt=attempt,
-                dispatch_id=dispatch_id(em.run_id, name, "", attempt), failure=problem,
-                usage=dict(_ZERO_USAGE))  # fmt: skip
+        ident = {"node": name, "lineage": "", "attempt": attempt,
+                 "dispatch_id": dispatch_id(em.run_id, name, "", attempt)}  # fmt: skip
+        if problem is None:  # an empty array: the node's value is []
+            em.emit("StepSucceeded", **ident, output=[], usage=dict(_ZERO_USAGE))
+        else:
+            em.emit("StepFailed", **ident, failure=problem, usage=dict(_ZERO_USAGE))
     free = _free_slots(em)
     for name, node, lineage, item, old in plans:
         if node.kind in DISPATCHED_KINDS:

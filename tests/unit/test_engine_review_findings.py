@@ -314,3 +314,36 @@ def test_decide_never_raises_on_deep_json_anywhere() -> None:
     h2.send({"type": "ActivationFailed", "node": "a", "lineage": "", "attempt": 1,
              "dispatch_id": dispatch_id("r-1", "a", "", 1), "worker_id": "w", "code": "X", "message": "m",
              "usage": very})  # fmt: skip
+
+
+# ------------------------------------------------------------------ found by the generative test
+
+
+def test_a_loop_through_an_empty_map_is_bounded_by_max_steps() -> None:
+    # An empty map settles at once: without a step for it, a loop through it never ended inside
+    # one decision (found by tests/unit/test_engine_generative.py: the process ran out of memory).
+    d = definition(
+        {"m": act(map={"from": "input", "pointer": "/items"})}, routes={"m": ["m"]}, budgets={"max_steps": 5}
+    )
+    h = RunHarness(d).start({"items": []})
+    assert h.status == "paused" and h.state["usage"]["steps"] == 5
+    assert h.types[-2:] == ["BudgetExhausted", "RunPaused"]
+    assert h.step("m")["status"] == "succeeded" and h.step("m")["output"] == []
+    assert h.refold() == dump_state(h.state)
+
+
+def test_a_loop_through_a_failing_map_source_under_continue_is_bounded_by_max_steps() -> None:
+    d = definition(
+        {"m": act(map={"from": "input", "pointer": "/nope"}, on_failure="continue")},
+        routes={"m": ["m"]}, budgets={"max_steps": 3},
+    )  # fmt: skip
+    h = RunHarness(d).start({})
+    assert h.status == "paused" and h.state["usage"]["steps"] == 3
+
+
+def test_an_empty_map_is_one_step_and_its_value_is_the_empty_list() -> None:
+    d = definition({"m": act(map={"from": "input", "pointer": "/items"}, writes={"out": {"from": "output"}}),
+                    "b": act()}, routes={"m": [{"to": "b", "when": "size(output) == 0"}]},
+                   state={"out": None})  # fmt: skip
+    h = RunHarness(d).start({"items": []})
+    assert h.state["frontier"] == ["b"] and h.state["usage"]["steps"] == 2
