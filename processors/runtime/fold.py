@@ -208,10 +208,12 @@ class Folder:
                     why = ("began before the start of the run-events log (its retention deleted the beginning), "
                            "so the processor could not restore it" if status == LOST_STATUS.decode() else
                            f"already ran ({status}) and was purged from the processor's store after its retention")
-                    self._reject(overlay, counters, partition, key, run_id, rejection(
+                    outputs: Outputs | None = self._rejection(overlay, counters, run_id, rejection(
                         msg, "Conflict", f"run {run_id} {why}; run ids are not reused"))
-                    return
-            outputs = self._decide(overlay, counters, msg, run_id)
+                else:
+                    outputs = self._decide(overlay, counters, msg, run_id)
+            else:
+                outputs = self._decide(overlay, counters, msg, run_id)
         except Unserializable as e:
             self._charge(overlay, counters, topic, partition, offset, key, value, msg, deadletter.UNSERIALIZABLE,
                          str(e))
@@ -337,11 +339,11 @@ class Folder:
         if msg["type"] == "TimerFired":  # as fold_input does: the timer is done (no refire)
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         substitute = _instead(msg, cause, error)
-        if substitute["type"] == "RunRejected":
-            self._reject(overlay, counters, partition, key, run_id, substitute)
-            return
         try:
-            outputs = self._decide(overlay, counters, substitute, run_id)
+            if substitute["type"] == "RunRejected":
+                outputs: Outputs | None = self._rejection(overlay, counters, run_id, substitute)
+            else:
+                outputs = self._decide(overlay, counters, substitute, run_id)
         except Exception:  # the dead letter is written; the substitute failing too changes nothing else
             return
         if outputs is not None:
@@ -377,16 +379,17 @@ class Folder:
 
     park_too_large = park
 
-    def _reject(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str,
-                event: dict[str, Any]) -> None:
-        """A RunRejected the runtime decides (the engine cannot see why): no state changes."""
+    def _rejection(self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str,
+                   event: dict[str, Any]) -> Outputs:  # fmt: skip
+        """The outputs of a RunRejected the runtime decides (the engine cannot see why): no
+        state changes."""
         state = overlay.state(run_id, load_state)
         raw = self._enc_event(event)
         dumped = overlay.dumped.get(run_id)
         if dumped is None and state is not None:  # a committed state: it was serialized before
             dumped = dump_state(state)
         _inc(counters.rejected, event["code"])
-        self._emit(overlay, counters, partition, key, run_id, state, state, event["ts_ms"], [(0, raw)], [], {}, dumped)
+        return state, state, event["ts_ms"], [(0, raw)], [], {}, dumped
 
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
