@@ -1,6 +1,6 @@
 """The worst case of a route condition the limits accept (processors/engine/condition_limits.py).
 
-    .venv/bin/python benchmarks/cel_limits_bench.py [--repeat 3] [--json]
+    .venv/bin/python benchmarks/cel_limits_bench.py [--repeat 5] [--json]
 
 For each family of hostile conditions (conversion-bound reads of small objects, floats and
 strings; one comprehension; quadratic map/filter; two nested comprehensions; a linear
@@ -126,7 +126,7 @@ def timed(expr: str, data: dict[str, Any], repeat: int) -> tuple[float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
