@@ -73,6 +73,8 @@ FAMILIES: list[tuple[str, str, tuple[str, ...]]] = [
     ("equality inside a comprehension", "input.a.exists(x, input.a == input.b && false)", ("int", "obj")),
     ("map range of a map", "input.a.map(x, input.a).exists(l, l == input.b && false)", ("int",)),
     ("map keys", "input.m.exists(k, input.m[k] == 'zz')", ("int", "obj")),
+    ("a large result that is not a bool", "input.a.map(x, input.a)", ("int", "obj")),
+    ("index by a computed key in a comprehension", "input.a.exists(x, input.b[0] == x && false)", ("int",)),
     ("string concatenation chain", _fill("input.s", "+", "size({}) >= 0"), ("int",)),
     ("list concatenation chain", _fill("input.a", "+", "size({}) >= 0"), ("int", "obj")),
     ("regex on data", "input.s.matches('(a|b)*c')", ("int",)),

@@ -467,7 +467,8 @@ def estimate_ns(tree: Node, variables: dict[str, Any]) -> int:
         weight = conversion_ns(raw)
         sizes[name] = (weight, len(raw))
         total += weight
-    return total + _estimate(tree, variables, sizes, {})[0]
+    cost, _, weight, _, _ = _estimate(tree, variables, sizes, {})
+    return total + cost + int(K_CALL * weight)  # the result is handed back to Python, bool or not
 
 
 def _element(value: Any, w: int, b: int) -> tuple[int, int, int]:
