@@ -254,3 +254,30 @@ def test_the_dead_letter_of_a_charged_record_names_its_coordinates_and_counts_it
         b"deep",
     )
     assert counters.dead == {"unserializable": 1} and counters.rejected == {"Limit": 1}
+
+
+def test_a_timer_the_store_batch_could_not_hold_is_charged_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store batch's values are computed in the guarded phase: a timer whose JSON cannot be
+    written (here made to fail for one run) rejects its start, and nothing of it reaches the store."""
+
+    class Shim:
+        @staticmethod
+        def dumps(value: Any, *args: Any) -> bytes:
+            if isinstance(value, dict) and value.get("run_id") == "x" and "timer_id" in value:
+                raise TypeError("Integer exceeds 64-bit range")
+            return orjson.dumps(value, *args)
+
+        Fragment = orjson.Fragment
+
+    r = rig(tmp_path)
+    monkeypatch.setattr(fold_module, "orjson", Shim)
+    txn = Txn(r, start("x"), start("ok"))
+    dead = assert_charged(txn, 0, "timer cannot be stored")
+    assert "64-bit" in dead["error"]
+    [rejected] = txn.events("x")
+    assert rejected["type"] == "RunRejected" and rejected["code"] == "Limit"
+    assert r.store.state_bytes("x") is None
+    assert not [k for k in r.store.db.keys() if b"x\x1f" in k]  # noqa: SIM118 (rocksdict)
+    assert state(r.store, "ok")["status"] == "running"
