@@ -67,6 +67,10 @@ OVER = {"schema": WF, "id": "cel-over", "revision": 1, "state": {}, "entry": ["a
         "routes": {"a": [{"to": "b", "when": OVER_LIMITS}]}}  # fmt: skip
 
 
+# what a refusal of deep JSON says: the runtime's ("cannot store ... nested too deeply") or the engine's
+_DEEP_WORDS = ("cannot store", "nest", "deep", "depth", "level")
+
+
 def deep(n: int) -> Any:
     v: Any = {"end": True}
     for _ in range(n - 1):
@@ -215,19 +219,19 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
     outcome: dict[str, str] = {}
     # deep JSON: refused by the engine (its nesting ceiling) or charged by the runtime
     r = rejected["p-deep-input"]
-    assert r["code"] in ("InvalidInput", "Limit") and (
-        "nest" in r["reason"] or "cannot store" in r["reason"]
-    ), r
+    assert r["code"] in ("InvalidInput", "Limit") and any(w in r["reason"] for w in _DEEP_WORDS), r
     if r["code"] == "Limit":
         charged("deep-input")
     outcome["deep-input"] = f"RunRejected {r['code']}"
     failed = terminal["p-deep-output"]
     assert failed["type"] == "RunFailed" and failed["failure"]["code"] == "InvalidOutput", failed
+    assert any(w in failed["failure"]["message"] for w in _DEEP_WORDS), failed
     if "cannot store" in failed["failure"]["message"]:
         charged("deep-output")
     outcome["deep-output"] = f"RunFailed {failed['failure']['code']}"
     sig = rejected["p-deep-signal"]
     assert sig["code"] in ("InvalidInput", "Limit") and sig["command_type"] == "SignalRun", sig
+    assert any(w in sig["reason"] for w in _DEEP_WORDS), sig
     if sig["code"] == "Limit":
         charged("deep-signal")
     assert terminal["p-deep-signal"]["type"] == "RunCancelled"
@@ -241,10 +245,13 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
     outcome["cel-limit"] = "RunFailed Evaluation (condition_cost)"
     # a value the serializer refuses (the engine's own check raised on it): charged by the runtime
     total = terminal["p-sum"]
-    assert total["type"] == "RunFailed" and total["failure"]["code"] == "InvalidOutput", total
+    assert total["type"] == "RunFailed" and total["failure"]["code"] in ("InvalidOutput", "State", "Limit"), (
+        total
+    )
     sum_dead = [dead_at[bad.at[k]]["error"] for k in ("sum-0", "sum-1") if bad.at[k] in dead_at]
-    assert len(sum_dead) == 1 and "64-bit" in sum_dead[0], sum_dead  # the second one, whose merge overflows
-    outcome["sum"] = "RunFailed InvalidOutput (unserializable)"
+    if total["failure"]["code"] == "InvalidOutput":  # charged by the runtime (an engine check may come first)
+        assert len(sum_dead) == 1 and "64-bit" in sum_dead[0], sum_dead  # the second one: its merge overflows
+    outcome["sum"] = f"RunFailed {total['failure']['code']}" + (" (unserializable)" if sum_dead else "")
     # injected through the test-only entry module: only the runtime can catch these
     raised = rejected["p-raise-start"]
     assert raised["code"] == "State" and "injected fault" in raised["reason"], raised
