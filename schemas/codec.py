@@ -30,7 +30,10 @@ schema id); decoding accepts both framings.
 
 Errors: `DecodeError` (one type for any undecodable bytes; `.reason`,
 `.topic_kind`) and `EncodeError` (names the record type and field). Both are
-ValueErrors.
+ValueErrors. `InvalidJsonField` is the DecodeError of a record whose Avro decodes but
+one of whose `json` fields holds text that is not UTF-8 JSON: it carries the decoded
+message (those fields None) and which fields, so the processor can answer the run
+(a RunRejected, a failed attempt) instead of only dead-lettering the bytes.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from schemas.contract import (
 from schemas.fast_reader import compile_reader
 from schemas.fast_writer import compile_writer
 
-__all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "get_codec"]
+__all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "InvalidJsonField", "get_codec"]
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
@@ -73,6 +76,18 @@ class DecodeError(ValueError):
         super().__init__(f"cannot decode {topic_kind or 'record'}: {reason}")
         self.reason = reason
         self.topic_kind = topic_kind
+
+
+class InvalidJsonField(DecodeError):
+    """The record decodes, but json fields hold text that is not JSON. `message` is the flat
+    message with those fields set to None; `fields` lists (path, what is wrong) with paths
+    relative to the message (`input`, `agent.prompt`) and orjson's words for what is wrong."""
+
+    def __init__(self, topic_kind: str, message: dict[str, Any], fields: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"invalid JSON text in json field {path} ({why})" for path, why in fields),
+                         topic_kind)
+        self.message = message
+        self.fields = fields
 
 
 class EncodeError(ValueError):
@@ -132,8 +147,9 @@ def _decode_reason(exc: BaseException) -> str:
         return "truncated or malformed Avro body (read past the end or bad union index)"
     if isinstance(exc, MemoryError):
         return "length prefix too large"
-    if isinstance(exc, SchemaResolutionError):
-        return f"not readable with the current reader schema ({str(exc)[:200]})"
+    if isinstance(exc, SchemaResolutionError):  # fastavro's text is a Python repr of the schemas: not shown
+        return ("not readable with the current reader schema: the writer used a union branch (a message "
+                "type) or a field type the reader does not have, e.g. a newer runfold schema")
     return f"not valid for the schema ({type(exc).__name__}: {str(exc)[:200]})"
 
 
@@ -150,6 +166,9 @@ class _Topic:
         # fingerprint -> (writer schema, reader schema or None when they are the same)
         self.writers: dict[bytes, tuple[Any, Any]] = {self.fingerprint: (self.reader, None)}
         self.registry_writers: dict[int, tuple[Any, Any]] = {}
+        # the unparsed writer schemas, for reading a record whose json fields are not JSON
+        self.raw_writers: dict[bytes | int, dict[str, Any]] = {self.fingerprint: schema}
+        self._lenient: dict[bytes | int, tuple[Any, Any]] = {}
         named: dict[str, Any] = dict(self.reader["__named_schemas"])
         fields: list[Any] = self.reader["fields"]
         self.is_envelope = fields[-1]["name"] == "body"
@@ -200,6 +219,7 @@ class _Topic:
         fp = fingerprint64(schema)
         if fp != self.fingerprint:
             self.writers[fp] = (parsed, self.reader)
+            self.raw_writers[fp] = schema
         return fp
 
     # --- hot path
@@ -236,7 +256,11 @@ class _Topic:
             if found is None:
                 if len(data) < 10:
                     raise DecodeError("truncated single-object header", self.kind)
-                raise DecodeError(f"unknown writer schema fingerprint {data[2:10].hex()}", self.kind)
+                raise DecodeError(
+                    f"unknown writer schema fingerprint {data[2:10].hex()}: write with the schema of "
+                    f"schemas/standalone/{self.name}.avsc (fingerprint {self.fingerprint.hex()}) or one in "
+                    f"schemas/history/{self.kind}/; a writer schema of your own (even one extra optional "
+                    "field) needs Schema Registry framing (docs/contract.md, Schema evolution)", self.kind)
             start = 10
         elif data[:1] == b"\x00":
             found = self._registry_writer(data)
@@ -257,9 +281,15 @@ class _Topic:
         try:
             rec: Any = schemaless_reader(fo, found[0], found[1], True, True)
         except Exception as exc:
+            if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
+                self._raise_invalid_json(data, start)
             raise DecodeError(_decode_reason(exc), self.kind) from None
         if fo.tell() != len(data):
             raise DecodeError(f"{len(data) - fo.tell()} trailing bytes after the record", self.kind)
+        return self._flat(rec)
+
+    def _flat(self, rec: Any) -> dict[str, Any]:
+        """The codec's flat dict of a decoded record (envelope fields beside the body's)."""
         if rec["schema_version"] != SCHEMA_VERSION:
             raise DecodeError(f"unsupported schema_version {rec['schema_version']}", self.kind)
         if not self.is_envelope:
@@ -274,6 +304,33 @@ class _Topic:
         return out  # type: ignore[no-any-return]
 
     # --- cold paths
+
+    def _raise_invalid_json(self, data: bytes, start: int) -> None:
+        """Read the record again with its json fields as plain bytes: when only their text is
+        at fault, raise InvalidJsonField with the message; otherwise return (the caller raises
+        the plain DecodeError)."""
+        fp: bytes | int = data[2:10] if data[:2] == SINGLE_OBJECT_MAGIC else int.from_bytes(data[1:5], "big")
+        plain = self._lenient.get(fp)
+        if plain is None:
+            raw = self.raw_writers.get(fp)
+            if raw is None:
+                return
+            plain_reader = parse_schema(_json_as_bytes(self.raw))
+            plain = (plain_reader, None) if raw is self.raw else (parse_schema(_json_as_bytes(raw)), plain_reader)
+            self._lenient[fp] = plain
+        fo = BytesIO(data)
+        fo.seek(start)
+        try:
+            rec: Any = schemaless_reader(fo, plain[0], plain[1], True, True)
+        except Exception:
+            return
+        if fo.tell() != len(data):
+            return
+        bad: list[tuple[str, str]] = []
+        rec = _parse_json_leaves(rec, self.raw, _named_types(self.raw), [], bad)
+        if not bad:  # the fast path's strictness, not the text: nothing to report here
+            return
+        raise InvalidJsonField(self.kind, self._flat(rec), bad) from None
 
     registry: Any = None  # schemas.registry.RegistryFraming when configured
 
@@ -294,6 +351,7 @@ class _Topic:
         writer: Any = parse_schema(schema)
         found = (self.reader, None) if fp == self.fingerprint else (writer, self.reader)
         self.registry_writers[schema_id] = found
+        self.raw_writers[schema_id] = self.raw if fp == self.fingerprint else schema
         return found
 
     def _explain(self, msg: dict[str, Any], record_type: str, flat: Any, exc: Exception) -> EncodeError:
@@ -310,6 +368,91 @@ class _Topic:
             except Exception as field_exc:
                 return EncodeError(_encode_reason(field_exc), self.kind, record_type, f["name"])
         return EncodeError(_encode_reason(exc), self.kind, record_type, None)
+
+
+def _is_json(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("type") == "string" and t.get("logicalType") == "json"
+
+
+def _json_as_bytes(t: Any) -> Any:
+    """The schema with every `json` string read as Avro bytes (the same binary encoding), so
+    neither UTF-8 nor JSON is checked while reading."""
+    if _is_json(t):
+        return "bytes"
+    if isinstance(t, list):
+        return [_json_as_bytes(b) for b in t]
+    if isinstance(t, dict):
+        out = dict(t)
+        if "fields" in t:
+            out["fields"] = [{**f, "type": _json_as_bytes(f["type"])} for f in t["fields"]]
+        for k in ("items", "values"):
+            if k in t:
+                out[k] = _json_as_bytes(t[k])
+        if isinstance(t.get("type"), (dict, list)):
+            out["type"] = _json_as_bytes(t["type"])
+        return out
+    return t
+
+
+def _named_types(schema: Any, ns: str = "runfold", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Full name -> definition of every named type defined in `schema`."""
+    out = {} if out is None else out
+    if isinstance(schema, list):
+        for b in schema:
+            _named_types(b, ns, out)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in ("record", "error", "enum", "fixed"):
+            name = schema["name"]
+            full = name if "." in name else f"{schema.get('namespace', ns)}.{name}"
+            out[full] = schema
+            ns = full.rpartition(".")[0]
+            for f in schema.get("fields", ()):
+                _named_types(f["type"], ns, out)
+        elif kind == "array":
+            _named_types(schema["items"], ns, out)
+        elif kind == "map":
+            _named_types(schema["values"], ns, out)
+        elif isinstance(kind, (dict, list)):
+            _named_types(kind, ns, out)
+    return out
+
+
+def _parse_json_leaves(value: Any, t: Any, named: dict[str, Any], path: list[str],
+                       bad: list[tuple[str, str]]) -> Any:
+    """`value` (read with `_json_as_bytes`) with its json leaves parsed; a leaf that is not
+    UTF-8 JSON becomes None and is listed in `bad` with its path (the envelope's `body` left out)."""
+    if isinstance(t, str):
+        found = named.get(t) or named.get(f"runfold.{t}")
+        return value if found is None else _parse_json_leaves(value, found, named, path, bad)
+    if isinstance(t, list):
+        if value is None:
+            return None
+        if isinstance(value, tuple):  # a record branch of the envelope's body union: (name, record)
+            name, inner = value
+            return name, _parse_json_leaves(inner, named.get(name, {}), named, path, bad)
+        branches = [b for b in t if b != "null"]
+        return _parse_json_leaves(value, branches[0], named, path, bad) if len(branches) == 1 else value
+    if not isinstance(t, dict):
+        return value
+    if _is_json(t):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            bad.append((".".join(path), str(exc)))
+            return None
+    kind = t.get("type")
+    if kind in ("record", "error") and isinstance(value, dict):
+        return {f["name"]: _parse_json_leaves(value.get(f["name"]), f["type"], named,
+                                              path if f["name"] == "body" else [*path, f["name"]], bad)
+                for f in t["fields"]}
+    if kind == "array" and isinstance(value, list):
+        return [_parse_json_leaves(v, t["items"], named, [*path, str(i)], bad) for i, v in enumerate(value)]
+    if kind == "map" and isinstance(value, dict):
+        return {k: _parse_json_leaves(v, t["values"], named, [*path, k], bad) for k, v in value.items()}
+    if isinstance(kind, (dict, list)):
+        return _parse_json_leaves(value, kind, named, path, bad)
+    return value
 
 
 def _encode_reason(exc: Exception) -> str:

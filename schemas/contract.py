@@ -6,6 +6,12 @@ The `.avsc` files follow the `<full name>.avsc` convention (what fastavro's
 envelopes refer to them by full name. `standalone()` inlines each referenced
 type at its first use, which is the self-contained form a Schema Registry
 stores and whose Parsing Canonical Form gives the single-object fingerprint.
+
+`schemas/standalone/<full name>.avsc` holds that form of each topic's value schema, one
+self-contained file per topic, for tools in other languages (`new Schema.Parser().parse(file)`,
+avsc's `Type.forSchema`) and for Schema Registry; tests/unit/test_contract_files.py keeps
+them equal to what `standalone()` gives. Rewrite them after changing a `.avsc` with
+`python -m schemas`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import orjson
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 SCHEMA_DIR = Path(__file__).resolve().parent
+STANDALONE_DIR = SCHEMA_DIR / "standalone"
 NAMESPACE = "runfold"
 SCHEMA_VERSION = 1
 
@@ -117,3 +124,19 @@ def _full_name(schema: dict[str, Any], ns: str = NAMESPACE) -> str:
     if "." in name:
         return name
     return f"{schema.get('namespace', ns)}.{name}"
+
+
+def standalone_files(schema_dir: Path = SCHEMA_DIR) -> dict[str, bytes]:
+    """File name -> bytes of each topic's self-contained schema (what `schemas/standalone/` holds)."""
+    raw = read_avsc_dir(schema_dir)
+    return {f"{name}.avsc": orjson.dumps(standalone(name, raw), option=orjson.OPT_INDENT_2) + b"\n"
+            for name in TOPIC_RECORDS.values()}
+
+
+def write_standalone(out_dir: Path = STANDALONE_DIR, schema_dir: Path = SCHEMA_DIR) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in standalone_files(schema_dir).items():
+        (out_dir / name).write_bytes(data)
+        written.append(out_dir / name)
+    return written

@@ -121,10 +121,42 @@ def start_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig |
         raise _fail(choice, str(e)) from e
 
 
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def _our_local_broker(bootstrap: str | None, local_cfg: local_kafka.LocalKafkaConfig | None) -> \
+        tuple[local_kafka.LocalKafkaConfig, local_kafka.BrokerStatus] | None:
+    """The local broker runfold started (recorded in its data dir, still running), when
+    `bootstrap` names it: `kafka up` prints `export KAFKA_BOOTSTRAP_SERVERS=...` for it, so
+    that variable being set does not make it someone else's cluster."""
+    try:
+        cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
+    except local_kafka.LocalKafkaError:
+        return None
+    status = local_kafka.get_status(cfg)
+    if not status.running:
+        return None
+    for server in (bootstrap or "").split(","):
+        host, _, port = server.strip().rpartition(":")
+        if host.lower() in _LOOPBACK and port == str(cfg.port):
+            return cfg, status
+    return None
+
+
 def stop_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig | None = None) -> str:
-    """Stop what `start_broker` started; say what was done. An external cluster is left alone."""
+    """Stop what `start_broker` started; say what was done. An external cluster is left alone,
+    unless its bootstrap servers name the local broker runfold started (`_our_local_broker`)."""
     if choice.kind == "external":
-        return f"external cluster {choice.bootstrap} left running (runfold did not start it)"
+        ours = _our_local_broker(choice.bootstrap, local_cfg)
+        if ours is None:
+            return f"external cluster {choice.bootstrap} left running (runfold did not start it)"
+        cfg, status = ours
+        try:
+            local_kafka.down(cfg)
+        except local_kafka.LocalKafkaError as e:
+            raise _fail(choice, str(e)) from e
+        return (f"local Kafka broker (pid {status.pid}, {status.bootstrap}) stopped: runfold started it "
+                f"(data dir {cfg.data_dir}), and KAFKA_BOOTSTRAP_SERVERS points at it")
     if choice.kind == "docker":
         proc = _compose("down", "-v")
         if proc.returncode != 0:

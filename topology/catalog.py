@@ -7,8 +7,8 @@
 
 | topic                     | key       | partitions        | cleanup                           |
 |---------------------------|-----------|-------------------|-----------------------------------|
-| <p>.commands              | run_id    | settings.partitions | delete, settings.retention_ms   |
-| <p>.receipts              | run_id    | settings.partitions | delete, settings.retention_ms   |
+| <p>.commands              | run_id    | settings.partitions | delete, settings.retention_ms, LogAppendTime |
+| <p>.receipts              | run_id    | settings.partitions | delete, settings.retention_ms, LogAppendTime |
 | <p>.run-events            | run_id    | settings.partitions | delete, run_events_retention_ms (-1 = forever) |
 | <p>.run-state             | run_id    | settings.partitions | compact                         |
 | <p>.activations.<queue>   | run_id    | settings.partitions | delete, settings.retention_ms   |
@@ -97,9 +97,13 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
     n = TopicNames(settings.topic_prefix)
     p, rf = settings.partitions, settings.replication_factor
     transient = _delete(settings.retention_ms)
+    # The processor bounds an input's ts_ms against its record timestamp (docs/contract.md, Time):
+    # the broker's own append time, so a producer whose whole clock is off (an hour ahead, say)
+    # cannot vouch for itself with a CreateTime from that same clock.
+    inputs = {**transient, "message.timestamp.type": "LogAppendTime"}
     specs = [
-        TopicSpec(n.commands, "commands", p, rf, dict(transient)),
-        TopicSpec(n.receipts, "receipts", p, rf, dict(transient)),
+        TopicSpec(n.commands, "commands", p, rf, dict(inputs)),
+        TopicSpec(n.receipts, "receipts", p, rf, dict(inputs)),
         TopicSpec(n.run_events, "run_events", p, rf, _delete(settings.run_events_retention_ms)),
         TopicSpec(n.run_state, "run_state", p, rf, dict(_COMPACT)),
     ]

@@ -199,20 +199,11 @@ def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> li
     """Depth-first over child workflow nodes, filling `out`; returns the problems found."""
     issues: list[Issue] = []
     root_limits = root.budgets.limits()
-    max_depth = root.budgets.max_nesting_depth
+    cyclic = False
 
     def visit(defn: Definition, stack: list[str]) -> None:
+        nonlocal cyclic
         out[defn.key] = defn
-        depth = len(stack)  # the root is depth 0; its children 1
-        if depth > max_depth:
-            issues.append(
-                Issue(
-                    f"bundle.{defn.key}",
-                    f"nested workflow depth {depth} exceeds max_nesting_depth {max_depth} of {root.key}",
-                    rule="nesting_depth",
-                )
-            )
-            return
         if defn is not root:
             for name, value in defn.budgets.limits().items():
                 root_value = root_limits.get(name)
@@ -229,6 +220,7 @@ def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> li
                 continue
             key = definition_key(node.workflow, node.revision)
             if key in stack or key == defn.key:
+                cyclic = True
                 issues.append(
                     Issue(
                         f"bundle.{defn.key}.nodes.{node_id}",
@@ -252,6 +244,60 @@ def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> li
             visit(child, [*stack, defn.key])
 
     visit(root, [])
+    if not cyclic:
+        issues += _nesting_issues(root, out)
+    return issues
+
+
+def _children(defn: Definition, found: dict[str, Definition]) -> list[Definition]:
+    keys = {definition_key(n.workflow, n.revision) for n in defn.nodes.values()
+            if n.kind == "workflow" and n.workflow is not None and n.revision is not None}  # fmt: skip
+    return [found[key] for key in sorted(keys) if key in found]
+
+
+def tree_height(root: Definition, found: dict[str, Definition]) -> int:
+    """How many levels of child workflows a definition nests below itself (0: none), over the
+    acyclic set of definitions `found` (its bundle)."""
+    heights: dict[str, int] = {}
+
+    def height(defn: Definition) -> int:
+        if defn.key not in heights:
+            heights[defn.key] = max((1 + height(child) for child in _children(defn, found)), default=0)
+        return heights[defn.key]
+
+    return height(root)
+
+
+def _nesting_issues(root: Definition, found: dict[str, Definition]) -> list[Issue]:
+    """`max_nesting_depth` counts the levels of the whole run tree, the root included (seeds 001
+    and 003: a child at depth d, the root being 0, needs d < max_nesting_depth). A run checks at
+    its start that its depth plus the levels its own bundle nests stays under its limit
+    (start.py); pinning the root checks the same for every definition of the tree, at the
+    deepest place it can run, so that no child the root pins is refused at its own start."""
+    deepest: dict[str, int] = {}
+    pending = [(root, 0)]
+    while pending:
+        defn, depth = pending.pop()
+        if deepest.get(defn.key, -1) >= depth:
+            continue
+        deepest[defn.key] = depth
+        pending += [(child, depth + 1) for child in _children(defn, found)]
+    issues = []
+    for key in sorted(deepest):
+        defn, depth = found[key], deepest[key]
+        height = tree_height(defn, found)
+        limit = defn.budgets.max_nesting_depth
+        if depth + height < limit:
+            continue
+        where = "the root" if defn is root else f"{key}, at nesting depth {depth},"
+        issues.append(
+            Issue(
+                f"bundle.{key}.budgets.max_nesting_depth",
+                f"{where} nests {height} workflow level(s) below itself: {depth + height + 1} levels in all, "
+                f"over its max_nesting_depth {limit} (the levels of the run tree, the root included)",
+                rule="nesting_depth",
+            )
+        )
     return issues
 
 

@@ -7,8 +7,9 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
-from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, rejection
+from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, rejection, text
 from processors.engine.ids import instance_key, order_key
+from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import TERMINAL_STATUSES, RunState
 from processors.engine.steps import NOT_SCHEDULED, cancel_open_steps, plan_superstep
@@ -28,7 +29,7 @@ def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         return Decision([], "duplicate cancel")
     if status in TERMINAL_STATUSES:
         return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
-    reason = str(msg.get("reason") or "")[:REASON_CHARS] or "cancelled by request"
+    reason = text(msg.get("reason"), REASON_CHARS) or "cancelled by request"
     cancel_open_steps(em, f"run cancelled: {reason}")
     em.emit("RunCancelled", reason=reason, usage=em.usage())
     return Decision(em.events)
@@ -63,6 +64,11 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         )
         return Decision([rejection(msg, "InvalidInput", reason)], "unknown signal")
     payload = msg.get("payload")
+    limit = em.ctx.ceilings.max_json_depth
+    where = too_deep(payload, limit, "payload")
+    if where is not None:
+        return Decision([rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit))],
+                        "signal payload too deep")  # fmt: skip
     size = len(orjson.dumps(payload))
     if size > em.ctx.ceilings.max_payload_bytes:
         reason = (
@@ -119,7 +125,7 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         if new_limits is None:
             return Decision([rejection(msg, "Limit", reason)], "invalid budgets")
         limits = {**limits, **{key: new_limits[key] for key in overrides}}
-    em.emit("RunResumed", budgets=limits, reason=str(msg.get("reason") or "")[:REASON_CHARS])
+    em.emit("RunResumed", budgets=limits, reason=text(msg.get("reason"), REASON_CHARS))
     plan_superstep(em, reactivate=True)
     progress(em)
     return Decision(em.events)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails
 
 from processors.engine.errors import DefinitionError, Issue
+from processors.engine.nesting import too_deep
 
 SCHEMA_V1 = "runfold.workflow/v1"
 END = "end"  # route target that ends the run
@@ -108,6 +109,9 @@ LIMIT_DIMENSIONS: tuple[str, ...] = (
 )
 
 
+MAX_JSON_DEPTH = 100
+
+
 @dataclass(frozen=True, slots=True)
 class Ceilings:
     """Server ceilings. A definition whose budget exceeds one is rejected, never clamped; a
@@ -129,6 +133,15 @@ class Ceilings:
     # superstep merge (SuperstepCommitted and every snapshot carry it). Sizes are orjson bytes.
     max_payload_bytes: int = 256 * 1024
     max_state_bytes: int = 512 * 1024
+    # How many levels of JSON containers any value a run takes in may nest (nesting.py): inputs,
+    # labels, signal payloads, outputs, values written into state, definitions. At most
+    # MAX_JSON_DEPTH: a step input built from a template over the state nests up to about twice
+    # this bound, plus the few levels a snapshot adds, and orjson refuses past 254.
+    max_json_depth: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
+            raise ValueError(f"max_json_depth must be within 1..{MAX_JSON_DEPTH}, not {self.max_json_depth}")
 
     def effective(self, budgets: Budgets) -> dict[str, int]:
         """The limits a run actually gets: the definition's where set, else the ceiling
@@ -256,6 +269,10 @@ def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | No
     from processors.engine.validation import validate_definition  # validation imports this module
 
     raw = read_source(source)
+    limit = (ceilings or Ceilings()).max_json_depth
+    where = too_deep(raw, limit, "")
+    if where is not None:  # before pydantic walks it: a run's state and events nest it deeper still
+        raise DefinitionError([Issue(where, f"nests deeper than max_json_depth {limit}", rule="json_depth")])
     definition = parse_definition(raw)
     errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
     if errors:
@@ -275,6 +292,8 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
         text = source
     try:
         data = orjson.loads(text) if text.lstrip().startswith("{") else yaml.load(text, Loader=_YamlLoader)
+    except RecursionError:
+        raise DefinitionError([Issue("", "nests too deeply to read", rule="json_depth")]) from None
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
         raise DefinitionError(
             [Issue("", f"not valid YAML or JSON: {_first_line(exc)}", rule="syntax")]

@@ -56,25 +56,35 @@ def failure(code: str, message: str, *, retryable: bool = False, node: str | Non
 
 def rejection(msg: Message, code: str, reason: str, *, definition_id: str | None = None,
               revision: int | None = None) -> Event:  # fmt: skip
-    run_id = str(msg.get("run_id", ""))
+    run_id = text(msg.get("run_id"))
+    if definition_id is None:
+        definition_id = msg.get("definition_id") if type(msg.get("definition_id")) is str else None
     return {
         "type": "RunRejected",
         "run_id": run_id,
         "ts_ms": msg["ts_ms"],
-        "record_id": rejection_record_id(run_id, str(msg.get("record_id", ""))),
+        "record_id": rejection_record_id(run_id, text(msg.get("record_id"))),
         "sequence": 0,
         "code": code,
         "reason": reason,
-        "definition_id": definition_id if definition_id is not None else msg.get("definition_id"),
+        "definition_id": definition_id,
         "revision": revision,
         "command_type": msg["type"],
     }
 
 
+def text(value: Any, limit: int | None = None) -> str:
+    """A free-text field of a message as a string ("" when it is not one), cut to `limit`
+    characters: the wire gives strings, but `str()` of a hostile nested value would recurse."""
+    out = value if type(value) is str else ""
+    return out if limit is None else out[:limit]
+
+
 class Emitter:
     """Builds the events of one decision, folding each into `state` as it goes."""
 
-    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "state", "ts", "usage_changed")
+    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "settled_items", "state", "ts",
+                 "usage_changed")  # fmt: skip
 
     def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
         forget_folds()
@@ -84,6 +94,8 @@ class Emitter:
         self.run_id: str = msg["run_id"]
         self.ctx = ctx
         self.failed_any = False  # a StepFailed was emitted: check fail_fast
+        # mapped node -> an item of it that settled: the node may now be settled as failed
+        self.settled_items: dict[str, int] = {}
         self.usage_changed = False  # the ledger moved: check budgets
         self._pinned: Pinned | None = None
 
@@ -112,6 +124,8 @@ class Emitter:
             self.usage_changed = True
             if etype == "StepFailed":
                 self.failed_any = True
+            if (etype == "StepSucceeded" or etype == "StepFailed") and fields["lineage"]:
+                self.settled_items[fields["node"]] = int(fields["lineage"])
         return event
 
     def emit_step(self, etype: str, step: dict[str, Any], **fields: Any) -> Event:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from jsonschema import Draft202012Validator
 
-from processors.engine.catalog import Bundle
+from processors.engine.catalog import Bundle, tree_height
 from processors.engine.definition import Definition, Node
 
 _CACHE: OrderedDict[str, Pinned] = OrderedDict()
@@ -23,7 +23,7 @@ _CACHE_MAX = 256
 class Pinned:
     """A run's bundle with its root definition and compiled JSON Schemas."""
 
-    __slots__ = ("_canonical", "_children", "_validators", "bundle", "json", "root")
+    __slots__ = ("_canonical", "_children", "_height", "_validators", "bundle", "json", "root")
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
@@ -34,6 +34,7 @@ class Pinned:
         self._canonical: orjson.Fragment | None = None
         self._validators: dict[str, Draft202012Validator | None] = {}
         self._children: dict[str, dict[str, Any]] = {}
+        self._height: int | None = None
 
     def node(self, name: str) -> Node:
         return self.root.nodes[name]
@@ -54,6 +55,14 @@ class Pinned:
         if found is None:
             found = self._children[key] = self.bundle.child(definition_id, revision).to_json()
         return found
+
+    @property
+    def height(self) -> int:
+        """How many levels of child workflows the root nests below itself (catalog.tree_height)."""
+        if self._height is None:
+            found = {key: self.bundle.definition(key) for key in self.bundle.definitions}
+            self._height = tree_height(self.root, found)
+        return self._height
 
     def _validator(self, key: str, schema: dict[str, Any] | None) -> Draft202012Validator | None:
         if key not in self._validators:

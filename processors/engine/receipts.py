@@ -13,11 +13,12 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
-from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure
+from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, text
 from processors.engine.ids import instance_key
+from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import TERMINAL_STATUSES, RunState
-from processors.engine.steps import fail_attempt, retry_attempt
+from processors.engine.steps import fail_attempt, retry_attempt, retry_exhausted
 from processors.engine.superstep import progress, schema_error
 
 Message = dict[str, Any]
@@ -67,21 +68,22 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     name, lineage = step["node"], step["lineage"]
     rtype = msg["type"]
     if rtype == "ActivationFailed":
-        code = str(msg["code"]) if msg.get("code") in FAILURE_CODES else "ExecutionFailed"
-        return "failed", failure(code, str(msg.get("message", ""))[:MESSAGE_CHARS], retryable=bool(msg.get("retryable")),
+        code = str(msg["code"]) if msg["code"] in FAILURE_CODES else "ExecutionFailed"
+        return "failed", failure(code, text(msg["message"], MESSAGE_CHARS), retryable=bool(msg.get("retryable")),
                                  node=name, lineage=lineage), usage  # fmt: skip
     if rtype == "ChildRunFinished":
-        status = msg.get("status")
+        status = msg["status"]
         if status != "succeeded":
-            child_failure = msg.get("failure") or {}
-            detail = (
-                str(child_failure.get("message", ""))[:MESSAGE_CHARS]
-                if isinstance(child_failure, dict)
-                else ""
-            )
-            return "failed", failure("ChildFailed", f"child run {msg.get('child_run_id')} {status}: {detail}".rstrip(": "),
+            child_failure = msg.get("failure")
+            detail = text(child_failure.get("message"), MESSAGE_CHARS) if isinstance(child_failure, dict) else ""
+            return "failed", failure("ChildFailed", f"child run {msg['child_run_id']} {status[:64]}: {detail}".rstrip(": "),
                                      node=name, lineage=lineage), usage  # fmt: skip
     output = msg.get("output")
+    limit = em.ctx.ceilings.max_json_depth
+    where = too_deep(output, limit, "output")
+    if where is not None:
+        return "failed", failure("InvalidOutput", nesting_reason(f"output of {name}", where, limit),
+                                 node=name, lineage=lineage), usage  # fmt: skip
     size = len(orjson.dumps(output))
     if size > em.ctx.ceilings.max_payload_bytes:
         return "failed", failure("InvalidOutput", f"output of {size} bytes exceeds max_payload_bytes "
@@ -99,6 +101,24 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     return "succeeded", output, usage
 
 
+def _settled_by(step: dict[str, Any], outcome: str, value: Any, usage: dict[str, int]) -> bool:
+    """Whether a terminal receipt for the settled attempt `step` is the one that settled it
+    (executors deliver at least once: an identical receipt is a no-op, seed 004). A retryable
+    failure was recorded as it came, or, when it ended the retries, as the RetryExhausted that
+    `fail_attempt` made of it."""
+    if step["usage"] != usage:
+        return False
+    if step["status"] == "succeeded":
+        return outcome == "succeeded" and step["output"] == value
+    if outcome != "failed":
+        return False
+    recorded = step["failure"]
+    if recorded == value:
+        return True
+    return bool(value["retryable"]) and recorded["code"] == "RetryExhausted" and recorded in (
+        retry_exhausted(step, value, "attempts"), retry_exhausted(step, value, "budget"))
+
+
 def _step_receipt(em: Emitter, msg: Message) -> str | None:
     step, dropped = _current_step(em, msg)
     if step is None:
@@ -112,6 +132,8 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
         return f"{rtype} does not apply to a {step['kind']} step"
     if status == "cancelled":
         return "step already cancelled"
+    if status == "skipped":  # a later superstep skipped the node; this receipt is of an older activation
+        return "step skipped"
     if rtype in TERMINAL_RECEIPTS:
         outcome, value, usage = _outcome(em, step, msg)
         if status in ("scheduled", "running"):
@@ -120,22 +142,21 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
             else:
                 fail_attempt(em, step, value, usage)
             return None
-        recorded = step["output"] if status == "succeeded" else step["failure"]
-        settled = "succeeded" if status == "succeeded" else "failed"
-        if settled == outcome and recorded == value and step["usage"] == usage:
+        if _settled_by(step, outcome, value, usage):
             return "duplicate receipt"
+        settled = "succeeded" if status == "succeeded" else "failed"
         em.emit_step("ReceiptConflict", step, receipt_type=rtype,
                      reason=f"attempt already settled as {settled}; this {rtype} differs")  # fmt: skip
         return None
     if rtype == "ActivationCancelled":
         if status in ("scheduled", "running"):
-            reason = str(msg.get("reason", ""))[:MESSAGE_CHARS] or "no reason given"
+            reason = text(msg.get("reason"), MESSAGE_CHARS) or "no reason given"
             fail_attempt(em, step, failure("Cancelled", f"activation cancelled by its executor: {reason}",
                                            retryable=True, node=step["node"], lineage=step["lineage"]),
                          _ZERO_USAGE)  # fmt: skip
             return None
         return "step already settled"
-    worker = str(msg.get("worker_id", ""))
+    worker = msg["worker_id"]
     lease_ms = msg.get("lease_ms")
     if type(lease_ms) is not int or lease_ms <= 0:
         return f"{rtype} without a positive lease_ms"

@@ -17,6 +17,7 @@ from processors.engine.catalog import Bundle
 from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
 from processors.engine.errors import DefinitionError
 from processors.engine.ids import control_character
+from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.pinned import Pinned, remember
 from processors.engine.refs import input_hash
 from processors.engine.secrets import find_secret_literals
@@ -28,6 +29,14 @@ Message = dict[str, Any]
 
 
 def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
+    # First: nothing below may serialize or walk a value nested past the ceiling.
+    limit = ctx.ceilings.max_json_depth
+    for field in ("input", "labels"):
+        where = too_deep(msg.get(field), limit, field)
+        if where is not None:
+            reason = nesting_reason(f"StartRun.{field}", where, limit)
+            return Decision([rejection(msg, "InvalidInput", reason, revision=_int_or_none(msg.get("revision")))],
+                            reason)  # fmt: skip
     if state is not None:
         return _restart(state, msg)
     bad = control_character(msg["run_id"])
@@ -37,7 +46,7 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     pinned_or_reason = _pin(msg, ctx)
     if isinstance(pinned_or_reason, tuple):
         code, reason = pinned_or_reason
-        return Decision([rejection(msg, code, reason, revision=msg.get("revision"))], reason)
+        return Decision([rejection(msg, code, reason, revision=_int_or_none(msg.get("revision")))], reason)
     pinned = pinned_or_reason
     definition = pinned.root
 
@@ -56,7 +65,10 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     input_bytes = len(orjson.dumps(run_input))
     if input_bytes > ctx.ceilings.max_input_bytes:
         return reject("Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}")
-    labels_bytes = len(orjson.dumps(msg.get("labels") or {}))
+    labels = msg.get("labels")
+    if labels is not None and not isinstance(labels, dict):
+        return reject("InvalidInput", "labels must be an object of strings")
+    labels_bytes = len(orjson.dumps(labels or {}))
     if labels_bytes > ctx.ceilings.max_payload_bytes:
         return reject(
             "Limit", f"labels are {labels_bytes} bytes; max_payload_bytes is {ctx.ceilings.max_payload_bytes}"
@@ -76,11 +88,16 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
         problem = _check_parent(parent)
         if problem:
             return reject("InvalidInput", problem)
-        if parent["depth"] > limits["max_nesting_depth"]:
-            return reject(
-                "BudgetExceeded",
-                f"maxDepth exceeded: nesting depth {parent['depth']} > max_nesting_depth {limits['max_nesting_depth']}",
-            )
+    # max_nesting_depth counts the levels of the run tree, the root included (seeds 001, 003):
+    # this run's depth (the root is 0) plus the levels its bundle nests must stay under it.
+    depth = parent["depth"] if parent is not None else 0
+    levels = depth + pinned.height + 1
+    if levels > limits["max_nesting_depth"]:
+        return reject(
+            "BudgetExceeded",
+            f"maxDepth exceeded: a run at nesting depth {depth} whose definition nests {pinned.height} more "
+            f"level(s) makes a run tree of {levels} levels, over max_nesting_depth {limits['max_nesting_depth']}",
+        )
     for name, node in sorted(definition.nodes.items()):
         if node.kind in ("action", "agent") and node.queue not in ctx.queues:
             return reject(
@@ -93,12 +110,16 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     em.emit(
         "RunAccepted", definition_id=definition.id, revision=definition.revision,
         bundle_hash=pinned.bundle.hash, bundle=pinned.json, input=run_input, parent=parent,
-        budgets=limits, labels=dict(msg.get("labels") or {}),
+        budgets=limits, labels=dict(labels or {}),
     )  # fmt: skip
     em.emit("RunStarted", superstep=1)
     plan_superstep(em)
     progress(em)
     return Decision(em.events)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:

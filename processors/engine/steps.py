@@ -8,6 +8,7 @@ dispatch identity.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from processors.engine import budgets
@@ -241,16 +242,13 @@ def fail_attempt(em: Emitter, step: dict[str, Any], problem: dict[str, Any], usa
     """StepFailed, then a retry if the failure is retryable and attempts and the run's
     retry budget remain; otherwise the instance's failure is final (RetryExhausted when
     retries ran out)."""
-    node = em.pinned.node(step["node"])
-    policy = node.retry
+    policy = em.pinned.node(step["node"]).retry
     if problem["retryable"] and policy is not None:
-        attempts = step["attempt"] - step["first_attempt"] + 1
+        attempts = _attempts(step)
         if attempts >= policy.max_attempts:
-            problem = failure("RetryExhausted", f"{step['node']} failed after {attempts} attempts: {problem['message']}",
-                              node=step["node"], lineage=step["lineage"])  # fmt: skip
+            problem = retry_exhausted(step, problem, "attempts")
         elif not budgets.fits(em.state, "retries", 1):
-            problem = failure("RetryExhausted", f"run retry budget exhausted: {problem['message']}",
-                              node=step["node"], lineage=step["lineage"])  # fmt: skip
+            problem = retry_exhausted(step, problem, "budget")
         else:
             em.emit_step("StepFailed", step, failure=problem, usage=usage)
             due = em.ts + policy.delay_ms(attempts)
@@ -258,6 +256,22 @@ def fail_attempt(em: Emitter, step: dict[str, Any], problem: dict[str, Any], usa
                          timer_id=step_timer_id("retry_backoff", step["dispatch_id"]))  # fmt: skip
             return
     em.emit_step("StepFailed", step, failure=problem, usage=usage)
+
+
+def _attempts(step: dict[str, Any]) -> int:
+    """Attempts of the instance's current activation (retries included, loops not)."""
+    return int(step["attempt"] - step["first_attempt"] + 1)
+
+
+def retry_exhausted(step: dict[str, Any], problem: dict[str, Any], why: str) -> dict[str, Any]:
+    """The final failure of a retryable `problem` when the node's attempts (`why="attempts"`) or
+    the run's retry budget (`"budget"`) ran out. A pure function of the step and the problem, so a
+    re-delivered receipt can be recognised as the one that settled the step (receipts.py)."""
+    if why == "attempts":
+        message = f"{step['node']} failed after {_attempts(step)} attempts: {problem['message']}"
+    else:
+        message = f"run retry budget exhausted: {problem['message']}"
+    return failure("RetryExhausted", message, node=step["node"], lineage=step["lineage"])
 
 
 def open_steps(em: Emitter) -> list[dict[str, Any]]:
@@ -277,29 +291,44 @@ def cancel_open_steps(em: Emitter, reason: str) -> None:
         em.emit_step("StepCancelled", step, reason=reason)
 
 
-def node_failure(em: Emitter, name: str) -> dict[str, Any] | bool | None:
+def node_failure(em: Emitter, name: str, hint: int = 0) -> dict[str, Any] | bool | None:
     """The failure of a frontier node once it is fully settled: a dict if it failed, None
-    if it succeeded, False while it is still open. A mapped node fails when any item failed;
-    its failure aggregates the item errors in index order."""
+    if it succeeded, False while it is still open. A mapped node is settled when every item
+    was dispatched (none held back by max_concurrency) and none is open; it fails when any
+    item failed, with the items' common code if they agree, else ExecutionFailed (seed 003),
+    and a message listing every failed item in index order. `hint`: an item that just settled;
+    the search for an open item starts after it (items settle roughly in dispatch order, so
+    the next one is the likeliest to be open: checking after every item stays ~linear)."""
     state = em.state
     steps = state["steps"]
     own = steps.get(name)
     own_current = own is not None and own["superstep"] == state["superstep"]
-    if em.pinned.node(name).map is None:
+    node = em.pinned.node(name)
+    if node.map is None:
         if own is None or not own_current or own["status"] in OPEN_STEP_STATUSES:
             return False
         return dict(own["failure"]) if own["status"] == "failed" else None
     if own is not None and own_current and own["status"] == "failed":
         return dict(own["failure"])  # the map source itself did not resolve to an array
-    items = [steps[f"{name}[{i}]"] for i in range(state["maps"].get(name, 0))]
-    if any(item["status"] in OPEN_STEP_STATUSES for item in items):
+    count = state["maps"].get(name, 0)
+    if int(state["budgets"].get("max_concurrency") or 0) > 0 and _held_back_items(em, name, node, count):
         return False
-    failed = [item for item in items if item["status"] == "failed"]
+    start = hint + 1 if 0 <= hint < count else 0
+    for index in chain(range(start, count), range(start)):
+        if steps[f"{name}[{index}]"]["status"] in OPEN_STEP_STATUSES:
+            return False
+    failed = [item for item in (steps[f"{name}[{i}]"] for i in range(count)) if item["status"] == "failed"]
     if not failed:
         return None
-    first = failed[0]["failure"]
+    codes = {item["failure"]["code"] for item in failed}
     details = "; ".join(
         f"[{item['lineage']}] {item['failure']['code']}: {item['failure']['message']}" for item in failed
     )
-    return failure(first["code"], f"{len(failed)} of {len(items)} map items of {name} failed: {details}",
-                   node=name, lineage="")  # fmt: skip
+    return failure(codes.pop() if len(codes) == 1 else "ExecutionFailed",
+                   f"{len(failed)} of {count} map items of {name} failed: {details}", node=name, lineage="")  # fmt: skip
+
+
+def _held_back_items(em: Emitter, name: str, node: Node, count: int) -> bool:
+    """max_concurrency holds back a suffix of the items: fewer dispatched than there are."""
+    items, _ = map_items(em, name, node)
+    return items is not None and count < len(items)

@@ -18,6 +18,7 @@ from processors.engine.definition import END
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError
 from processors.engine.ids import order_key
+from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
 from processors.engine.steps import cancel_open_steps, held_back, map_items, node_failure, plan_superstep
@@ -27,9 +28,10 @@ def progress(em: Emitter) -> None:
     """Drive the run as far as the current state allows: fail fast, enforce budgets,
     commit settled supersteps (state and wait nodes may settle at once, so loop)."""
     while em.state["status"] == "running":
-        if em.failed_any:
-            em.failed_any = False
+        if em.failed_any or em.settled_items:
             found = _fail_fast_failure(em)
+            em.failed_any = False
+            em.settled_items.clear()
             if found is not None:
                 fail_run(em, found, f"run failed: {found['node']} failed (fail_fast)")
                 return
@@ -47,11 +49,14 @@ def progress(em: Emitter) -> None:
 
 
 def _fail_fast_failure(em: Emitter) -> dict[str, Any] | None:
-    """The lowest fail_fast node of the superstep that has settled as failed."""
+    """The lowest fail_fast node of the superstep that has settled as failed. A node settles as
+    failed on a StepFailed, or (a mapped node) when its last open item settles, even
+    successfully: only those need looking at."""
+    hints = em.settled_items
     for name in em.state["frontier"]:
-        if em.pinned.node(name).on_failure != "fail_fast":
+        if (not em.failed_any and name not in hints) or em.pinned.node(name).on_failure != "fail_fast":
             continue
-        found = node_failure(em, name)
+        found = node_failure(em, name, hints.get(name, -1))
         if isinstance(found, dict):
             return found
     return None
@@ -76,7 +81,11 @@ def commit_superstep(em: Emitter) -> None:
         for name in state["frontier"]:
             node = pinned.node(name)
             problem = node_failure(em, name)
-            assert problem is not False, f"barrier with {name} still open"
+            if problem is False or (isinstance(problem, dict) and node.on_failure == "fail_fast"):
+                # unreachable: progress() fails the run first; never commit over an open or failed node
+                fail_run(em, problem or failure("State", f"barrier with {name} still open"),
+                         "run failed")  # fmt: skip
+                return
             if isinstance(problem, dict) and node.on_failure == "skip_dependents":
                 blocked[name] = problem
                 continue
@@ -112,6 +121,18 @@ def commit_superstep(em: Emitter) -> None:
     except RefError as exc:
         fail_run(em, failure("UnknownReference", f"writes: {exc.message}"), "run failed")
         return
+    depth = em.ctx.ceilings.max_json_depth
+    for key, writer, lineage, value in writes:
+        where = too_deep(value, depth, f"state.{key}")
+        if where is not None:
+            name = f"{writer}[{lineage}]" if lineage else writer
+            fail_run(em, failure("State", nesting_reason(f"the value {name} writes", where, depth)), "run failed")
+            return
+    for _op, target, value in mutations:
+        where = too_deep(value, depth, f"state.{target}")
+        if where is not None:
+            fail_run(em, failure("State", nesting_reason("a state node's mutation", where, depth)), "run failed")
+            return
     try:
         merged = apply_writes(base, writes, definition.reducers)
         if mutations:
@@ -167,7 +188,11 @@ def finish_run(em: Emitter) -> None:
         key=lambda step: order_key(step["node"], step["lineage"]),
     )  # fmt: skip
     if skipped_failures:
-        em.emit("RunFailed", failure=skipped_failures[0]["failure"], usage=em.usage())
+        first = skipped_failures[0]
+        # seed 003: a skip_dependents failure propagates as DependencySkipped
+        problem = failure("DependencySkipped", f"{first['failure']['message']} (dependents skipped)",
+                          node=first["node"], lineage=first["lineage"])  # fmt: skip
+        em.emit("RunFailed", failure=problem, usage=em.usage())
         return
     for key in definition.required:
         if state["state"].get(key) is None:
@@ -198,6 +223,14 @@ def finish_run(em: Emitter) -> None:
 
 
 def schema_error(error: Any) -> str:
-    """A JSON Schema error without the offending value (it may hold a secret)."""
+    """A JSON Schema error without the offending value (it may hold a secret): where, which rule,
+    and what the schema asked for, in the schema's own words (property names it requires, the
+    type it expects), so the producer can fix the message without the schema at hand."""
     path = error.json_path
-    return f"at {path} fails {error.validator!r} (schema {'/'.join(str(p) for p in error.schema_path)})"
+    rule, wanted, detail = error.validator, error.validator_value, ""
+    if rule == "required" and isinstance(error.instance, dict) and isinstance(wanted, list):
+        missing = [str(name) for name in wanted if name not in error.instance]
+        detail = f": missing {', '.join(repr(m) for m in missing)}" if missing else ""
+    elif rule == "type":
+        detail = f": expected {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
+    return f"at {path} fails {rule!r}{detail} (schema {'/'.join(str(p) for p in error.schema_path)})"

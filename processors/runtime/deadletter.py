@@ -11,6 +11,7 @@ PRODUCER = "processor"
 UNDECODABLE = "undecodable"
 NULL_VALUE = "null_value"
 KEY_MISMATCH = "key_mismatch"
+MISROUTED = "misrouted"  # forwarded to its owning partition once already, and not owned there either
 PROCESSING_ERROR = "processing_error"  # the engine (or the runtime's own fold) raised on it
 OUTPUT_TOO_LARGE = "output_too_large"  # folding it produced a record the broker refuses
 UNSERIALIZABLE = "unserializable"  # folding it produced a value the encoders cannot write

@@ -21,10 +21,12 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
-from processors.runtime import deadletter
+from processors.runtime import admission, deadletter
 from processors.runtime.overlay import PartitionOverlay
+from processors.runtime.partitioning import PartitionOwners
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
+from schemas.codec import InvalidJsonField
 from topology.catalog import TopicNames
 
 Produce = Callable[..., None]
@@ -45,9 +47,12 @@ class TxnCounters:
     dropped: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     purged: int = 0  # finished runs purged after their retention
+    misrouted: dict[str, int] = field(default_factory=dict)  # forwarded to the owning partition
+    retimed: dict[str, int] = field(default_factory=dict)  # receipts folded at their record timestamp
 
     def clear(self) -> None:
-        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected):
+        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected, self.misrouted,
+                  self.retimed):
             d.clear()
         self.purged = 0
 
@@ -165,6 +170,13 @@ class Folder:
         self.run_state = topics.run_state
         self.child_activations = topics.child_activations
         self.dead_letters = topics.dead_letters
+        self._owner: PartitionOwners | None = None  # set_partitions: until then every partition is the owner
+        self.ts_past_ms, self.ts_future_ms = admission.TS_PAST_MS, admission.TS_FUTURE_MS
+
+    def set_partitions(self, partitions: int) -> None:
+        """The input topics' partition count: a record is folded only on the partition that
+        owns its run id (admission.py)."""
+        self._owner = PartitionOwners(partitions)
 
     def activation_topic(self, queue: str) -> str:
         t = self._activation_topics.get(queue)
@@ -174,19 +186,24 @@ class Folder:
 
     # ---- the hot path ----------------------------------------------------------------------
     def fold_input(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
-                   offset: int, key: bytes | None, value: bytes | None) -> None:
-        """Fold one input record. Whatever goes wrong for it alone (bytes the codec refuses, an
-        engine exception, a value the encoders or the state serializer refuse) is charged to
-        it: nothing of it is applied, it goes to the dead letters, and its run is told
-        (`_charge`). Only produce()'s refusals (`RecordTooLarge`, `ProduceFailed`) leave here:
-        the loop owns the transaction."""
+                   offset: int, key: bytes | None, value: bytes | None, timestamp: int = -1,
+                   headers: Callable[[], Any] | None = None) -> None:
+        """Fold one input record. `timestamp`: the record's Kafka timestamp (ms; <= 0: none);
+        `headers`: the record's `headers` method (called only to forward it). Whatever goes
+        wrong for the record alone (bytes the codec refuses, an engine exception, a value the
+        encoders or the state serializer refuse) is charged to it: nothing of it is applied, it
+        goes to the dead letters, and its run is told (`_charge`). Only produce()'s refusals
+        (`RecordTooLarge`, `ProduceFailed`) leave here: the loop owns the transaction."""
         _inc(counters.records_in, topic)
         if value is None:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.NULL_VALUE,
                              "record has no value (null)")
             return
+        bad_json = None
         try:
             msg = self._decode[topic](value)
+        except InvalidJsonField as e:  # the envelope decoded: its run hears why (below)
+            msg, bad_json = e.message, e.fields
         except DecodeError as e:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
                              f"cannot decode {topic}: {e.reason}")
@@ -198,8 +215,20 @@ class Folder:
         run_id: str = msg["run_id"]
         if key is None or key != run_id.encode():
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.KEY_MISMATCH,
-                             f"record key {key!r} is not the run_id {run_id!r} of its value")
+                             f"record key {admission.key_text(key)} is not the run_id "
+                             f"{admission.key_text(run_id.encode())} of its value")
             return
+        owner = self._owner
+        if owner is not None and (home := owner(key)) != partition:
+            self._forward(counters, topic, partition, offset, key, value, timestamp, headers, home)
+            return
+        # the bounds inline (admission.implausible_time words them): one comparison per input
+        if bad_json is not None or (timestamp > 0 and not (
+                timestamp - self.ts_past_ms <= msg["ts_ms"] <= timestamp + self.ts_future_ms)):
+            admitted = self._admit(overlay, counters, topic, partition, key, msg, bad_json, timestamp)
+            if admitted is None:
+                return
+            msg = admitted
         try:
             # Not only while retention is on: runs purged before it was switched off keep their ids.
             if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
@@ -229,6 +258,44 @@ class Folder:
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
+
+    def _forward(self, counters: TxnCounters, topic: str, partition: int, offset: int, key: bytes, value: bytes,
+                 timestamp: int, headers: Callable[[], Any] | None, owner: int) -> None:
+        """A record on a partition that does not own its run goes, in this transaction, to the
+        one that does, as it was (value, key, headers, timestamp) plus where it landed."""
+        hdrs = list((headers() if headers is not None else None) or ())
+        if admission.forwarded_from(hdrs) is not None:  # forwarded once already: partition counts disagree
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.MISROUTED,
+                             f"record was forwarded here from {admission.forwarded_from(hdrs)} but partition "
+                             f"{owner} owns run {admission.key_text(key)}: processors disagree on the partition "
+                             "count")
+            return
+        hdrs.append((admission.FORWARDED_HEADER, f"{topic}:{partition}:{offset}".encode()))
+        self._produce(topic, value, key, partition=owner, headers=hdrs,
+                      **({"timestamp": timestamp} if timestamp > 0 else {}))
+        _inc(counters.misrouted, topic)
+        _inc(counters.records_out, topic)
+
+    def _admit(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, key: bytes,
+               msg: dict[str, Any], bad_json: list[tuple[str, str]] | None, timestamp: int) -> dict[str, Any] | None:
+        """An input with json that is not JSON or an implausible ts_ms (admission.py): what to
+        fold instead, or None when it is answered here (a command's RunRejected)."""
+        mtype = msg["type"]
+        why = admission.implausible_time(msg["ts_ms"], timestamp, self.ts_past_ms, self.ts_future_ms)
+        if why is not None:
+            if mtype in _COMMANDS:
+                self._reject(overlay, counters, partition, key, msg["run_id"],
+                             rejection({**msg, "ts_ms": timestamp}, "InvalidInput", why))
+                return None
+            msg = {**msg, "ts_ms": timestamp}
+            _inc(counters.retimed, topic)
+        if bad_json is None:
+            return msg
+        reason = admission.json_problem(bad_json, mtype)
+        if mtype in _COMMANDS:
+            self._reject(overlay, counters, partition, key, msg["run_id"], rejection(msg, "InvalidInput", reason))
+            return None
+        return admission.failed_instead(msg, reason) or msg
 
     def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
                 run_id: str) -> Outputs | None:
@@ -378,6 +445,11 @@ class Folder:
         self._fold_instead(overlay, counters, partition, key, msg, cause, error)
 
     park_too_large = park
+
+    def _reject(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str,
+                event: dict[str, Any]) -> None:
+        """A RunRejected the runtime decides, produced at once (admission's answers)."""
+        self._emit(overlay, counters, partition, key, run_id, *self._rejection(overlay, counters, run_id, event))
 
     def _rejection(self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str,
                    event: dict[str, Any]) -> Outputs:  # fmt: skip

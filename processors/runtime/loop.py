@@ -175,6 +175,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             raise ProcessorStopped(EXIT_FATAL, str(e)) from e
         self._consumer = self._new_consumer()
         partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S, self.stop_event)
+        self.folder.set_partitions(partitions)
         self.producers.start(self.stop_event)
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
@@ -295,7 +296,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             try:
                 parked = poison.get((topic, p, off)) if poison else None
                 if parked is None:
-                    fold(ov, counters, topic, p, off, m.key(), m.value())
+                    fold(ov, counters, topic, p, off, m.key(), m.value(), m.timestamp()[1], m.headers)
                 else:
                     self.folder.park(ov, counters, topic, p, off, m.key(), m.value(), *parked)
             except (RecordTooLarge, ProduceFailed) as e:
@@ -415,7 +416,8 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             # Kafka has the transaction; the store is now behind and restore will catch it up.
             raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
         c = txn.counters
-        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records)
+        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records,
+                                 c.misrouted, c.retimed)
         if c.purged:
             self.metrics.runs_purged.inc(c.purged)
         if txn.overlays:

@@ -46,6 +46,14 @@ class ProcessorMetrics(MetricsEndpoint):
                                ["reason"], registry=r)
         self.rejected = Counter("runfold_processor_rejected_commands", "RunRejected events, by code", ["code"],
                                 registry=r)
+        self.misrouted = Counter(
+            "runfold_processor_misrouted_inputs",
+            "Inputs that arrived on a partition that does not own their run id (the producer's partitioner "
+            "is not murmur2), forwarded to the owning partition", ["topic"], registry=r)
+        self.retimed = Counter(
+            "runfold_processor_retimed_inputs",
+            "Receipts whose ts_ms was implausible against their Kafka record timestamp, folded at the record "
+            "timestamp instead", ["topic"], registry=r)
         self.events_restored = Counter("runfold_processor_events_restored",
                                        "Run events folded while restoring", registry=r)
         self.events_before_start = Counter(
@@ -70,7 +78,8 @@ class ProcessorMetrics(MetricsEndpoint):
 
     def flush_batch(self, records_in: dict[str, int], records_out: dict[str, int],
                     dead: dict[str, int], dropped: dict[str, int], rejected: dict[str, int],
-                    batch_records: int) -> None:
+                    batch_records: int, misrouted: dict[str, int] | None = None,
+                    retimed: dict[str, int] | None = None) -> None:
         for topic, n in records_in.items():
             self.records_in.labels(topic).inc(n)
         for topic, n in records_out.items():
@@ -81,6 +90,10 @@ class ProcessorMetrics(MetricsEndpoint):
             self.dropped.labels(reason).inc(n)
         for code, n in rejected.items():
             self.rejected.labels(code).inc(n)
+        for topic, n in (misrouted or {}).items():
+            self.misrouted.labels(topic).inc(n)
+        for topic, n in (retimed or {}).items():
+            self.retimed.labels(topic).inc(n)
         self.batch_size.observe(batch_records)
 
     def set_run_statuses(self, stats: list[dict[str, int]]) -> None:

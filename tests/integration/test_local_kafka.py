@@ -89,3 +89,23 @@ def test_missing_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         local_kafka.up(cfg)
     with pytest.raises(local_kafka.LocalKafkaError, match="`mvn` was not found"):
         local_kafka.ensure_jars(cfg)
+
+
+def test_down_stops_the_broker_runfold_started_when_kafka_bootstrap_servers_points_at_it(tmp_path: Path) -> None:
+    """`kafka up` says `export KAFKA_BOOTSTRAP_SERVERS=...`; a `kafka down` in that shell used to
+    leave the broker running and exit 0 ("external cluster left running")."""
+    port, cport = local_kafka.free_port_pair()
+    env = _env(port, cport, tmp_path / "kafka")
+    rc, up = runfold(env, "kafka", "up")
+    assert rc == 0, up
+    exported = {k: v for k, v in env.items() if k != "RUNFOLD_BROKER"}
+    try:
+        # another cluster named: not ours, left alone
+        rc, down = runfold({**exported, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}, "kafka", "down")
+        assert rc == 0 and "left running" in down["message"] and not _pid_gone(up["pid"])
+        rc, down = runfold({**exported, "KAFKA_BOOTSTRAP_SERVERS": up["bootstrap"]}, "kafka", "down")
+        assert rc == 0, down
+        assert _pid_gone(up["pid"]), f"broker pid {up['pid']} still alive after down: {down}"
+        assert "stopped" in down["message"] and str(up["pid"]) in down["message"]
+    finally:
+        runfold(env, "kafka", "down")

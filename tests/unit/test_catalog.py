@@ -127,11 +127,13 @@ def test_nested_budgets_must_fit_the_roots_and_depth_is_bounded() -> None:
     catalog.register(defn("d2", children=(("d3", 1),)))
     catalog.register(defn("d1", children=(("d2", 1),)))
     catalog.register(defn("shallow", children=(("d1", 1),), budgets={"max_nesting_depth": 2}))
-    with pytest.raises(
-        DefinitionError, match="nested workflow depth 3 exceeds max_nesting_depth 2 of shallow@1"
-    ):
+    # max_nesting_depth counts the levels of the run tree, the root included (seeds 001, 003)
+    with pytest.raises(DefinitionError, match=re.escape("4 levels in all, over its max_nesting_depth 2")):
         catalog.pin_bundle("shallow")
-    catalog.register(defn("deep", children=(("d1", 1),), budgets={"max_nesting_depth": 3}))
+    catalog.register(defn("three", children=(("d1", 1),), budgets={"max_nesting_depth": 3}))
+    with pytest.raises(DefinitionError, match=re.escape("4 levels in all, over its max_nesting_depth 3")):
+        catalog.pin_bundle("three")
+    catalog.register(defn("deep", children=(("d1", 1),), budgets={"max_nesting_depth": 4}))
     assert len(catalog.pin_bundle("deep").definitions) == 4
 
 

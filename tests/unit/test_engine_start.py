@@ -67,11 +67,12 @@ def test_budget_above_ceiling_is_rejected() -> None:
 
 def test_depth_limit() -> None:
     parent = {"parent_run_id": "p", "parent_node": "n", "parent_lineage": "", "parent_dispatch_id": "d",
-              "root_run_id": "p", "depth": 5}  # fmt: skip
+              "root_run_id": "p", "depth": 4}  # fmt: skip
+    # the default max_nesting_depth 4 allows a run tree of 4 levels: depths 0..3 (seeds 001, 003)
     h = RunHarness(simple()).start({}, parent=parent)
     assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "BudgetExceeded"
-    ok = RunHarness(simple()).start({}, parent={**parent, "depth": 4})
-    assert ok.types[0] == "RunAccepted" and ok.state["depth"] == 4 and ok.state["root_run_id"] == "p"
+    ok = RunHarness(simple()).start({}, parent={**parent, "depth": 3})
+    assert ok.types[0] == "RunAccepted" and ok.state["depth"] == 3 and ok.state["root_run_id"] == "p"
 
 
 def test_unknown_queue_is_rejected() -> None:

@@ -19,6 +19,10 @@ import orjson
 import pytest
 from fold_rig import CODEC, TOPICS, TS, Rig, completed, contents, restore, start, state
 
+from processors.engine import commands as commands_module
+from processors.engine import receipts as receipts_module
+from processors.engine import start as start_module
+from processors.engine import superstep as superstep_module
 from processors.runtime import fold as fold_module
 from processors.runtime.fold import TxnCounters
 from processors.runtime.overlay import PartitionOverlay
@@ -30,6 +34,14 @@ SUM2 = {"schema": WF, "id": "sum2", "revision": 1, "entry": ["a", "b"], "state":
         "nodes": {n: {"kind": "action", "action": n, "writes": {"t": {"from": "output"}}} for n in "ab"}}  # fmt: skip
 SLOW = {"schema": WF, "id": "slow", "revision": 1, "entry": ["a"], "state": {},
         "nodes": {"a": {"kind": "action", "action": "a", "timeout_ms": 2**63}}}  # fmt: skip
+
+
+@pytest.fixture
+def no_engine_depth_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine refuses JSON nested past `max_json_depth` at every ingress (nesting.py); the
+    runtime must be safe even when such a check is missing, so these tests switch it off."""
+    for module in (start_module, receipts_module, commands_module, superstep_module):
+        monkeypatch.setattr(module, "too_deep", lambda value, limit, path: None)
 
 
 def deep(n: int) -> Any:
@@ -76,6 +88,7 @@ def assert_charged(txn: Txn, offset: int, fragment: str) -> dict[str, Any]:
     return dead
 
 
+@pytest.mark.usefixtures("no_engine_depth_check")
 @pytest.mark.parametrize("depth", [251, 252, 253])
 def test_a_deep_start_input_is_rejected_and_the_rest_of_the_batch_goes_on(tmp_path: Path, depth: int) -> None:
     r = rig(tmp_path)
@@ -92,6 +105,7 @@ def test_a_deep_start_input_is_rejected_and_the_rest_of_the_batch_goes_on(tmp_pa
         assert state(r.store, ok)["status"] == "running" and ok in txn.snapshots()
 
 
+@pytest.mark.usefixtures("no_engine_depth_check")
 @pytest.mark.parametrize("depth", [251, 252, 253])
 def test_a_deep_action_output_fails_its_attempt_and_the_run_not_the_partition(
     tmp_path: Path, depth: int
@@ -114,6 +128,7 @@ def test_a_deep_action_output_fails_its_attempt_and_the_run_not_the_partition(
     restored.close()
 
 
+@pytest.mark.usefixtures("no_engine_depth_check")
 @pytest.mark.parametrize("depth", [251, 252, 253])
 def test_a_deep_signal_payload_is_rejected_and_the_run_still_waits(tmp_path: Path, depth: int) -> None:
     r = rig(tmp_path)
@@ -236,6 +251,17 @@ def test_a_codec_defect_on_some_bytes_is_a_dead_letter_not_a_crash(
     assert [e["type"] for e in txn.events("ok")][-1] == "StepScheduled"
 
 
+def test_with_the_engines_check_in_place_deep_json_is_refused_before_the_runtime_sees_it(
+    tmp_path: Path,
+) -> None:
+    r = rig(tmp_path)
+    txn = Txn(r, ("commands", {**start("deep")[1], "input": deep(252)}), start("ok"))
+    assert txn.dead() == []
+    [rejected] = txn.events("deep")
+    assert rejected["code"] == "InvalidInput" and "nests deeper than max_json_depth" in rejected["reason"]
+
+
+@pytest.mark.usefixtures("no_engine_depth_check")
 def test_the_dead_letter_of_a_charged_record_names_its_coordinates_and_counts_its_reason(
     tmp_path: Path,
 ) -> None:

@@ -1,0 +1,58 @@
+"""How deeply a JSON value nests, checked against a bound before anything serializes it.
+
+Every value a run takes in (an input, a signal payload, an output) is copied a few levels
+deeper into events, step records and snapshots, and orjson refuses to serialize more than
+254 levels ("Recursion limit reached") while the codec reads up to 1,024. So the engine
+refuses a value nested deeper than the server ceiling `max_json_depth` at every ingress,
+before its size is measured or its secrets are looked for (both walk it too).
+
+Levels count containers: a scalar is level 0, `[]` and `{"a": 1}` are level 1, `[[1]]` is 2.
+The walk stops as soon as it passes the bound, so a hostile value of any depth costs at most
+`limit` frames of recursion.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CONTAINERS = (dict, list)
+
+
+def too_deep(value: Any, limit: int, path: str) -> str | None:
+    """The path (`input.a[0].b`) of the first container nested deeper than `limit` levels in
+    `value`, or None if it nests at most `limit` levels."""
+    trail = _deeper(value, limit)
+    if trail is None:
+        return None
+    out = path
+    for part in reversed(trail):
+        out += f"[{part}]" if type(part) is int else (f".{part}" if out else str(part))
+    return out
+
+
+def _deeper(value: Any, budget: int) -> list[str | int] | None:
+    """None, or the keys (innermost first) leading to a container past `budget` more levels."""
+    if isinstance(value, dict):
+        if budget <= 0:
+            return []
+        for key, item in value.items():
+            if isinstance(item, _CONTAINERS):
+                trail = _deeper(item, budget - 1)
+                if trail is not None:
+                    trail.append(str(key))
+                    return trail
+    elif isinstance(value, list):
+        if budget <= 0:
+            return []
+        for index, item in enumerate(value):
+            if isinstance(item, _CONTAINERS):
+                trail = _deeper(item, budget - 1)
+                if trail is not None:
+                    trail.append(index)
+                    return trail
+    return None
+
+
+def nesting_reason(what: str, where: str, limit: int) -> str:
+    """The one wording of a refusal: names the path and the limit, never the value."""
+    return f"{what} nests deeper than max_json_depth {limit} at {where}"
