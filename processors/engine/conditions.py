@@ -9,97 +9,98 @@ across them work. A missing key is an error (use `has(state.x)`), as is a result
 not a bool: both surface as `ConditionError`.
 
 Programs are compiled once per expression text and reused. Converting Python values to
-CEL costs time proportional to their size, so when an expression reads `state` only as
-`state.<key>` (the common case), only those keys are converted.
+CEL costs time proportional to their size, so a program is handed only the parts of
+`state`, `input` and `output` it reads through field selections (`state.a.b` converts
+`b`, not the whole state; `condition_limits.narrow`).
+
+Conditions are bounded (`condition_limits`): registration refuses one that is too long,
+too deeply nested or nests too many comprehensions, and an evaluation whose estimated
+cost on the data it is handed exceeds the budget is not run. Both raise `ConditionLimit`
+(a `ConditionError`, so the run fails with code `Evaluation`), naming the rule.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Final
 
 import cel
 
+from processors.engine.condition_limits import (
+    MAX_CHARS,
+    MAX_COST_NS,
+    Analysis,
+    ConditionLimit,
+    analyze,
+    estimate_ns,
+    narrow,
+)
 from processors.engine.definition import END, Route
 from processors.engine.errors import ConditionError
 
 VARIABLES: Final = ("state", "input", "output")
-_STRING_LITERAL = re.compile(
-    r"""[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
-)
 _MAX_MESSAGE = 240
 
 
 class Condition:
     """A compiled route condition. Immutable; safe to share across runs."""
 
-    __slots__ = ("_input_keys", "_program", "_state_keys", "_uses", "source")
+    __slots__ = ("_analysis", "_program", "source")
 
-    def __init__(self, source: str, program: Any) -> None:
+    def __init__(self, source: str, program: Any, analysis: Analysis) -> None:
         self.source = source
         self._program = program
-        uses = set(program.variables())
-        stripped = _STRING_LITERAL.sub('""', source)
-        self._uses = frozenset(uses)
-        self._state_keys = _field_keys(stripped, "state") if "state" in uses else ()
-        self._input_keys = _field_keys(stripped, "input") if "input" in uses else ()
+        self._analysis = analysis
 
     def evaluate(self, *, state: Any, input: Any, output: Any = None) -> bool:
-        """True or False; `ConditionError` for any evaluation error or a non-bool result."""
-        variables: dict[str, Any] = {}
-        if "state" in self._uses:
-            variables["state"] = _narrow(state, self._state_keys)
-        if "input" in self._uses:
-            variables["input"] = _narrow(input, self._input_keys)
-        if "output" in self._uses:
-            variables["output"] = output
+        """True or False; `ConditionError` for any evaluation error or a non-bool result,
+        `ConditionLimit` (rule `condition_cost`) when its estimated cost on this data is over
+        the budget (it is then not run)."""
+        values = {"state": state, "input": input, "output": output}
+        variables = {name: narrow(values[name], paths) for name, paths in self._analysis.reads.items()}
+        cost = estimate_ns(self._analysis.tree, variables)
+        if cost > MAX_COST_NS:
+            raise ConditionLimit("condition_cost", (
+                f"condition {_quoted(self.source)} was not evaluated: on this data its estimated cost "
+                f"({cost / 1e6:,.0f} ms) exceeds the limit of {MAX_COST_NS / 1e6:,.0f} ms; read less "
+                "(select the fields you need) or iterate over smaller lists"))
         try:
             result = self._program.execute(variables)
         except Exception as exc:  # the binding raises several types (KeyError, TypeError, RuntimeError, ...)
-            raise ConditionError(f"condition {self.source!r} failed: {_describe(exc)}") from None
+            raise ConditionError(f"condition {_quoted(self.source)} failed: {_describe(exc)}") from None
         if type(result) is not bool:
-            raise ConditionError(f"condition {self.source!r} must yield a bool, got {_cel_type_name(result)}")
+            raise ConditionError(f"condition {_quoted(self.source)} must yield a bool, got {_cel_type_name(result)}")
         return result
 
     def __repr__(self) -> str:
         return f"Condition({self.source!r})"
 
 
+def _quoted(source: str) -> str:
+    """The condition in a message: whole when short, else its start (a limit error must stay small)."""
+    return repr(source) if len(source) <= 120 else repr(source[:117] + "...")
+
+
 @lru_cache(maxsize=4096)
 def compile_condition(expr: str) -> Condition:
-    """Compile (cached by expression text). Raises `ConditionError` for a syntax error."""
+    """Compile (cached by expression text). Raises `ConditionError` for a syntax error and
+    `ConditionLimit` for a condition over a registration limit (length, depth, nesting)."""
     if not isinstance(expr, str) or not expr.strip():
         raise ConditionError("condition must be a non-empty CEL expression")
+    if len(expr) > MAX_CHARS:  # before compiling: the parser's time grows with the text
+        raise ConditionLimit("condition_length", f"condition is {len(expr)} characters; the limit is {MAX_CHARS}")
     try:
         program = cel.compile(expr)
     except Exception as exc:
-        raise ConditionError(f"invalid CEL condition {expr!r}: {_describe(exc)}") from None
-    return Condition(expr, program)
+        raise ConditionError(f"invalid CEL condition {_quoted(expr)}: {_describe(exc)}") from None
+    return Condition(expr, program, analyze(expr))
 
 
 def unknown_variables(expr: str) -> set[str]:
     """Free variables other than state/input/output. Comprehension variables
     (`state.items.exists(i, i > 1)`) also appear here, so callers treat this as a hint."""
-    return set(compile_condition(expr)._uses) - set(VARIABLES)
-
-
-def _field_keys(expr: str, name: str) -> tuple[str, ...] | None:
-    """The keys read as `name.<key>` if every use of `name` has that form, else None
-    (meaning: pass the whole value). `expr` has its string literals blanked out."""
-    keys: list[str] = []
-    for match in re.finditer(rf"(?<![\w.]){name}\b(\s*\.\s*([A-Za-z_][A-Za-z0-9_]*))?", expr):
-        if match.group(2) is None:
-            return None
-        keys.append(match.group(2))
-    return tuple(dict.fromkeys(keys))
-
-
-def _narrow(value: Any, keys: tuple[str, ...] | None) -> Any:
-    if keys is None or not isinstance(value, dict):
-        return value
-    return {key: value[key] for key in keys if key in value}
+    return set(compile_condition(expr)._program.variables()) - set(VARIABLES)
 
 
 def _describe(exc: Exception) -> str:

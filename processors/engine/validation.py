@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import jsonschema
 
+from processors.engine.condition_limits import ConditionLimit
 from processors.engine.conditions import compile_condition
 from processors.engine.definition import END, LIMIT_DIMENSIONS, NODE_ID_PATTERN
 from processors.engine.errors import ConditionError, Issue
@@ -273,8 +274,9 @@ def _check_conditions(defn: Definition, issues: list[Issue]) -> None:
                 continue
             try:
                 compile_condition(route.when)
-            except ConditionError as exc:
-                issues.append(Issue(f"routes.{source}[{index}].when", exc.message, rule="condition"))
+            except ConditionError as exc:  # a ConditionLimit names its rule (condition_length, _depth, _nesting)
+                rule = exc.rule if isinstance(exc, ConditionLimit) else "condition"
+                issues.append(Issue(f"routes.{source}[{index}].when", exc.message, rule=rule))
 
 
 def _check_budgets(defn: Definition, ceilings: Ceilings, issues: list[Issue]) -> None:

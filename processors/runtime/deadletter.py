@@ -12,8 +12,9 @@ UNDECODABLE = "undecodable"
 NULL_VALUE = "null_value"
 KEY_MISMATCH = "key_mismatch"
 MISROUTED = "misrouted"  # forwarded to its owning partition once already, and not owned there either
-PROCESSING_ERROR = "processing_error"
+PROCESSING_ERROR = "processing_error"  # the engine (or the runtime's own fold) raised on it
 OUTPUT_TOO_LARGE = "output_too_large"  # folding it produced a record the broker refuses
+UNSERIALIZABLE = "unserializable"  # folding it produced a value the encoders cannot write
 
 
 def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,

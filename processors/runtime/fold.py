@@ -25,7 +25,7 @@ from processors.runtime import admission, deadletter
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.partitioning import PartitionOwners
 from processors.runtime.store import LOST_STATUS
-from schemas import Codec, DecodeError
+from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
 from topology.catalog import TopicNames
 
@@ -34,6 +34,7 @@ _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
 _TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
 _COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
+_LONG_END = 1 << 63
 
 
 @dataclass
@@ -87,32 +88,64 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
         overlay.purge_at(after["run_id"], ts_ms + retention_ms, new, after["updated_ms"])
 
 
-_TOO_LARGE = (
-    "the outputs of this {what} are larger than the broker accepts ({error}); it is in the dead "
-    "letters, its effects were not applied"
-)
+# What a record that cannot be folded did wrong, by dead-letter reason: the run's failure code
+# for a command (its RunRejected), for a terminal receipt (a non-retryable failure of the
+# attempt) and for any other input (FailRun), and what the reason says happened.
+_CAUSES: dict[str, tuple[str, str, str, str]] = {
+    deadletter.OUTPUT_TOO_LARGE: ("Limit", "InvalidOutput", "Limit", "the outputs of this {what} are larger than the "
+                                  "broker accepts ({error})"),
+    deadletter.UNSERIALIZABLE: ("Limit", "InvalidOutput", "Limit", "folding this {what} gives a value the processor "
+                                "cannot store ({error}: a JSON value nested too deeply or an integer beyond 64 bits)"),
+    deadletter.PROCESSING_ERROR: ("State", "State", "State", "the processor failed to fold this {what} ({error})"),
+}  # fmt: skip
+_APPLIED = "; it is in the dead letters, its effects were not applied"
 
 
-def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
-    """What to fold instead of an input whose outputs the broker refuses: a terminal receipt
-    becomes a non-retryable failure of the same attempt (retrying would produce the same
-    outputs); a command becomes its RunRejected (code `Limit`, as for a command over an engine
-    ceiling). Any other input (a fired timer, an accepted or cancelled receipt) fails its run
-    (`FailRun`, code `Limit`): what it would have started can never be written, so without it a
-    step would wait for good (a sleep that never wakes, a retry never dispatched)."""
+class Unserializable(Exception):
+    """A value the run events' encoder or the state serializer refuses (orjson: nesting past
+    254 levels, an integer beyond 64 bits; Avro: a long beyond 64 bits)."""
+
+
+_ORJSON_REFUSALS = ("Recursion limit reached", "Integer exceeds 64-bit range")
+
+
+def _refused_value(e: Exception) -> bool:
+    return isinstance(e, (TypeError, EncodeError)) and any(text in str(e) for text in _ORJSON_REFUSALS)
+
+
+def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
+    """What to fold instead of an input that cannot be folded (`cause`, a dead-letter reason):
+    a terminal receipt becomes a non-retryable failure of the same attempt (retrying would
+    do the same), without its usage (its charge is not applied); a command becomes its
+    RunRejected; any other input (a fired timer, an accepted or cancelled receipt) fails its
+    run (`FailRun`): what it would have started can never be, so without it a step would wait
+    for good (a sleep that never wakes, a retry never dispatched)."""
+    command_code, attempt_code, run_code, text = _CAUSES[cause]
     mtype = msg.get("type")
     what = "receipt" if mtype in _TERMINAL_RECEIPTS else "command" if mtype in _COMMANDS else (
         "timer" if mtype == "TimerFired" else f"{mtype} receipt")
-    reason = _TOO_LARGE.format(what=what, error=error[:500])
+    reason = text.format(what=what, error=error[:500]) + _APPLIED
     if mtype in ("ActivationCompleted", "ActivationFailed"):
-        return {**msg, "type": "ActivationFailed", "code": "InvalidOutput", "message": reason, "retryable": False,
-                "output": None}
+        return {**msg, "type": "ActivationFailed", "code": attempt_code, "message": reason, "retryable": False,
+                "output": None, "usage": None}
     if mtype == "ChildRunFinished":
-        return {**msg, "status": "failed", "output": None, "failure": {"code": "InvalidOutput", "message": reason}}
+        return {**msg, "status": "failed", "output": None, "usage": None,
+                "failure": {"code": attempt_code, "message": reason}}
     if mtype in _COMMANDS:
-        return rejection(msg, "Limit", reason)
+        return rejection(msg, command_code, reason)
     return {"type": "FailRun", "run_id": msg["run_id"], "ts_ms": msg["ts_ms"], "record_id": msg.get("record_id"),
-            "code": "Limit", "message": reason}
+            "code": run_code, "message": reason}
+
+
+def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
+    return _instead(msg, deadletter.OUTPUT_TOO_LARGE, error)
+
+
+# A record's outputs, computed before any is produced: (state before, state after, the last
+# event's ts_ms, (sequence, Avro bytes) per event, (topic, bytes) per message, timer id -> its
+# (body, JSON) or None to clear, the state's dump_state bytes or None)
+Outputs = tuple[Any, Any, int, list[tuple[int, bytes]], list[tuple[str, bytes]],
+                dict[str, tuple[dict[str, Any], bytes] | None], bytes | None]  # fmt: skip
 
 
 class Folder:
@@ -155,8 +188,12 @@ class Folder:
     def fold_input(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
                    offset: int, key: bytes | None, value: bytes | None, timestamp: int = -1,
                    headers: Callable[[], Any] | None = None) -> None:
-        """`timestamp`: the record's Kafka timestamp (ms; <= 0: none); `headers`: the record's
-        `headers` method (called only to forward it)."""
+        """Fold one input record. `timestamp`: the record's Kafka timestamp (ms; <= 0: none);
+        `headers`: the record's `headers` method (called only to forward it). Whatever goes
+        wrong for the record alone (bytes the codec refuses, an engine exception, a value the
+        encoders or the state serializer refuse) is charged to it: nothing of it is applied, it
+        goes to the dead letters, and its run is told (`_charge`). Only produce()'s refusals
+        (`RecordTooLarge`, `ProduceFailed`) leave here: the loop owns the transaction."""
         _inc(counters.records_in, topic)
         if value is None:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.NULL_VALUE,
@@ -170,6 +207,10 @@ class Folder:
         except DecodeError as e:
             self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
                              f"cannot decode {topic}: {e.reason}")
+            return
+        except Exception as e:  # a codec defect on these bytes: the same verdict, never a crash
+            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
+                             f"cannot decode {topic}: {type(e).__name__}: {e}")
             return
         run_id: str = msg["run_id"]
         if key is None or key != run_id.encode():
@@ -188,21 +229,29 @@ class Folder:
             if admitted is None:
                 return
             msg = admitted
-        # Not only while retention is on: runs purged before it was switched off keep their ids.
-        if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
-            status = overlay.store.purged_status(run_id)
-            if status is not None:  # the engine would see a new run: the id would be reused
-                why = ("began before the start of the run-events log (its retention deleted the beginning), so "
-                       "the processor could not restore it" if status == LOST_STATUS.decode() else
-                       f"already ran ({status}) and was purged from the processor's store after its retention")
-                self._reject(overlay, counters, partition, key, run_id, rejection(
-                    msg, "Conflict", f"run {run_id} {why}; run ids are not reused"))
-                return
         try:
-            outputs = self._decide(overlay, counters, msg, run_id)
-        except Exception as e:  # an engine defect must not stop the partition: park the record
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.PROCESSING_ERROR,
-                             f"{type(e).__name__} while folding {msg.get('type')}: {e}")
+            # Not only while retention is on: runs purged before it was switched off keep their ids.
+            if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
+                status = overlay.store.purged_status(run_id)
+                if status is not None:  # the engine would see a new run: the id would be reused
+                    why = ("began before the start of the run-events log (its retention deleted the beginning), "
+                           "so the processor could not restore it" if status == LOST_STATUS.decode() else
+                           f"already ran ({status}) and was purged from the processor's store after its retention")
+                    outputs: Outputs | None = self._rejection(overlay, counters, run_id, rejection(
+                        msg, "Conflict", f"run {run_id} {why}; run ids are not reused"))
+                else:
+                    outputs = self._decide(overlay, counters, msg, run_id)
+            else:
+                outputs = self._decide(overlay, counters, msg, run_id)
+        except Unserializable as e:
+            self._charge(overlay, counters, topic, partition, offset, key, value, msg, deadletter.UNSERIALIZABLE,
+                         str(e))
+            return
+        except Exception as e:  # an engine defect must not stop the partition: charge the record
+            # orjson's refusals inside the engine (its own size checks) are a value, not a defect
+            cause = deadletter.UNSERIALIZABLE if _refused_value(e) else deadletter.PROCESSING_ERROR
+            self._charge(overlay, counters, topic, partition, offset, key, value, msg, cause,
+                         f"{type(e).__name__} while folding {msg.get('type')}: {e}")
             return
         if msg["type"] == "TimerFired":
             # The timer came back as input: it is done whatever the decision (no refire).
@@ -249,24 +298,30 @@ class Folder:
         return admission.failed_instead(msg, reason) or msg
 
     def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
-                run_id: str) -> tuple[Any, Any, int, list[tuple[int, bytes]], list[tuple[str, bytes]],
-                                      dict[str, Any]] | None:
+                run_id: str) -> Outputs | None:
+        """Everything a record produces, encoded, before anything is produced: the engine's
+        decision, the events folded, their effects, every output's bytes, the timers' JSON and
+        the new state's `dump_state` bytes (the snapshot and the store value), so that no
+        value of this record can fail later, at commit or in the store batch. Raises
+        `Unserializable` for a value the encoders refuse."""
         state = before = overlay.state(run_id, load_state)
         decision = decide(state, msg, self.ctx)
-        if decision.dropped:
-            _inc(counters.dropped, decision.dropped)
         if not decision.events:
+            if decision.dropped:
+                _inc(counters.dropped, decision.dropped)
             return None
         events: list[tuple[int, bytes]] = []
         messages: list[tuple[str, bytes]] = []
-        # timer id -> its body to arm, or None to clear: in event order, so a timer an event
-        # arms and a later event of the same record clears ends cleared, as restore folds it
-        timers: dict[str, Any] = {}
+        # timer id -> its body and JSON to arm, or None to clear: in event order, so a timer an
+        # event arms and a later event of the same record clears ends cleared, as restore folds it
+        timers: dict[str, tuple[dict[str, Any], bytes] | None] = {}
+        enc_event = self._enc_event
         for ev in decision.events:
             state = evolve(state, ev)
-            events.append((ev["sequence"], self._enc_event(ev)))
-            if ev["type"] == "RunRejected":
-                _inc(counters.rejected, ev["code"])
+            try:
+                events.append((ev["sequence"], enc_event(ev)))
+            except EncodeError as e:
+                raise Unserializable(f"its {ev['type']} event cannot be encoded: {e.reason}") from e
             if state is None:
                 continue
             fx = effects(state, ev)
@@ -277,8 +332,25 @@ class Folder:
             for tid in fx.clear_timers:
                 timers[tid] = None
             for body in fx.set_timers:
-                timers[body["timer_id"]] = body
-        return before, state, decision.events[-1]["ts_ms"], events, messages, timers
+                body = {**body, "run_id": run_id}
+                try:
+                    timers[body["timer_id"]] = body, orjson.dumps(body)
+                    if not body["due_ms"] < _LONG_END:  # its TimerFired carries it as an Avro long
+                        raise OverflowError(f"due_ms {body['due_ms']} is beyond a 64-bit long")
+                except (TypeError, OverflowError) as e:
+                    raise Unserializable(f"its {body.get('timer_kind')} timer cannot be stored: {e}") from e
+        raw = None
+        if state is not None:
+            try:
+                raw = dump_state(state)
+            except TypeError as e:  # orjson: "Recursion limit reached", "Integer exceeds 64-bit range"
+                raise Unserializable(f"the run's state cannot be serialized: {e}") from e
+        if decision.dropped:
+            _inc(counters.dropped, decision.dropped)
+        for ev in decision.events:
+            if ev["type"] == "RunRejected":
+                _inc(counters.rejected, ev["code"])
+        return before, state, decision.events[-1]["ts_ms"], events, messages, timers, raw
 
     def _route(self, m: dict[str, Any], state: Any) -> tuple[str, bytes]:
         kind = m["type"]
@@ -292,72 +364,104 @@ class Folder:
         raise ValueError(f"engine effect of unknown type {kind!r}")
 
     def _emit(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
-              run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]], messages: list[tuple[str, bytes]],
-              timers: dict[str, Any]) -> None:
+              run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]],
+              messages: list[tuple[str, bytes]], timers: dict[str, tuple[dict[str, Any], bytes] | None],
+              raw: bytes | None) -> None:  # fmt: skip
         produce = self._produce
         topic = self.run_events
         # Only the record's last event reports its delivery: one producer writes a partition's
         # events in produce order, so the transaction's last report per partition is its max offset.
-        for _, raw in events[:-1]:
-            produce(topic, raw, key, partition=partition)
+        for _, event in events[:-1]:
+            produce(topic, event, key, partition=partition)
         produce(topic, events[-1][1], key, partition=partition, on_delivery=self._on_event_delivery)
         overlay.add_events(run_id, events)
         _inc(counters.records_out, topic, len(events))
-        for topic, raw in messages:
-            produce(topic, raw, key)
+        for topic, message in messages:
+            produce(topic, message, key)
             _inc(counters.records_out, topic)
-        for tid, body in timers.items():
-            if body is None:
+        for tid, timer in timers.items():
+            if timer is None:
                 overlay.clear_timer(run_id, tid)
             else:
-                body = {**body, "run_id": run_id}
-                overlay.set_timer(run_id, body, orjson.dumps(body))
+                overlay.set_timer(run_id, *timer)
         _count_status(overlay, before, state, ts_ms, self.finished_retention_ms)
         if state is not None or run_id in overlay.states:
             overlay.states[run_id] = state
             overlay.event_ts[run_id] = ts_ms
+            if raw is not None:
+                overlay.dumped[run_id] = raw
+            else:
+                overlay.dumped.pop(run_id, None)
 
-    def park_too_large(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
-                       offset: int, key: bytes | None, value: bytes | None, error: str, level: int) -> None:
-        """Instead of folding: an input whose outputs the broker refused as too large (the loop
-        found it) goes to the dead letters, and its run hears why (`_too_large_instead`) so no
-        step or client waits for what will never come. Each time the broker refuses again the
-        loop raises `level`: 0 dead letter with the input's bytes, 1 without them, 2 without the
-        substitute too (its own outputs, e.g. the run's snapshot, may be what is too large)."""
-        _inc(counters.records_in, topic)
-        self.dead_letter(counters, topic, partition, offset, key, value if level == 0 else None,
-                         deadletter.OUTPUT_TOO_LARGE, f"output too large: {error}")
-        if value is None or key is None:
-            return
-        try:
-            msg = self._decode[topic](value)
-        except DecodeError:
-            return
+    def _charge(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, offset: int,
+                key: bytes, value: bytes, msg: dict[str, Any], cause: str, error: str) -> None:
+        """A decoded record that cannot be folded (`cause`): to the dead letters, and its run
+        hears why (`_instead`), as for an input whose outputs the broker refuses."""
+        self.dead_letter(counters, topic, partition, offset, key, value, cause, error)
+        self._fold_instead(overlay, counters, partition, key, msg, cause, error)
+
+    def _fold_instead(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
+                      msg: dict[str, Any], cause: str, error: str) -> None:
         run_id = msg["run_id"]
-        if key != run_id.encode():
-            return
         if msg["type"] == "TimerFired":  # as fold_input does: the timer is done (no refire)
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
-        if level >= 2:
-            return
-        substitute = _too_large_instead(msg, error)
-        if substitute["type"] == "RunRejected":
-            self._reject(overlay, counters, partition, key, run_id, substitute)
-            return
+        substitute = _instead(msg, cause, error)
         try:
-            outputs = self._decide(overlay, counters, substitute, run_id)
-        except Exception:  # the dead letter is written; an engine defect here changes nothing else
+            if substitute["type"] == "RunRejected":
+                outputs: Outputs | None = self._rejection(overlay, counters, run_id, substitute)
+            else:
+                outputs = self._decide(overlay, counters, substitute, run_id)
+        except Exception:  # the dead letter is written; the substitute failing too changes nothing else
             return
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
 
+    def park(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, offset: int,
+             key: bytes | None, value: bytes | None, error: str, level: int,
+             cause: str = deadletter.OUTPUT_TOO_LARGE) -> None:  # fmt: skip
+        """Instead of folding: an input the loop found to fail its transaction (`cause`: its
+        outputs refused by the broker as too large, or a failure at commit traced to it) goes to
+        the dead letters, and its run hears why (`_instead`) so no step or client waits for what
+        will never come. Each time the broker refuses again the loop raises `level`: 0 dead
+        letter with the input's bytes, 1 without them, 2 without the substitute too (its own
+        outputs, e.g. the run's snapshot, may be what is too large)."""
+        _inc(counters.records_in, topic)
+        prefix = "output too large: " if cause == deadletter.OUTPUT_TOO_LARGE else ""
+        self.dead_letter(counters, topic, partition, offset, key, value if level == 0 else None, cause,
+                         prefix + error)
+        if value is None or key is None:
+            return
+        try:
+            msg = self._decode[topic](value)
+        except Exception:
+            return
+        run_id = msg["run_id"]
+        if key != run_id.encode():
+            return
+        if level >= 2:
+            if msg["type"] == "TimerFired":
+                overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
+            return
+        self._fold_instead(overlay, counters, partition, key, msg, cause, error)
+
+    park_too_large = park
+
     def _reject(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str,
                 event: dict[str, Any]) -> None:
-        """A RunRejected the runtime decides (the engine cannot see why): no state changes."""
+        """A RunRejected the runtime decides, produced at once (admission's answers)."""
+        self._emit(overlay, counters, partition, key, run_id, *self._rejection(overlay, counters, run_id, event))
+
+    def _rejection(self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str,
+                   event: dict[str, Any]) -> Outputs:  # fmt: skip
+        """The outputs of a RunRejected the runtime decides (the engine cannot see why): no
+        state changes."""
         state = overlay.state(run_id, load_state)
+        raw = self._enc_event(event)
+        dumped = overlay.dumped.get(run_id)
+        if dumped is None and state is not None:  # a committed state: it was serialized before
+            dumped = dump_state(state)
         _inc(counters.rejected, event["code"])
-        self._emit(overlay, counters, partition, key, run_id, state, state, event["ts_ms"],
-                   [(0, self._enc_event(event))], [], {})
+        return state, state, event["ts_ms"], [(0, raw)], [], {}, dumped
 
     def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
                     key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
@@ -370,11 +474,13 @@ class Folder:
     def snapshots(self, overlay: PartitionOverlay, partition: int, counters: TxnCounters) -> None:
         """One RunStateSnapshot per run touched in this transaction (compacted topic)."""
         n = 0
+        dumped = overlay.dumped
         for run_id, state in overlay.states.items():
             if state is None:
                 continue
-            raw = dump_state(state)
-            overlay.dumped[run_id] = raw
+            raw = dumped.get(run_id)
+            if raw is None:  # a state not folded by fold_input (none today): serialize it now
+                raw = dumped[run_id] = dump_state(state)
             snapshot = {
                 "run_id": run_id,
                 "sequence": state["sequence"],

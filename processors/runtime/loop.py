@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from processors.engine import Catalog, Ceilings, EngineContext
 from processors.metrics_endpoint import CannotServe
-from processors.runtime import logs
+from processors.runtime import deadletter, logs
 from processors.runtime.assignment import Partitions
 from processors.runtime.definitions import DefinitionsReader
 from processors.runtime.exits import (  # re-exported: the exit codes callers know the loop by
@@ -83,13 +83,14 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
         self._consumer_replaced_at = -1e9
         self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
-        # Output too large: a transaction's input is replayed one record per transaction
+        # A failure that names no input (an output too large for the broker, the commit's own
+        # work raising): the transaction's input is replayed one record per transaction
         # (`_isolate_left` records) until the input that caused it is alone in a failing one;
         # that input is then parked in `_poison` (coordinates -> (reason, level: see
-        # Folder.park_too_large; raised each time the parked input is refused again))
+        # Folder.park; raised each time the parked input is refused again, dead-letter reason))
         # and dead-lettered instead of folded when it comes back.
         self._isolate_left = 0
-        self._poison: dict[tuple[str, int, int], tuple[str, int]] = {}
+        self._poison: dict[tuple[str, int, int], tuple[str, int, str]] = {}
         self.producers = TxnProducers(settings, self.metrics, self.log, self._bounded, self._on_client_error)
         self._consumer: Consumer | None = None
         self.partitions: Partitions | None = None
@@ -297,7 +298,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 if parked is None:
                     fold(ov, counters, topic, p, off, m.key(), m.value(), m.timestamp()[1], m.headers)
                 else:
-                    self.folder.park_too_large(ov, counters, topic, p, off, m.key(), m.value(), *parked)
+                    self.folder.park(ov, counters, topic, p, off, m.key(), m.value(), *parked)
             except (RecordTooLarge, ProduceFailed) as e:
                 # Nothing produced in this transaction can be taken back: abort, and rewind the
                 # records of this batch not folded yet too (their partitions may be new to it).
@@ -305,7 +306,8 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                     if rest.error() is None:
                         txn.start.setdefault((rest.topic(), rest.partition()), rest.offset())
                 if isinstance(e, RecordTooLarge):  # the first reason stays: the dead letter's
-                    self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2)) if parked else (str(e), 0)
+                    self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2), parked[2]) if parked else (
+                        str(e), 0, deadletter.OUTPUT_TOO_LARGE)
                     self._abort(f"output too large: {e}")
                 else:
                     self._produce_failed(e.err, "produce")
@@ -375,8 +377,15 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         assert producer is not None and consumer is not None
         t0 = time.perf_counter()
         try:
-            for p, ov in txn.overlays.items():
-                self.folder.snapshots(ov, p, txn.counters)
+            try:
+                for p, ov in txn.overlays.items():
+                    self.folder.snapshots(ov, p, txn.counters)
+            except (KafkaException, RecordTooLarge, ProduceFailed):
+                raise
+            except Exception as e:  # no input is named (every state was serialized at its fold): find it
+                self._isolate(f"{type(e).__name__} while writing the run-state snapshots: {e}",
+                              deadletter.UNSERIALIZABLE, "a run-state snapshot could not be written")
+                return
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
                 self.producers.send_offsets(offsets, consumer.consumer_group_metadata(), self._txn_call_s)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from processors.runtime import deadletter
 from processors.runtime.exits import EXIT_FATAL, EXIT_FENCED, FENCED_CODES, ProcessorStopped
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
@@ -35,7 +36,7 @@ class TxnFailures:
     _aborts_in_a_row: int
     # Output too large: see Processor.__init__
     _isolate_left: int
-    _poison: dict[tuple[str, int, int], tuple[str, int]]
+    _poison: dict[tuple[str, int, int], tuple[str, int, str]]
 
     if TYPE_CHECKING:
         def _bounded(self, call: str, timeout_s: float = KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]: ...
@@ -101,25 +102,31 @@ class TxnFailures:
         return sum(n - txn.start[tp] for tp, n in txn.next.items())
 
     def _output_too_large(self, reason: str) -> None:
-        """A record of this transaction was too large for the broker. With exactly one input in
-        the transaction, that input is the cause: park it (the second time without its original
-        bytes, in case the dead letter is what is too large). Otherwise replay the transaction's
-        input one record per transaction to find it."""
+        """A record of this transaction was too large for the broker: find its input (`_isolate`)."""
+        self._isolate(reason, deadletter.OUTPUT_TOO_LARGE, "input produces a record too large for the broker")
+
+    def _isolate(self, reason: str, cause: str, what: str) -> None:
+        """The transaction failed for a reason that names no input (`cause`, a dead-letter
+        reason: the broker refused a record as too large, or the commit's own work raised).
+        With exactly one input in the transaction, that input is the cause: park it (the
+        second time without its original bytes, in case the dead letter is what is too large).
+        Otherwise replay the transaction's input one record per transaction to find it."""
         txn = self.txn
         if self._txn_inputs() == 1:
             (topic, p), off = next((tp, n - 1) for tp, n in txn.next.items() if n > txn.start[tp])
             parked = self._poison.get((topic, p, off))
-            self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2)) if parked else (reason, 0)
-            self.log.warning("input produces a record too large for the broker: dead-lettering it", extra={
+            self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2), parked[2]) if parked else (
+                reason, 0, cause)
+            self.log.warning(what + ": dead-lettering it", extra={
                 "topic": topic, "partition": p, "offset": off, "reason": reason})
         else:
             self._isolate_left = max(self._isolate_left, self._txn_inputs())
-            self.log.warning("record too large for the broker: replaying the batch one record per "
-                             "transaction", extra={"records": self._isolate_left, "reason": reason})
+            self.log.warning(what + ": replaying the batch one record per transaction", extra={
+                "records": self._isolate_left, "reason": reason})
         # Each such abort makes progress (an input marked, its level raised, or the batch split),
         # so it does not grow the back-off meant for what keeps failing (a broker down).
         self._aborts_in_a_row = 0
-        self._abort(f"output too large: {reason}")
+        self._abort(f"{cause}: {reason}")
 
     def _after_isolated_commit(self) -> None:
         txn = self.txn
