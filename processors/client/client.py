@@ -253,7 +253,9 @@ class RunClient:
         for _ in range(2):
             try:
                 headers = {"Authorization": f"Bearer {self._query_token}"} if self._query_token else {}
-                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", headers=headers, timeout=self.timeout_s)
+                # ?view=state: the engine's whole record, as a snapshot holds it (RunView.state either way)
+                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", params={"view": "state"}, headers=headers,
+                                 timeout=self.timeout_s)  # fmt: skip
             except httpx.HTTPError:
                 return None  # the owner may be restarting: the snapshot topic still answers
             if resp.status_code == 200:

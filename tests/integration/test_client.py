@@ -191,7 +191,12 @@ def test_get_through_the_owners_query_endpoint(client: RunClient, settings: Proc
         with RunClient(client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}") as q:
             view = q.get(run_id)
             assert (view.source, view.status, view.output) == ("query", "succeeded", {"text": "q"})
-            assert view.sequence == client.get(run_id).sequence
+            from_snapshot = client.get(run_id)
+            assert view.sequence == from_snapshot.sequence
+            # the same view whichever answers: the engine's whole record (the query's ?view=state)
+            assert view.state is not None and from_snapshot.state is not None
+            assert view.state["input"] == from_snapshot.state["input"] == {"text": "q"}
+            assert view.state["steps"].keys() == from_snapshot.state["steps"].keys()
             with pytest.raises(RunNotFound):  # the owner says 404 and no snapshot exists
                 q.get("never-started")
     # the owner is gone: the client falls back to the snapshot topic
