@@ -7,13 +7,15 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
-from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, rejection, text
+from processors.engine.context import Decision, rejected, unchanged
+from processors.engine.emitter import Emitter, failure, rejection, text
 from processors.engine.ids import instance_key, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
-from processors.engine.state import TERMINAL_STATUSES, RunState
-from processors.engine.steps import NOT_SCHEDULED, cancel_open_steps, plan_superstep
+from processors.engine.state import RunState
+from processors.engine.steps import cancel_open_steps, plan_superstep
 from processors.engine.superstep import fail_run, progress
+from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES
 
 Message = dict[str, Any]
 # A command's free-text reason is copied into the run's events and every cancelled step:
@@ -26,13 +28,13 @@ def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     is never reopened by a cancel: the caller gets a RunRejected (code Conflict)."""
     status = state["status"]
     if status == "cancelled":
-        return Decision([], "duplicate cancel")
+        return unchanged("duplicate cancel")
     if status in TERMINAL_STATUSES:
-        return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
+        return rejected(state, rejection(msg, "Conflict", f"run already {status}"), "run already finished")
     reason = text(msg.get("reason"), REASON_CHARS) or "cancelled by request"
     cancel_open_steps(em, f"run cancelled: {reason}")
     em.emit("RunCancelled", reason=reason, usage=em.usage())
-    return Decision(em.events)
+    return em.decision()
 
 
 def fail_run_for_runtime(state: RunState, msg: Message, em: Emitter) -> Decision:
@@ -42,11 +44,11 @@ def fail_run_for_runtime(state: RunState, msg: Message, em: Emitter) -> Decision
     which a step would wait for good. Fails the run and cancels its open steps; a finished run
     is left as it is."""
     if state["status"] in TERMINAL_STATUSES:
-        return Decision([], "run already finished")
+        return unchanged("run already finished")
     code = msg["code"] if msg["code"] in FAILURE_CODES else "ExecutionFailed"
     # The message goes on RunFailed only: every cancelled step (a map's many items) gets the code.
     fail_run(em, failure(code, msg["message"][:REASON_CHARS]), f"run failed: {code}")
-    return Decision(em.events)
+    return em.decision()
 
 
 def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
@@ -55,44 +57,43 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     status = state["status"]
     name = msg.get("signal")
     if status in TERMINAL_STATUSES:
-        return Decision([rejection(msg, "Conflict", f"run already {status}")], "run already finished")
+        return rejected(state, rejection(msg, "Conflict", f"run already {status}"), "run already finished")
     if not isinstance(name, str) or not name:
-        return Decision([rejection(msg, "InvalidInput", "signal name is required")], "invalid signal")
+        return rejected(state, rejection(msg, "InvalidInput", "signal name is required"), "invalid signal")
     if not any(node.kind == "wait" and node.signal == name for node in em.pinned.root.nodes.values()):
         reason = (
             f"no wait node of {state['definition_id']}@{state['revision']} waits for signal {name[:100]!r}"
         )
-        return Decision([rejection(msg, "InvalidInput", reason)], "unknown signal")
+        return rejected(state, rejection(msg, "InvalidInput", reason), "unknown signal")
     payload = msg.get("payload")
     limit = em.ctx.ceilings.max_json_depth
     where = too_deep(payload, limit, "payload")
     if where is not None:
-        return Decision([rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit))],
-                        "signal payload too deep")  # fmt: skip
+        return rejected(state, rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit)), "signal payload too deep")  # fmt: skip
     size = len(orjson.dumps(payload))
     if size > em.ctx.ceilings.max_payload_bytes:
         reason = (
             f"signal payload of {size} bytes exceeds max_payload_bytes {em.ctx.ceilings.max_payload_bytes}"
         )
-        return Decision([rejection(msg, "Limit", reason)], "signal payload too large")
+        return rejected(state, rejection(msg, "Limit", reason), "signal payload too large")
     secrets = find_secret_literals(payload, "payload")
     if secrets:
         reason = f"secret material in signal payload at {', '.join(secrets[:5])}"
-        return Decision([rejection(msg, "InvalidInput", reason)], "secret in signal")
+        return rejected(state, rejection(msg, "InvalidInput", reason), "secret in signal")
     waits = sorted(
         (wait for wait in state["waits"].values() if wait["signal"] == name),
         key=lambda wait: order_key(wait["node"], wait["lineage"]),
     )
     if not waits or status != "running":
         em.emit("SignalReceived", signal=name, payload=payload, node=None)
-        return Decision(em.events)
+        return em.decision()
     wait = waits[0]
     step = state["steps"][instance_key(wait["node"], wait["lineage"])]
     em.emit("SignalReceived", signal=name, payload=payload, node=wait["node"])
     em.emit_step("StepSucceeded", step, output=payload,
                  usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0})  # fmt: skip
     progress(em)
-    return Decision(em.events)
+    return em.decision()
 
 
 def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
@@ -100,19 +101,18 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     instances, continues: those instances are re-activated as new attempts."""
     status = state["status"]
     if status not in ("paused", "failed"):
-        return Decision([rejection(msg, "Conflict", f"run is {status}; only a paused or failed run resumes")],
-                        "nothing to resume")  # fmt: skip
+        return rejected(state, rejection(msg, "Conflict", f"run is {status}; only a paused or failed run resumes"), "nothing to resume")  # fmt: skip
     superstep = state["superstep"]
     resumable = bool(state["frontier"]) and (
         status == "paused"
         or any(
-            step["superstep"] == superstep and step["status"] in NOT_SCHEDULED
+            step["superstep"] == superstep and step["status"] in NOT_SCHEDULED_STATUSES
             for step in state["steps"].values()
         )
     )
     if not resumable:
         reason = "run failed outside a step (at a barrier or at its end); resuming would fail the same way"
-        return Decision([rejection(msg, "Conflict", reason)], "nothing to resume")
+        return rejected(state, rejection(msg, "Conflict", reason), "nothing to resume")
     pinned = em.pinned
     limits, reason = budgets.effective_budgets(pinned.root.budgets, em.ctx.ceilings, None, may_raise=True)
     assert limits is not None
@@ -123,12 +123,12 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
             pinned.root.budgets, em.ctx.ceilings, overrides, may_raise=True
         )
         if new_limits is None:
-            return Decision([rejection(msg, "Limit", reason)], "invalid budgets")
+            return rejected(state, rejection(msg, "Limit", reason), "invalid budgets")
         limits = {**limits, **{key: new_limits[key] for key in overrides}}
     em.emit("RunResumed", budgets=limits, reason=text(msg.get("reason"), REASON_CHARS))
     plan_superstep(em, reactivate=True)
     progress(em)
-    return Decision(em.events)
+    return em.decision()
 
 
 __all__ = ["cancel_open_steps", "cancel_run", "resume_run", "signal_run"]

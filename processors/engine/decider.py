@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from processors.engine.commands import cancel_run, fail_run_for_runtime, resume_run, signal_run
-from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
+from processors.engine.context import Decision, EngineContext, rejected, unchanged
+from processors.engine.emitter import Emitter, rejection
 from processors.engine.receipts import handle_receipt
 from processors.engine.start import start_run
 from processors.engine.state import RunState
+from processors.engine.vocabulary import COMMANDS
 
 Message = dict[str, Any]
 
@@ -33,7 +35,6 @@ REQUIRED: dict[str, dict[str, type]] = {
     "TimerFired": {"timer_id": str, "timer_kind": str, "due_ms": int},
     "FailRun": {"code": str, "message": str},  # the runtime's own (commands.fail_run_for_runtime)
 }
-COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 
 
 def _shape_problem(msg: Any) -> str | None:
@@ -56,22 +57,20 @@ def _shape_problem(msg: Any) -> str | None:
 def decide(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
     problem = _shape_problem(msg)
     if problem is not None:
-        return Decision([], problem)
+        return unchanged(problem)
     mtype = msg["type"]
     if state is not None and state["run_id"] != msg["run_id"]:
-        return Decision([], "message for another run")
+        return unchanged("message for another run")
     if mtype == "StartRun":
         return start_run(state, msg, ctx)
     if mtype == "FailRun":
         if state is None:
-            return Decision([], "unknown run")
+            return unchanged("unknown run")
         return fail_run_for_runtime(state, msg, Emitter(state, msg, ctx))
     em = Emitter(state, msg, ctx)
     if mtype in COMMANDS:
         if state is None:
-            return Decision(
-                [rejection(msg, "NotFound", f"run {msg['run_id']} does not exist")], "unknown run"
-            )
+            return rejected(None, rejection(msg, "NotFound", f"run {msg['run_id']} does not exist"), "unknown run")
         if mtype == "CancelRun":
             return cancel_run(state, msg, em)
         if mtype == "SignalRun":

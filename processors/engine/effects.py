@@ -15,12 +15,15 @@ from processors.engine.ids import child_run_id, dispatch_id, instance_key, step_
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.refs import ABSENT, RefError, Scope, resolve
 from processors.engine.state import RunState
+from processors.engine.vocabulary import (
+    DISPATCHED_KINDS,
+    EXECUTOR_KINDS,
+    RUN_STOPPING_EVENTS,
+    STEP_SETTLING_EVENTS,
+)
 
 Event = dict[str, Any]
 Message = dict[str, Any]
-EXECUTOR_KINDS = ("action", "agent")
-SETTLING = frozenset({"StepSucceeded", "StepFailed", "StepCancelled"})
-RUN_STOPPING = frozenset({"RunPaused", "RunSucceeded", "RunFailed", "RunCancelled"})
 
 
 @dataclass(slots=True)
@@ -42,7 +45,7 @@ def effects(state: RunState | None, event: Event) -> Effects:
         return NONE
     if etype == "StepScheduled":
         return _scheduled(state, event)
-    if etype in SETTLING:
+    if etype in STEP_SETTLING_EVENTS:
         return _settled(state, event)
     if etype in ("StepStarted", "StepLeaseExtended"):
         return Effects(set_timers=[_timer(state, event, "lease_expiry", event["lease_expires_ms"])])
@@ -64,7 +67,7 @@ def effects(state: RunState | None, event: Event) -> Effects:
             "timer_kind": "wall_time", "due_ms": wall["due_ms"], "node": None, "lineage": None, "attempt": None,
             "dispatch_id": None,
         }])  # fmt: skip
-    if etype in RUN_STOPPING:
+    if etype in RUN_STOPPING_EVENTS:
         wall = state["wall"]
         if wall["due_ms"] is None:
             return NONE
@@ -93,7 +96,7 @@ def _scheduled(state: RunState, event: Event) -> Effects:
     deadline = event.get("deadline_ms")
     if kind == "sleep":
         return Effects(set_timers=[_timer(state, event, "sleep", deadline or event["ts_ms"])])
-    if kind not in (*EXECUTOR_KINDS, "workflow"):
+    if kind not in DISPATCHED_KINDS:
         return NONE
     p = pinned(state["bundle"], state["bundle_hash"])
     node = p.node(event["node"])

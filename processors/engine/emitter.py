@@ -1,56 +1,31 @@
-"""The engine context, the decision, and the emitter that builds events and folds them.
+"""The emitter that builds a decision's events and folds them, and the records events carry.
 
 `decide` never computes a follow-up from a stale view: every event it emits is folded
 into its working state at once (`Emitter.emit`), so the next rule reads the state as the
-runtime will see it after folding the same events.
+runtime will see it; the states it folds travel in the `Decision` (context.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from processors.engine.definition import Ceilings
-from processors.engine.evolve import fold, forget_folds, remember_fold
+from processors.engine.context import Decision, EngineContext
+from processors.engine.evolve import evolve
 from processors.engine.ids import event_record_id, rejection_record_id
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.state import RunState, usage_of
+from processors.engine.vocabulary import Failure, Usage
 
 Event = dict[str, Any]
 Message = dict[str, Any]
-
-FAILURE_CODES = frozenset(
-    {
-        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation", "State",
-        "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped", "Cancelled", "ChildFailed",
-        "Conflict", "NotFound", "PermissionDenied", "Limit",
-    }
-)  # fmt: skip
-
 
 _USAGE_EVENTS = frozenset(
     {"StepScheduled", "StepSucceeded", "StepFailed", "StepRetryScheduled", "RunResumed"}
 )
 
 
-@dataclass(frozen=True)
-class EngineContext:
-    """What `decide` may consult besides the run state: the definition catalog, the server
-    ceilings and the activation queues that exist (node queues must be among them)."""
-
-    catalog: Any  # processors.engine.catalog.Catalog (Any: tests may pass a subclass)
-    ceilings: Ceilings = field(default_factory=Ceilings)
-    queues: frozenset[str] = frozenset({"default", "agents"})
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    events: list[Event]
-    dropped: str | None = None
-
-
 def failure(code: str, message: str, *, retryable: bool = False, node: str | None = None,
-            lineage: str | None = None) -> dict[str, Any]:  # fmt: skip
+            lineage: str | None = None) -> Failure:  # fmt: skip
     return {"code": code, "message": message, "retryable": retryable, "node": node, "lineage": lineage}
 
 
@@ -83,13 +58,13 @@ def text(value: Any, limit: int | None = None) -> str:
 class Emitter:
     """Builds the events of one decision, folding each into `state` as it goes."""
 
-    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "settled_items", "state", "ts",
+    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "settled_items", "state", "states", "ts",
                  "usage_changed")  # fmt: skip
 
     def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
-        forget_folds()
         self.state: RunState = state  # type: ignore[assignment]  # None only until RunAccepted
         self.events: list[Event] = []
+        self.states: list[RunState | None] = []  # the state after each event
         self.ts: int = msg["ts_ms"]
         self.run_id: str = msg["run_id"]
         self.ctx = ctx
@@ -115,11 +90,11 @@ class Emitter:
             "sequence": sequence,
             **fields,
         }
-        new_state = fold(self.state, event)
+        new_state = evolve(self.state, event)
         assert new_state is not None  # only RunRejected folds to None, and it is never emitted here
-        remember_fold(self.state, event, new_state)
         self.state = new_state
         self.events.append(event)
+        self.states.append(new_state)
         if etype in _USAGE_EVENTS:
             self.usage_changed = True
             if etype == "StepFailed":
@@ -135,5 +110,9 @@ class Emitter:
             dispatch_id=step["dispatch_id"], **fields,
         )  # fmt: skip
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> Usage:
         return usage_of(self.state)
+
+    def decision(self, dropped: str | None = None) -> Decision:
+        """The events emitted so far, the state after each, and why nothing was, if nothing was."""
+        return Decision(self.events, self.states, dropped)

@@ -15,36 +15,14 @@ from processors.engine.errors import EventBeforeStart
 from processors.engine.ids import instance_key
 from processors.engine.pinned import pinned, root_definition
 from processors.engine.refs import input_hash
-from processors.engine.state import OPEN_STEP_STATUSES, RunState
+from processors.engine.state import RunState
+from processors.engine.vocabulary import OPEN_STEP_STATUSES, ZERO_USAGE
 
 Event = dict[str, Any]
-_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
-
-
-# The runtime folds exactly the events `decide` just folded into its working state, from
-# the same state object. `decide` remembers those folds (keyed by the event object's
-# identity, checked against the state's identity) so the second fold is a lookup. Only
-# the latest decision is kept; the values are what `evolve` computes anyway.
-_LAST_FOLDS: dict[int, tuple[RunState | None, Event, RunState]] = {}
-
-
-def remember_fold(before: RunState | None, event: Event, after: RunState) -> None:
-    _LAST_FOLDS[id(event)] = (before, event, after)
-
-
-def forget_folds() -> None:
-    _LAST_FOLDS.clear()
 
 
 def evolve(state: RunState | None, event: Event) -> RunState | None:
-    memo = _LAST_FOLDS.get(id(event))
-    if memo is not None and memo[1] is event and memo[0] is state:
-        return memo[2]
-    return fold(state, event)
-
-
-def fold(state: RunState | None, event: Event) -> RunState | None:
-    """`evolve` without the memo of the latest decision."""
+    """The run state after `event`: the one fold, for decide's emitter, restore and replay."""
     etype = event["type"]
     if etype == "RunRejected":
         return state  # sequence 0: belongs to no run, changes nothing
@@ -94,7 +72,7 @@ def _run_accepted(ev: Event) -> RunState:
         "maps": {},
         "open": 0,
         "steps": {},
-        "usage": {"steps": 0, "retries": 0, "agents": 0, **_ZERO_USAGE},
+        "usage": {"steps": 0, "retries": 0, "agents": 0, **ZERO_USAGE},
         "warned": [],
         "wall": {"epoch": 0, "used_ms": 0, "since_ms": None, "due_ms": None},
         "signals": [],
@@ -258,7 +236,7 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
         "retry_due_ms": None,
         "output": None,
         "failure": None,
-        "usage": dict(_ZERO_USAGE),
+        "usage": dict(ZERO_USAGE),
         "reason": None,
         "cancel_in_flight": False,
     }
@@ -359,7 +337,7 @@ def _step_skipped(s: RunState, ev: Event) -> None:
         "node": node, "lineage": lineage, "kind": None, "attempt": 0, "first_attempt": 0,
         "dispatch_id": None, "queue": None, "input": None, "input_hash": None, "deadline_ms": None,
         "scheduled_ms": None, "started_ms": None, "worker_id": None, "lease_expires_ms": None,
-        "retry_due_ms": None, "output": None, "failure": None, "usage": dict(_ZERO_USAGE),
+        "retry_due_ms": None, "output": None, "failure": None, "usage": dict(ZERO_USAGE),
         "cancel_in_flight": False,
     }  # fmt: skip
     step.update(status="skipped", reason=ev["reason"], superstep=s["superstep"], finished_ms=ev["ts_ms"])

@@ -13,18 +13,24 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
-from processors.engine.emitter import FAILURE_CODES, Decision, Emitter, failure, text
+from processors.engine.context import Decision, unchanged
+from processors.engine.emitter import Emitter, failure, text
 from processors.engine.ids import instance_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
-from processors.engine.state import TERMINAL_STATUSES, RunState
+from processors.engine.state import RunState
 from processors.engine.steps import fail_attempt, retry_attempt, retry_exhausted
 from processors.engine.superstep import progress, schema_error
+from processors.engine.vocabulary import (
+    EXECUTOR_KINDS,
+    FAILURE_CODES,
+    TERMINAL_RECEIPTS,
+    TERMINAL_STATUSES,
+    ZERO_USAGE,
+    Usage,
+)
 
 Message = dict[str, Any]
-EXECUTOR_KINDS = frozenset({"action", "agent"})
-TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
-_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 # An executor's error text is kept in the step record and its events: cut it so a huge one
 # cannot make those records too large for Kafka (outputs are bounded by max_payload_bytes).
 MESSAGE_CHARS = 4000
@@ -32,13 +38,13 @@ MESSAGE_CHARS = 4000
 
 def handle_receipt(state: RunState | None, msg: Message, em: Emitter) -> Decision:
     if state is None:
-        return Decision([], "unknown run")
+        return unchanged("unknown run")
     if state["status"] in TERMINAL_STATUSES:
-        return Decision([], "run finished")
+        return unchanged("run finished")
     dropped = _timer(em, msg) if msg["type"] == "TimerFired" else _step_receipt(em, msg)
     if dropped is None and em.state["status"] == "running":
         progress(em)
-    return Decision(em.events, dropped)
+    return em.decision(dropped)
 
 
 def _current_step(em: Emitter, msg: Message) -> tuple[dict[str, Any] | None, str | None]:
@@ -52,16 +58,22 @@ def _current_step(em: Emitter, msg: Message) -> tuple[dict[str, Any] | None, str
     return step, None
 
 
-def _usage(msg: Message) -> dict[str, int]:
+def _usage(msg: Message) -> Usage:
     raw = msg.get("usage") or {}
-    out = {}
-    for name in ("prompt_tokens", "completion_tokens", "cost_micros"):
-        value = raw.get(name) if isinstance(raw, dict) else 0
-        out[name] = value if type(value) is int and value >= 0 else 0
-    return out
+    if not isinstance(raw, dict):
+        return dict(ZERO_USAGE)  # type: ignore[return-value]  # dict() of a TypedDict widens
+    return {
+        "prompt_tokens": _count(raw.get("prompt_tokens")),
+        "completion_tokens": _count(raw.get("completion_tokens")),
+        "cost_micros": _count(raw.get("cost_micros")),
+    }
 
 
-def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any, dict[str, int]]:
+def _count(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any, Usage]:
     """What a terminal receipt settles the attempt to: ("succeeded", output, usage) or
     ("failed", failure, usage). Pure, so a re-delivered receipt can be compared."""
     usage = _usage(msg)
@@ -101,7 +113,7 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     return "succeeded", output, usage
 
 
-def _settled_by(step: dict[str, Any], outcome: str, value: Any, usage: dict[str, int]) -> bool:
+def _settled_by(step: dict[str, Any], outcome: str, value: Any, usage: Usage) -> bool:
     """Whether a terminal receipt for the settled attempt `step` is the one that settled it
     (executors deliver at least once: an identical receipt is a no-op, seed 004). A retryable
     failure was recorded as it came, or, when it ended the retries, as the RetryExhausted that
@@ -153,7 +165,7 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
             reason = text(msg.get("reason"), MESSAGE_CHARS) or "no reason given"
             fail_attempt(em, step, failure("Cancelled", f"activation cancelled by its executor: {reason}",
                                            retryable=True, node=step["node"], lineage=step["lineage"]),
-                         _ZERO_USAGE)  # fmt: skip
+                         ZERO_USAGE)  # fmt: skip
             return None
         return "step already settled"
     worker = msg["worker_id"]
@@ -216,24 +228,24 @@ def _timer(em: Emitter, msg: Message) -> str | None:
             return "stale timer"
         timeout = em.pinned.node(name).timeout_ms
         fail_attempt(em, step, failure("Timeout", f"{name} timed out after {timeout} ms", retryable=True,
-                                       node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+                                       node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
         return None
     if kind == "lease_expiry":
         if status != "running" or msg.get("due_ms") != step["lease_expires_ms"]:
             return "stale timer"
         fail_attempt(em, step, failure("Timeout", f"activation lease expired (worker {step['worker_id']})",
-                                       retryable=True, node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+                                       retryable=True, node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
         return None
     if kind == "wait_timeout":
         if status != "waiting":
             return "stale timer"
         signal = em.pinned.node(name).signal
         fail_attempt(em, step, failure("Timeout", f"no signal {signal!r} within {em.pinned.node(name).timeout_ms} ms",
-                                       node=name, lineage=lineage), _ZERO_USAGE)  # fmt: skip
+                                       node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
         return None
     if kind == "sleep":
         if status != "scheduled" or step["kind"] != "sleep":
             return "stale timer"
-        em.emit_step("StepSucceeded", step, output=None, usage=dict(_ZERO_USAGE))
+        em.emit_step("StepSucceeded", step, output=None, usage=dict(ZERO_USAGE))
         return None
     return f"unknown timer kind {kind!r}"

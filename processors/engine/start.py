@@ -14,7 +14,8 @@ import orjson
 
 from processors.engine import budgets
 from processors.engine.catalog import Bundle
-from processors.engine.emitter import Decision, Emitter, EngineContext, rejection
+from processors.engine.context import Decision, EngineContext, rejected, unchanged
+from processors.engine.emitter import Emitter, rejection
 from processors.engine.errors import DefinitionError
 from processors.engine.ids import control_character
 from processors.engine.nesting import nesting_reason, too_deep
@@ -35,24 +36,23 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
         where = too_deep(msg.get(field), limit, field)
         if where is not None:
             reason = nesting_reason(f"StartRun.{field}", where, limit)
-            return Decision([rejection(msg, "InvalidInput", reason, revision=_int_or_none(msg.get("revision")))],
-                            reason)  # fmt: skip
+            return rejected(state, rejection(msg, "InvalidInput", reason, revision=_int_or_none(msg.get("revision"))), reason)  # fmt: skip
     if state is not None:
         return _restart(state, msg)
     bad = control_character(msg["run_id"])
     if bad is not None:
         reason = f"run_id contains the control character {bad!r}; run ids are printable text"
-        return Decision([rejection(msg, "InvalidInput", reason)], reason)
+        return rejected(state, rejection(msg, "InvalidInput", reason), reason)
     pinned_or_reason = _pin(msg, ctx)
     if isinstance(pinned_or_reason, tuple):
         code, reason = pinned_or_reason
-        return Decision([rejection(msg, code, reason, revision=_int_or_none(msg.get("revision")))], reason)
+        return rejected(state, rejection(msg, code, reason, revision=_int_or_none(msg.get("revision"))), reason)
     pinned = pinned_or_reason
     definition = pinned.root
 
     def reject(code: str, reason: str) -> Decision:
-        return Decision(
-            [rejection(msg, code, reason, definition_id=definition.id, revision=definition.revision)], reason
+        return rejected(
+            state, rejection(msg, code, reason, definition_id=definition.id, revision=definition.revision), reason
         )
 
     run_input = msg.get("input")
@@ -115,7 +115,7 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     em.emit("RunStarted", superstep=1)
     plan_superstep(em)
     progress(em)
-    return Decision(em.events)
+    return em.decision()
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -190,6 +190,6 @@ def _restart(state: RunState, msg: Message) -> Decision:
         and (msg.get("parent") or None) == state["parent"]
     )
     if same:
-        return Decision([], "duplicate start")
+        return unchanged("duplicate start")
     reason = f"run {state['run_id']} already exists with a different definition, revision, input or parent"
-    return Decision([rejection(msg, "Conflict", reason)], "conflicting start")
+    return rejected(state, rejection(msg, "Conflict", reason), "conflicting start")

@@ -13,14 +13,10 @@ from typing import Any
 import orjson
 
 from processors.engine.pinned import canonical_bundle, pinned
+from processors.engine.vocabulary import OPEN_STEP_STATUSES, Usage
 
 RunState = dict[str, Any]
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-# Step statuses in which an attempt is outstanding (the superstep cannot commit yet).
-OPEN_STEP_STATUSES = frozenset({"scheduled", "running", "waiting", "retry_wait"})
-# Step statuses in which an activation may be in flight at an executor or child run.
-IN_FLIGHT_STEP_STATUSES = frozenset({"scheduled", "running", "waiting"})
 
 _DUMP_OPTIONS = orjson.OPT_SORT_KEYS
 
@@ -69,7 +65,7 @@ def run_status(state: RunState) -> str:
     return "waiting"
 
 
-def usage_of(state: RunState) -> dict[str, int]:
+def usage_of(state: RunState) -> Usage:
     """The run's `Usage` record (docs/messages.md) from its ledger."""
     ledger = state["usage"]
     return {

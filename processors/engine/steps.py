@@ -9,7 +9,7 @@ dispatch identity.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 from processors.engine import budgets
 from processors.engine.definition import Node
@@ -17,13 +17,18 @@ from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import RefError
 from processors.engine.ids import dispatch_id, instance_key, order_key, step_timer_id
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
-from processors.engine.state import OPEN_STEP_STATUSES
+from processors.engine.vocabulary import (
+    DISPATCHED_KINDS,
+    IN_FLIGHT_SLOT_STATUSES,
+    NOT_SCHEDULED_STATUSES,
+    OPEN_STEP_STATUSES,
+    ZERO_USAGE,
+    Failure,
+    Usage,
+)
 
-_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
-NOT_SCHEDULED = ("failed", "cancelled", "skipped")  # statuses an instance is (re)activated from
 
-
-def map_items(em: Emitter, name: str, node: Node) -> tuple[list[Any] | None, dict[str, Any] | None]:
+def map_items(em: Emitter, name: str, node: Node) -> tuple[list[Any] | None, Failure | None]:
     """The items of a mapped node from the superstep's snapshot, or a failure."""
     ref = node.map
     assert ref is not None
@@ -58,7 +63,7 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
     pinned = em.pinned
     plans: list[tuple[str, Node, str, Any, dict[str, Any] | None]] = []
     # mapped nodes settled without an activation: their source failed (a failure) or is empty (None)
-    unscheduled: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
+    unscheduled: list[tuple[str, Failure | None, dict[str, Any] | None]] = []
     fresh_steps = fresh_agents = 0
     mapped = False
     for name in state["frontier"]:
@@ -83,7 +88,7 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         for lineage, item in instances:
             old = steps.get(instance_key(name, lineage))
             current = old is not None and old["superstep"] == superstep
-            if current and old is not None and (not reactivate or old["status"] not in NOT_SCHEDULED):
+            if current and old is not None and (not reactivate or old["status"] not in NOT_SCHEDULED_STATUSES):
                 continue
             if not current:
                 fresh_steps += 1
@@ -98,9 +103,9 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         ident = {"node": name, "lineage": "", "attempt": attempt,
                  "dispatch_id": dispatch_id(em.run_id, name, "", attempt)}  # fmt: skip
         if problem is None:  # an empty array: the node's value is []
-            em.emit("StepSucceeded", **ident, output=[], usage=dict(_ZERO_USAGE))
+            em.emit("StepSucceeded", **ident, output=[], usage=dict(ZERO_USAGE))
         else:
-            em.emit("StepFailed", **ident, failure=problem, usage=dict(_ZERO_USAGE))
+            em.emit("StepFailed", **ident, failure=problem, usage=dict(ZERO_USAGE))
     free = _free_slots(em)
     for name, node, lineage, item, old in plans:
         if node.kind in DISPATCHED_KINDS:
@@ -114,8 +119,6 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
     return True
 
 
-DISPATCHED_KINDS = frozenset({"action", "agent", "workflow"})
-IN_FLIGHT_SLOTS = frozenset({"scheduled", "running", "retry_wait"})
 
 
 def _free_slots(em: Emitter) -> int:
@@ -131,7 +134,7 @@ def _free_slots(em: Emitter) -> int:
         1
         for step in em.state["steps"].values()
         if step["superstep"] == superstep
-        and step["status"] in IN_FLIGHT_SLOTS
+        and step["status"] in IN_FLIGHT_SLOT_STATUSES
         and step["kind"] in DISPATCHED_KINDS
     )
     return cap - busy
@@ -183,7 +186,7 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
                 dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
                 failure=failure("UnknownReference", f"input of {name}: {exc.message}", node=name,
                                 lineage=lineage),
-                usage=dict(_ZERO_USAGE))  # fmt: skip
+                usage=dict(ZERO_USAGE))  # fmt: skip
         return
     schedule(em, name, node, lineage, attempt, node_input)
 
@@ -220,13 +223,13 @@ def _settle_instantly(em: Emitter, name: str, node: Node, lineage: str) -> None:
     if step["status"] != "scheduled":
         return
     if node.kind == "state":
-        em.emit_step("StepSucceeded", step, output=step["input"], usage=dict(_ZERO_USAGE))
+        em.emit_step("StepSucceeded", step, output=step["input"], usage=dict(ZERO_USAGE))
         return
     signal = node.signal or ""
     for buffered in em.state["signals"]:
         if buffered["signal"] == signal:
             em.emit("SignalReceived", signal=signal, payload=buffered["payload"], node=name)
-            em.emit_step("StepSucceeded", step, output=buffered["payload"], usage=dict(_ZERO_USAGE))
+            em.emit_step("StepSucceeded", step, output=buffered["payload"], usage=dict(ZERO_USAGE))
             return
     em.emit("RunWaiting", node=name, lineage=lineage, signal=signal, due_ms=step["deadline_ms"])
 
@@ -240,7 +243,7 @@ def retry_attempt(em: Emitter, step: dict[str, Any]) -> None:
         _settle_instantly(em, name, node, step["lineage"])
 
 
-def fail_attempt(em: Emitter, step: dict[str, Any], problem: dict[str, Any], usage: dict[str, int]) -> None:
+def fail_attempt(em: Emitter, step: dict[str, Any], problem: Failure, usage: Usage) -> None:
     """StepFailed, then a retry if the failure is retryable and attempts and the run's
     retry budget remain; otherwise the instance's failure is final (RetryExhausted when
     retries ran out)."""
@@ -265,7 +268,7 @@ def _attempts(step: dict[str, Any]) -> int:
     return int(step["attempt"] - step["first_attempt"] + 1)
 
 
-def retry_exhausted(step: dict[str, Any], problem: dict[str, Any], why: str) -> dict[str, Any]:
+def retry_exhausted(step: dict[str, Any], problem: Failure, why: str) -> Failure:
     """The final failure of a retryable `problem` when the node's attempts (`why="attempts"`) or
     the run's retry budget (`"budget"`) ran out. A pure function of the step and the problem, so a
     re-delivered receipt can be recognised as the one that settled the step (receipts.py)."""
@@ -293,7 +296,7 @@ def cancel_open_steps(em: Emitter, reason: str) -> None:
         em.emit_step("StepCancelled", step, reason=reason)
 
 
-def node_failure(em: Emitter, name: str, hint: int = 0) -> dict[str, Any] | bool | None:
+def node_failure(em: Emitter, name: str, hint: int = 0) -> Failure | bool | None:
     """The failure of a frontier node once it is fully settled: a dict if it failed, None
     if it succeeded, False while it is still open. A mapped node is settled when every item
     was dispatched (none held back by max_concurrency) and none is open; it fails when any
@@ -309,9 +312,9 @@ def node_failure(em: Emitter, name: str, hint: int = 0) -> dict[str, Any] | bool
     if node.map is None:
         if own is None or not own_current or own["status"] in OPEN_STEP_STATUSES:
             return False
-        return dict(own["failure"]) if own["status"] == "failed" else None
+        return cast(Failure, dict(own["failure"])) if own["status"] == "failed" else None
     if own is not None and own_current and own["status"] == "failed":
-        return dict(own["failure"])  # the map source itself did not resolve to an array
+        return cast(Failure, dict(own["failure"]))  # the map source itself did not resolve to an array
     count = state["maps"].get(name, 0)
     if int(state["budgets"].get("max_concurrency") or 0) > 0 and _held_back_items(em, name, node, count):
         return False

@@ -22,6 +22,7 @@ from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
 from processors.engine.steps import cancel_open_steps, held_back, map_items, node_failure, plan_superstep
+from processors.engine.vocabulary import Failure
 
 
 def progress(em: Emitter) -> None:
@@ -48,7 +49,7 @@ def progress(em: Emitter) -> None:
         commit_superstep(em)
 
 
-def _fail_fast_failure(em: Emitter) -> dict[str, Any] | None:
+def _fail_fast_failure(em: Emitter) -> Failure | None:
     """The lowest fail_fast node of the superstep that has settled as failed. A node settles as
     failed on a StepFailed, or (a mapped node) when its last open item settles, even
     successfully: only those need looking at."""
@@ -62,7 +63,7 @@ def _fail_fast_failure(em: Emitter) -> dict[str, Any] | None:
     return None
 
 
-def fail_run(em: Emitter, problem: dict[str, Any], cancel_reason: str) -> None:
+def fail_run(em: Emitter, problem: Failure, cancel_reason: str) -> None:
     cancel_open_steps(em, cancel_reason)
     em.emit("RunFailed", failure=problem, usage=em.usage())
 
@@ -76,7 +77,7 @@ def commit_superstep(em: Emitter) -> None:
     writes: list[tuple[str, str, str, Any]] = []
     mutations: list[tuple[str, str, Any]] = []
     values: dict[str, Any] = {}
-    blocked: dict[str, dict[str, Any]] = {}  # skip_dependents nodes that failed
+    blocked: dict[str, Failure] = {}  # skip_dependents nodes that failed
     try:
         for name in state["frontier"]:
             node = pinned.node(name)

@@ -300,7 +300,7 @@ class Folder:
     def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
                 run_id: str) -> Outputs | None:
         """Everything a record produces, encoded, before anything is produced: the engine's
-        decision, the events folded, their effects, every output's bytes, the timers' JSON and
+        decision, the states after its events, their effects, every output's bytes, the timers' JSON and
         the new state's `dump_state` bytes (the snapshot and the store value), so that no
         value of this record can fail later, at commit or in the store batch. Raises
         `Unserializable` for a value the encoders refuse."""
@@ -316,8 +316,7 @@ class Folder:
         # event arms and a later event of the same record clears ends cleared, as restore folds it
         timers: dict[str, tuple[dict[str, Any], bytes] | None] = {}
         enc_event = self._enc_event
-        for ev in decision.events:
-            state = evolve(state, ev)
+        for ev, state in zip(decision.events, decision.states, strict=True):  # folded by decide
             try:
                 events.append((ev["sequence"], enc_event(ev)))
             except EncodeError as e:

@@ -47,7 +47,7 @@ class RunHarness:
         self.state: dict[str, Any] | None = None
         self.now = 1_000_000
         self.log: list[dict[str, Any]] = []  # every event emitted, in order
-        self.last: Decision = Decision([])
+        self.last: Decision = Decision([], [])
         self.messages: list[dict[str, Any]] = []
         self.timers: dict[str, dict[str, Any]] = {}
         self.root_id = definitions[0]["id"] if definitions else "wf"

@@ -39,9 +39,8 @@ from processors.engine import (
     evolve,
     run_status,
 )
-from processors.engine.evolve import fold
 from processors.engine.ids import dispatch_id
-from processors.engine.state import OPEN_STEP_STATUSES, TERMINAL_STATUSES
+from processors.engine.vocabulary import OPEN_STEP_STATUSES, TERMINAL_STATUSES
 
 RUN = "r"
 STATE = {"n": 0, "items": [], "flag": False, "out": None, "m": {}, "rc": None, "list": [1, 2]}
@@ -296,8 +295,12 @@ class World:
         STATS["inputs"] += 1
         if decision.dropped:
             STATS[f"dropped: {decision.dropped}"] += 1
-        for event in decision.events:
+        if len(decision.states) != len(decision.events):
+            raise Violation("the decision does not carry one state per event")
+        for event, carried in zip(decision.events, decision.states, strict=True):
             self._fold(event)
+            if carried != self.state:  # the runtime takes the carried states instead of folding
+                raise Violation(f"the state carried after {event['type']} is not evolve's")
         self.check(full, before, decision, duplicate)
         # applied: it moved the run (a receipt refused as a ReceiptConflict is refused again)
         if any(e["type"] != "ReceiptConflict" for e in decision.events) and full["type"] not in (
@@ -310,7 +313,7 @@ class World:
         self.state = evolve(self.state, event)
         STATS[f"event: {event['type']}"] += 1
         copy = orjson.loads(orjson.dumps(event))  # as read back from the run-events topic
-        self.replay = fold(self.replay, copy)
+        self.replay = evolve(self.replay, copy)
         self._check_event(before, event)
         if event["type"] != "RunRejected":
             self.log.append(event)

@@ -174,7 +174,9 @@ def test_a_timer_beyond_64_bits_rejects_the_start_instead_of_leaving_it_unanswer
     assert rejected["type"] == "RunRejected" and rejected["code"] == "Limit"
 
 
-STAGES = ["decide", "evolve", "effects", "dump_state"]
+# The runtime calls these engine functions on a live record; evolve runs inside decide (the
+# decision carries the state after each event), so a failure of it is a failure of decide.
+STAGES = ["decide", "effects", "dump_state"]
 
 
 @pytest.mark.parametrize("stage", STAGES)

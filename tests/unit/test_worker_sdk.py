@@ -11,7 +11,13 @@ from processors.executors.context import ActionContext
 from processors.executors.errors import Cancelled, classify, redact
 from processors.executors.receipts import accepted, heartbeat, terminal_receipt
 from processors.executors.sdk import ActionRegistry
-from processors.executors.secrets import SecretResolver, SecretsPolicy, contains_any, contains_handle, env_var_for
+from processors.executors.secrets import (
+    SecretResolver,
+    SecretsPolicy,
+    contains_any,
+    contains_handle,
+    env_var_for,
+)
 from processors.executors.settings import SecretRule
 
 POLICY = SecretsPolicy({"api": SecretRule(definitions=["*"]), "db": SecretRule(queues=["*"])})

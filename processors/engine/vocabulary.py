@@ -1,0 +1,178 @@
+"""The one vocabulary of runfold's messages (docs/messages.md): the kinds of messages and events,
+the statuses of runs and steps, the failure codes, node kinds, and the typed shape of the
+records that the engine, the runtime, replay and the client all read.
+
+Everything that names a message kind or a status imports it from here (the engine on the
+ground floor, so every other part may). The TypedDicts cost nothing at run time: they are
+plain dicts that mypy checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypedDict
+
+# ---------------------------------------------------------------------------- messages in
+
+COMMANDS: Final = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
+# Receipts settle or touch an attempt; TimerFired comes back from the processor's own timers.
+RECEIPTS: Final = frozenset(
+    {"ActivationAccepted", "ActivationHeartbeat", "ActivationCompleted", "ActivationFailed",
+     "ActivationCancelled", "ChildRunFinished", "TimerFired"}
+)  # fmt: skip
+# The receipts that carry an attempt's outcome (the first one wins).
+TERMINAL_RECEIPTS: Final = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
+
+# ---------------------------------------------------------------------------- messages out
+
+# Run events that end a run (until a resume of a failed run), by the status they give.
+TERMINAL_EVENTS: Final[dict[str, str]] = {
+    "RunSucceeded": "succeeded",
+    "RunFailed": "failed",
+    "RunCancelled": "cancelled",
+}
+# Run events after which a run no longer runs (its wall-time timer stops).
+RUN_STOPPING_EVENTS: Final = frozenset({"RunPaused", *TERMINAL_EVENTS})
+# Run events that settle a step's attempt.
+STEP_SETTLING_EVENTS: Final = frozenset({"StepSucceeded", "StepFailed", "StepCancelled"})
+ACTIVATION_MESSAGES: Final = frozenset({"ActionActivation", "CancelActivation"})
+CHILD_MESSAGES: Final = frozenset({"ChildRunActivation", "ChildRunCancel"})
+
+# ---------------------------------------------------------------------------- statuses
+
+RUN_STATUSES: Final = ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled")
+# A finished run: terminal until an explicit resume (a failed run only).
+TERMINAL_STATUSES: Final = frozenset(TERMINAL_EVENTS.values())
+STEP_STATUSES: Final = (
+    "scheduled", "running", "waiting", "retry_wait", "succeeded", "failed", "cancelled", "skipped"
+)  # fmt: skip
+# Step statuses in which an attempt is outstanding (the superstep cannot commit yet).
+OPEN_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting", "retry_wait"})
+# Step statuses in which an activation may be in flight at an executor or child run.
+IN_FLIGHT_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting"})
+# Step statuses that hold one of a run's max_concurrency slots (a retry's backoff included).
+IN_FLIGHT_SLOT_STATUSES: Final = frozenset({"scheduled", "running", "retry_wait"})
+# Statuses an instance is (re)activated from by a resume.
+NOT_SCHEDULED_STATUSES: Final = frozenset({"failed", "cancelled", "skipped"})
+
+# ---------------------------------------------------------------------------- nodes
+
+NODE_KINDS: Final = ("action", "agent", "workflow", "state", "wait", "sleep")
+# Kinds an executor runs (an activation on a queue, a lease, heartbeats).
+EXECUTOR_KINDS: Final = frozenset({"action", "agent"})
+# Kinds dispatched to something outside the processor (they take a max_concurrency slot).
+DISPATCHED_KINDS: Final = frozenset({"action", "agent", "workflow"})
+
+# ---------------------------------------------------------------------------- failures
+
+FAILURE_CODES: Final = frozenset(
+    {
+        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation", "State",
+        "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped", "Cancelled", "ChildFailed",
+        "Conflict", "NotFound", "PermissionDenied", "Limit",
+    }
+)  # fmt: skip
+
+
+class Failure(TypedDict):
+    code: str
+    message: str
+    retryable: bool
+    node: str | None
+    lineage: str | None
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    cost_micros: int
+
+
+USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens", "cost_micros")
+# Shared, never mutated: an event that needs its own copy takes dict(ZERO_USAGE).
+ZERO_USAGE: Final[Usage] = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+# ---------------------------------------------------------------------------- records
+
+
+class Ledger(TypedDict):
+    """A run's usage: what it reserved (steps, retries, agents) and what its receipts recorded."""
+
+    steps: int
+    retries: int
+    agents: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_micros: int
+
+
+class StepRecord(TypedDict):
+    """One node instance's latest attempt in the run state (docs/semantics.md, "Run state")."""
+
+    node: str
+    lineage: str
+    kind: str | None
+    status: str
+    attempt: int
+    first_attempt: int
+    dispatch_id: str | None
+    superstep: int
+    queue: str | None
+    input: Any
+    input_hash: str | None
+    deadline_ms: int | None
+    scheduled_ms: int | None
+    started_ms: int | None
+    finished_ms: int | None
+    worker_id: str | None
+    lease_expires_ms: int | None
+    retry_due_ms: int | None
+    output: Any
+    failure: Failure | None
+    usage: Usage
+    reason: str | None
+    cancel_in_flight: bool
+
+
+class TimerBody(TypedDict):
+    """A durable timer: the TimerFired receipt the processor produces at `due_ms`."""
+
+    type: str
+    run_id: str
+    timer_id: str
+    timer_kind: str
+    due_ms: int
+    node: str | None
+    lineage: str | None
+    attempt: int | None
+    dispatch_id: str | None
+
+
+__all__ = [
+    "ACTIVATION_MESSAGES",
+    "CHILD_MESSAGES",
+    "COMMANDS",
+    "DISPATCHED_KINDS",
+    "EXECUTOR_KINDS",
+    "FAILURE_CODES",
+    "IN_FLIGHT_SLOT_STATUSES",
+    "IN_FLIGHT_STEP_STATUSES",
+    "NODE_KINDS",
+    "NOT_SCHEDULED_STATUSES",
+    "OPEN_STEP_STATUSES",
+    "RECEIPTS",
+    "RUN_STATUSES",
+    "RUN_STOPPING_EVENTS",
+    "STEP_SETTLING_EVENTS",
+    "STEP_STATUSES",
+    "TERMINAL_EVENTS",
+    "TERMINAL_RECEIPTS",
+    "TERMINAL_STATUSES",
+    "USAGE_FIELDS",
+    "ZERO_USAGE",
+    "Failure",
+    "Ledger",
+    "StepRecord",
+    "TimerBody",
+    "Usage",
+]
