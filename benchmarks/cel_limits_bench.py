@@ -44,8 +44,13 @@ SHAPES: dict[str, Callable[[int], Any]] = {
 def _data(shape: str, n: int) -> dict[str, Any]:
     make = SHAPES[shape]
     items = [make(i) for i in range(n)]
-    return {"a": items, "b": list(items), "m": {f"k{i}": make(i) for i in range(n)}, "s": "ab" * n,
-            "p": "(a|b)*c"}  # fmt: skip
+    return {
+        "a": items,
+        "b": list(items),
+        "m": {f"k{i}": make(i) for i in range(n)},
+        "s": "ab" * n,
+        "p": "(a|b)*c",
+    }
 
 
 def _fill(template: str, join: str, wrap: str = "{}") -> str:
@@ -143,9 +148,18 @@ def main() -> None:
             n, data = found
             ms, outcome = timed(expr, data, args.repeat)
             estimate = _accepted(expr, data) or 0
-            rows.append({"family": family, "shape": shape, "n": n, "bytes": len(orjson.dumps(data["a"])),
-                         "ms": round(ms, 2), "estimate_ms": round(estimate / 1e6, 2),
-                         "ratio": round(ms * 1e6 / estimate, 3) if estimate else None, "outcome": outcome})  # fmt: skip
+            rows.append(
+                {
+                    "family": family,
+                    "shape": shape,
+                    "n": n,
+                    "bytes": len(orjson.dumps(data["a"])),
+                    "ms": round(ms, 2),
+                    "estimate_ms": round(estimate / 1e6, 2),
+                    "ratio": round(ms * 1e6 / estimate, 3) if estimate else None,
+                    "outcome": outcome,
+                }
+            )
     worst = max((r for r in rows if r["ms"] is not None), key=lambda r: r["ms"])
     six_maps = (
         "[1,2,3,4,5,6,7,8,9,10]" + ".map(a, [1,2,3,4,5,6,7,8,9,10]" * 5 + ".map(b, b))" * 5 + ".size() > 0"

@@ -32,16 +32,26 @@ DEFINITION = {
     "entry": ["plan"],
     "nodes": {
         "plan": {"kind": "action", "action": "plan", "writes": {"queries": {"from": "output"}}},
-        "search": {"kind": "action", "action": "search", "queue": "tools",
-                   "map": {"from": "state", "pointer": "/queries"}, "input": {"q": {"from": "item"}},
-                   "retry": {"max_attempts": 3, "backoff_ms": 100}, "timeout_ms": 30_000,
-                   "writes": {"notes": {"from": "output"}}},
-        "write": {"kind": "action", "action": "write", "input": {"notes": {"from": "state", "pointer": "/notes"}},
-                  "writes": {"brief": {"from": "output"}}},
+        "search": {
+            "kind": "action",
+            "action": "search",
+            "queue": "tools",
+            "map": {"from": "state", "pointer": "/queries"},
+            "input": {"q": {"from": "item"}},
+            "retry": {"max_attempts": 3, "backoff_ms": 100},
+            "timeout_ms": 30_000,
+            "writes": {"notes": {"from": "output"}},
+        },
+        "write": {
+            "kind": "action",
+            "action": "write",
+            "input": {"notes": {"from": "state", "pointer": "/notes"}},
+            "writes": {"brief": {"from": "output"}},
+        },
     },
     "routes": {"plan": ["search"], "search": ["write"]},
     "output": {"from": "state", "pointer": "/brief"},
-}  # fmt: skip
+}
 
 
 class Counter:
@@ -63,8 +73,20 @@ def apply(state: Any, msg: dict[str, Any], ctx: EngineContext, counter: Counter)
 
 def one_run(run_id: str, ctx: EngineContext, counter: Counter) -> Any:
     ts = 1_764_400_000_000
-    state = apply(None, {"type": "StartRun", "run_id": run_id, "ts_ms": ts, "record_id": "c",
-                         "definition_id": "bench", "revision": None, "input": {"topic": "kafka"}}, ctx, counter)  # fmt: skip
+    state = apply(
+        None,
+        {
+            "type": "StartRun",
+            "run_id": run_id,
+            "ts_ms": ts,
+            "record_id": "c",
+            "definition_id": "bench",
+            "revision": None,
+            "input": {"topic": "kafka"},
+        },
+        ctx,
+        counter,
+    )
 
     def finish(node: str, lineage: str, output: Any) -> None:
         nonlocal state, ts
@@ -76,12 +98,36 @@ def one_run(run_id: str, ctx: EngineContext, counter: Counter) -> Any:
             "dispatch_id": step["dispatch_id"],
         }
         ts += 1
-        state = apply(state, {"type": "ActivationAccepted", "run_id": run_id, "ts_ms": ts, "record_id": "a",
-                              **ident, "worker_id": "w", "lease_ms": 30_000}, ctx, counter)  # fmt: skip
+        state = apply(
+            state,
+            {
+                "type": "ActivationAccepted",
+                "run_id": run_id,
+                "ts_ms": ts,
+                "record_id": "a",
+                **ident,
+                "worker_id": "w",
+                "lease_ms": 30_000,
+            },
+            ctx,
+            counter,
+        )
         ts += 1
-        state = apply(state, {"type": "ActivationCompleted", "run_id": run_id, "ts_ms": ts, "record_id": "b",
-                              **ident, "worker_id": "w", "output": output,
-                              "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cost_micros": 3}}, ctx, counter)  # fmt: skip
+        state = apply(
+            state,
+            {
+                "type": "ActivationCompleted",
+                "run_id": run_id,
+                "ts_ms": ts,
+                "record_id": "b",
+                **ident,
+                "worker_id": "w",
+                "output": output,
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cost_micros": 3},
+            },
+            ctx,
+            counter,
+        )
 
     finish("plan", "", [f"query {i}" for i in range(FANOUT)])
     for i in range(FANOUT):
@@ -117,15 +163,26 @@ def main() -> None:
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
     assert last is not None
-    print(orjson.dumps({
-        "benchmark": "core_engine", "workflow": f"plan -> search[map {FANOUT}] -> write", "runs": args.runs,
-        "seconds": round(elapsed, 3), "inputs": counter.inputs, "events": counter.events,
-        "activations": counter.messages, "inputs_per_s": round(counter.inputs / elapsed),
-        "events_per_s": round(counter.events / elapsed), "runs_per_s": round(args.runs / elapsed, 1),
-        "cpu_seconds": round(cpu, 3), "events_per_cpu_s": round(counter.events / cpu),
-        "inputs_per_cpu_s": round(counter.inputs / cpu),
-        "state_bytes": len(dump_state(last)),
-    }).decode())  # fmt: skip
+    print(
+        orjson.dumps(
+            {
+                "benchmark": "core_engine",
+                "workflow": f"plan -> search[map {FANOUT}] -> write",
+                "runs": args.runs,
+                "seconds": round(elapsed, 3),
+                "inputs": counter.inputs,
+                "events": counter.events,
+                "activations": counter.messages,
+                "inputs_per_s": round(counter.inputs / elapsed),
+                "events_per_s": round(counter.events / elapsed),
+                "runs_per_s": round(args.runs / elapsed, 1),
+                "cpu_seconds": round(cpu, 3),
+                "events_per_cpu_s": round(counter.events / cpu),
+                "inputs_per_cpu_s": round(counter.inputs / cpu),
+                "state_bytes": len(dump_state(last)),
+            }
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

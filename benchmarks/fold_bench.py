@@ -40,10 +40,14 @@ from topology.catalog import TopicNames
 TS = 1_764_400_000_000
 ZERO = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 DEFINITION = {
-    "schema": "runfold.workflow/v1", "id": "bench3", "revision": 1, "entry": ["a"],
+    "schema": "runfold.workflow/v1",
+    "id": "bench3",
+    "revision": 1,
+    "entry": ["a"],
     "nodes": {n: {"kind": "action", "action": n, "writes": {n: {"from": "output"}}} for n in "abc"},
-    "routes": {"a": ["b"], "b": ["c"]}, "state": {"a": None, "b": None, "c": None},
-}  # fmt: skip
+    "routes": {"a": ["b"], "b": ["c"]},
+    "state": {"a": None, "b": None, "c": None},
+}
 
 
 class Sink:
@@ -103,30 +107,61 @@ def transaction(folder: Folder, store: PartitionStore, batch: list[tuple[str, by
     ov.write(None)
 
 
-def record(runs: int, batch: int, codec: Codec, topics: TopicNames, root: Path) -> list[tuple[str, bytes, bytes]]:
+def record(
+    runs: int, batch: int, codec: Codec, topics: TopicNames, root: Path
+) -> list[tuple[str, bytes, bytes]]:
     """The input stream: starts, then receipts for the activations each wave produced."""
-    enc_cmd, enc_rcp, dec_act = codec.encoder("commands"), codec.encoder("receipts"), codec.decoder("activations")
+    enc_cmd, enc_rcp, dec_act = (
+        codec.encoder("commands"),
+        codec.encoder("receipts"),
+        codec.decoder("activations"),
+    )
     sink = Sink()
     folder = make_folder(codec, topics, sink)
     store = PartitionStore(root / "record", 0)
-    wave = [(topics.commands, enc_cmd({"type": "StartRun", "run_id": f"tp-{i}", "ts_ms": TS, "record_id": f"c{i}",
-                                      "definition_id": "bench3", "revision": None, "input": {}}), f"tp-{i}".encode())
-            for i in range(runs)]  # fmt: skip
+    wave = [
+        (
+            topics.commands,
+            enc_cmd(
+                {
+                    "type": "StartRun",
+                    "run_id": f"tp-{i}",
+                    "ts_ms": TS,
+                    "record_id": f"c{i}",
+                    "definition_id": "bench3",
+                    "revision": None,
+                    "input": {},
+                }
+            ),
+            f"tp-{i}".encode(),
+        )
+        for i in range(runs)
+    ]
     stream: list[tuple[str, bytes, bytes]] = []
     act_topic = topics.activations("default")
     while wave:
         stream += wave
         sink.out.clear()
         for i in range(0, len(wave), batch):
-            transaction(folder, store, wave[i:i + batch])
+            transaction(folder, store, wave[i : i + batch])
         wave = []
         for topic, value, key in sink.out:
             if topic != act_topic:
                 continue
             a = dec_act(value)
-            r = {"type": "ActivationCompleted", "run_id": a["run_id"], "ts_ms": TS + 1, "record_id": a["dispatch_id"],
-                 "node": a["node"], "lineage": a["lineage"], "attempt": a["attempt"], "dispatch_id": a["dispatch_id"],
-                 "worker_id": "bench", "output": {"ok": True}, "usage": ZERO}  # fmt: skip
+            r = {
+                "type": "ActivationCompleted",
+                "run_id": a["run_id"],
+                "ts_ms": TS + 1,
+                "record_id": a["dispatch_id"],
+                "node": a["node"],
+                "lineage": a["lineage"],
+                "attempt": a["attempt"],
+                "dispatch_id": a["dispatch_id"],
+                "worker_id": "bench",
+                "output": {"ok": True},
+                "usage": ZERO,
+            }
             assert key is not None
             wave.append((topics.receipts, enc_rcp(r), key))
     store.close()
@@ -138,10 +173,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=1, help="replays (fresh store each); reports the least CPU")
-    ap.add_argument("--tune-gc", action="store_true", help="the processor's GC settings (runfold processor does this)")
+    ap.add_argument(
+        "--tune-gc", action="store_true", help="the processor's GC settings (runfold processor does this)"
+    )
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sort", default="tottime")
-    ap.add_argument("--digest", action="store_true", help="sha256 of the outputs and final store (byte-identity check)")
+    ap.add_argument(
+        "--digest", action="store_true", help="sha256 of the outputs and final store (byte-identity check)"
+    )
     args = ap.parse_args()
     codec = Codec.default()
     topics = TopicNames("bench")
@@ -164,7 +203,7 @@ def main() -> None:
                 prof.enable()
             # the same wave structure the recording had: replay in order, batch by batch
             for i in range(0, len(stream), args.batch):
-                transaction(folder, store, stream[i:i + args.batch])
+                transaction(folder, store, stream[i : i + args.batch])
             if prof:
                 prof.disable()
             wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
@@ -174,12 +213,28 @@ def main() -> None:
             store.close()
         if prof:
             pstats.Stats(prof, stream=sys.stderr).sort_stats(args.sort).print_stats(35)
-        print(orjson.dumps({
-            "bench": "fold_offline", "runs": args.runs, "repeat": args.repeat, "tune_gc": args.tune_gc, "succeeded": succeeded, "input_records": len(stream),
-            "outputs": len(sink.out), "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-            "records_per_cpu_s": round(len(stream) / cpu), "us_per_record_cpu": round(1e6 * cpu / len(stream), 1),
-            **({"digest": digests.pop() if len(digests) == 1 else sorted(digests)} if args.digest else {}),
-        }).decode())  # fmt: skip
+        print(
+            orjson.dumps(
+                {
+                    "bench": "fold_offline",
+                    "runs": args.runs,
+                    "repeat": args.repeat,
+                    "tune_gc": args.tune_gc,
+                    "succeeded": succeeded,
+                    "input_records": len(stream),
+                    "outputs": len(sink.out),
+                    "cpu_s": round(cpu, 3),
+                    "wall_s": round(wall, 3),
+                    "records_per_cpu_s": round(len(stream) / cpu),
+                    "us_per_record_cpu": round(1e6 * cpu / len(stream), 1),
+                    **(
+                        {"digest": digests.pop() if len(digests) == 1 else sorted(digests)}
+                        if args.digest
+                        else {}
+                    ),
+                }
+            ).decode()
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -73,8 +73,13 @@ def delete_topics_containing(prefix: str, bootstrap_servers: str | None = None) 
 
 def host_info() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
-            "loadavg_1m_at_start": round(load[0], 2), "bootstrap": bootstrap()}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "loadavg_1m_at_start": round(load[0], 2),
+        "bootstrap": bootstrap(),
+    }
 
 
 def error_text(e: BaseException) -> str:
@@ -121,8 +126,13 @@ class Summary:
         return cls(round(med, 3), round(lo, 3), round(hi, 3), round(spread, 1), len(values))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "min": self.min, "max": self.max, "spread_pct": self.spread_pct,
-                "n": self.n}
+        return {
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "spread_pct": self.spread_pct,
+            "n": self.n,
+        }
 
 
 @dataclass
@@ -175,20 +185,37 @@ class Bench:
         s = self.summary.get(case, {}).get(metric)
         return s.median if s is not None else None
 
-    def ratio(self, name: str, case: str, baseline: str, metric: str, target: float | None = None) -> float | None:
+    def ratio(
+        self, name: str, case: str, baseline: str, metric: str, target: float | None = None
+    ) -> float | None:
         """median(case) / median(baseline) for `metric`; None when either is missing."""
         a, b = self.median(case, metric), self.median(baseline, metric)
         value = round(a / b, 3) if a is not None and b else None
-        self.ratios[name] = {"value": value, "case": case, "baseline": baseline, "metric": metric,
-                             "target": target, "met": (value >= target) if (value is not None and target) else None}
+        self.ratios[name] = {
+            "value": value,
+            "case": case,
+            "baseline": baseline,
+            "metric": metric,
+            "target": target,
+            "met": (value >= target) if (value is not None and target) else None,
+        }
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bench": self.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
-                "seconds": round(time.time() - self.started, 1), "host": self.host, "params": self.params,
-                "rounds": self.rounds, "warmup": self.warmup,
-                "summary": {c: {k: s.to_dict() for k, s in ms.items()} for c, ms in self.summary.items()},
-                "ratios": self.ratios, "errors": self.errors, "notes": self.notes, "raw_rounds": self.rounds_data}
+        return {
+            "bench": self.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
+            "seconds": round(time.time() - self.started, 1),
+            "host": self.host,
+            "params": self.params,
+            "rounds": self.rounds,
+            "warmup": self.warmup,
+            "summary": {c: {k: s.to_dict() for k, s in ms.items()} for c, ms in self.summary.items()},
+            "ratios": self.ratios,
+            "errors": self.errors,
+            "notes": self.notes,
+            "raw_rounds": self.rounds_data,
+        }
 
     def save(self, plot: Iterable[tuple[str, str]] = (), title: str | None = None) -> Path:
         """Write `<name>.json` and, when `plot` names metrics, `<name>.png`; returns the JSON path."""
@@ -229,8 +256,9 @@ def bar_plot(bench: Bench, panels: list[tuple[str, str]], path: Path, title: str
     import matplotlib.pyplot as plt
 
     cases = [c for c in bench.summary if not c.startswith("_")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.0, 1.2 * len(cases) + 2) * len(panels), 4.2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(max(5.0, 1.2 * len(cases) + 2) * len(panels), 4.2), squeeze=False
+    )
     for ax, (label, metric) in zip(axes[0], panels, strict=True):
         shown = [c for c in cases if metric in bench.summary[c]]
         meds = [bench.summary[c][metric].median for c in shown]
@@ -240,7 +268,9 @@ def bar_plot(bench: Bench, panels: list[tuple[str, str]], path: Path, title: str
         ax.set_xticks(range(len(shown)), shown, rotation=30, ha="right", fontsize=8)
         ax.set_title(label, fontsize=10)
         for x, m in enumerate(meds):
-            ax.annotate(f"{m:,.0f}" if abs(m) >= 100 else f"{m:,.2f}", (x, m), ha="center", va="bottom", fontsize=7)
+            ax.annotate(
+                f"{m:,.0f}" if abs(m) >= 100 else f"{m:,.2f}", (x, m), ha="center", va="bottom", fontsize=7
+            )
     fig.suptitle(f"{title} — median of {bench.rounds} round(s), whiskers min..max", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

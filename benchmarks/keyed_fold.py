@@ -82,8 +82,9 @@ class OutputWatch:
     """A read_committed reader counting a peer's output while it runs."""
 
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
-        self.consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}-watch-{topic}",
-                                                 fetch_wait_max_ms=10))
+        self.consumer = Consumer(
+            consumer_config(settings, f"{settings.topic_prefix}-watch-{topic}", fetch_wait_max_ms=10)
+        )
         self.consumer.subscribe([topic])
         self.count = 0
         self.last_at = 0.0
@@ -109,7 +110,9 @@ class OutputWatch:
 
 def check_output(settings: KafkaSettings, topic: str, expected: Expected) -> dict[str, Any]:
     """Read the whole output (read_committed) and compare the last aggregate per key."""
-    c = Consumer(consumer_config(settings, f"{settings.topic_prefix}-check-{topic}", enable_partition_eof=True))
+    c = Consumer(
+        consumer_config(settings, f"{settings.topic_prefix}-check-{topic}", enable_partition_eof=True)
+    )
     md = c.list_topics(topic, timeout=10).topics[topic]
     parts = len(md.partitions)
     c.subscribe([topic])
@@ -128,27 +131,62 @@ def check_output(settings: KafkaSettings, topic: str, expected: Expected) -> dic
             last[rec["key"]] = rec
             n += 1
     c.close()
-    wrong = [k for k, (cnt, s) in expected.items()
-             if k not in last or last[k]["count"] != cnt or last[k]["sum"] != s]
+    wrong = [
+        k
+        for k, (cnt, s) in expected.items()
+        if k not in last or last[k]["count"] != cnt or last[k]["sum"] != s
+    ]
     total = sum(cnt for cnt, _ in expected.values())
-    return {"outputs": n, "duplicates": max(0, n - total), "missing_outputs": max(0, total - n),
-            "keys_wrong": len(wrong), "correct": int(not wrong and n == total),
-            "example_wrong": ({"key": wrong[0], "expected": expected[wrong[0]], "got": last.get(wrong[0])}
-                              if wrong else None)}
+    return {
+        "outputs": n,
+        "duplicates": max(0, n - total),
+        "missing_outputs": max(0, total - n),
+        "keys_wrong": len(wrong),
+        "correct": int(not wrong and n == total),
+        "example_wrong": (
+            {"key": wrong[0], "expected": expected[wrong[0]], "got": last.get(wrong[0])} if wrong else None
+        ),
+    }
 
 
-def _peer_cmd(kind: str, opts: dict[str, Any], prefix: str, input_topic: str, output: str, state: Path,
-              first: Path, partitions: int) -> list[str]:
+def _peer_cmd(
+    kind: str,
+    opts: dict[str, Any],
+    prefix: str,
+    input_topic: str,
+    output: str,
+    state: Path,
+    first: Path,
+    partitions: int,
+) -> list[str]:
     py = [sys.executable, "-m"]
     if kind == "runfold":
-        cmd = [*py, "benchmarks.peers.runfold_fold", "--prefix", prefix, "--state-dir", str(state),
-               "--first-file", str(first)]
+        cmd = [
+            *py,
+            "benchmarks.peers.runfold_fold",
+            "--prefix",
+            prefix,
+            "--state-dir",
+            str(state),
+            "--first-file",
+            str(first),
+        ]
         for opt in ("batch_size", "commit_interval_ms"):
             if opts.get(opt):
                 cmd += [f"--{opt.replace('_', '-')}", str(opts[opt])]
         return cmd
-    common = ["--prefix", prefix, "--input", input_topic, "--output", output, "--state-dir", str(state),
-              "--first-file", str(first)]
+    common = [
+        "--prefix",
+        prefix,
+        "--input",
+        input_topic,
+        "--output",
+        output,
+        "--state-dir",
+        str(state),
+        "--first-file",
+        str(first),
+    ]
     if opts.get("commit_interval_s") is not None:
         common += ["--commit-interval-s", str(opts["commit_interval_s"])]
     if kind == "quix":
@@ -162,8 +200,12 @@ def run_passthrough(settings: KafkaSettings, records: int, input_topic: str) -> 
     from processors.runtime.settings import ProcessorSettings
 
     output = f"{settings.topic_prefix}.passthrough-out"
-    ps = ProcessorSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix,
-                           group_id=f"{settings.topic_prefix}-passthrough", instance_id="passthrough")
+    ps = ProcessorSettings(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic_prefix=settings.topic_prefix,
+        group_id=f"{settings.topic_prefix}-passthrough",
+        instance_id="passthrough",
+    )
     r = passthrough(ps, input_topic, output, records)
     c = Consumer(consumer_config(settings, f"{settings.topic_prefix}-check-pt"))
     c.subscribe([output])
@@ -174,12 +216,19 @@ def run_passthrough(settings: KafkaSettings, records: int, input_topic: str) -> 
         if got:
             quiet = time.monotonic() + 2
     c.close()
-    return {"seconds": r["seconds"], "records_per_s": r["records_per_s"], "transactions": r["transactions"],
-            "outputs": n, "duplicates": max(0, n - records), "correct": int(n == records)}
+    return {
+        "seconds": r["seconds"],
+        "records_per_s": r["records_per_s"],
+        "transactions": r["transactions"],
+        "outputs": n,
+        "duplicates": max(0, n - records),
+        "correct": int(n == records),
+    }
 
 
-def run_peer(name: str, settings: KafkaSettings, expected: Expected, records: int, timeout: float,
-             input_topic: str) -> dict[str, Any]:
+def run_peer(
+    name: str, settings: KafkaSettings, expected: Expected, records: int, timeout: float, input_topic: str
+) -> dict[str, Any]:
     kind, opts = VARIANTS[name]
     if kind == "passthrough":
         return run_passthrough(settings, records, input_topic)
@@ -189,11 +238,18 @@ def run_peer(name: str, settings: KafkaSettings, expected: Expected, records: in
     first = work / "first"
     log = spawn_log(f"keyed_fold-{name}")
     watch = OutputWatch(settings, output)
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
     with log.open("wb") as lf:
-        proc = subprocess.Popen(_peer_cmd(kind, opts, t, input_topic, output, work / "state", first,
-                                          settings.partitions), env=env, stdout=lf, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            _peer_cmd(kind, opts, t, input_topic, output, work / "state", first, settings.partitions),
+            env=env,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+        )
 
     def alive() -> str | None:
         if proc.poll() is None:
@@ -238,15 +294,23 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     prefixes: dict[str, str] = {}
     for name in p["peers"]:
         if VARIANTS[name][0] == "runfold":
-            prefixes[name] = ctx.prefix if ctx.prefix not in prefixes.values() else f"{ctx.prefix}v{len(prefixes)}"
+            prefixes[name] = (
+                ctx.prefix if ctx.prefix not in prefixes.values() else f"{ctx.prefix}v{len(prefixes)}"
+            )
     for pre in {ctx.prefix, *prefixes.values()}:
         create_topology(KafkaSettings(topic_prefix=pre, partitions=p["partitions"]))
     # A peer too slow for the full stream in a bounded round folds its first `limit` records
     # (the same generator, so the same prefix of the same stream), from its own input topic.
-    limits = {name: min(records, n if not ctx.warmup else max(500, n // 10))
-              for name, n in (p.get("peer_records") or {}).items() if name in p["peers"]}
-    new_topics = [NewTopic(f"{ctx.prefix}.{name}-out", p["partitions"], 1) for name in p["peers"]
-                  if name not in prefixes]
+    limits = {
+        name: min(records, n if not ctx.warmup else max(500, n // 10))
+        for name, n in (p.get("peer_records") or {}).items()
+        if name in p["peers"]
+    }
+    new_topics = [
+        NewTopic(f"{ctx.prefix}.{name}-out", p["partitions"], 1)
+        for name in p["peers"]
+        if name not in prefixes
+    ]
     new_topics += [NewTopic(f"{ctx.prefix}.{name}-in", p["partitions"], 1) for name in limits]
     admin = AdminClient(admin_config(base))  # kept referenced until the futures resolve
     if new_topics:
@@ -260,7 +324,12 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
         inputs = {name: (ctx.prefix, f"{ctx.prefix}.commands", records, expected) for name in p["peers"]}
         for name, pre in prefixes.items():
             if pre != ctx.prefix:
-                inputs[name] = (pre, f"{pre}.commands", records, preproduce(base, f"{pre}.commands", records, p["keys"]))
+                inputs[name] = (
+                    pre,
+                    f"{pre}.commands",
+                    records,
+                    preproduce(base, f"{pre}.commands", records, p["keys"]),
+                )
         for name, n in limits.items():
             topic = f"{ctx.prefix}.{name}-in"
             inputs[name] = (ctx.prefix, topic, n, preproduce(base, topic, n, p["keys"]))
@@ -278,22 +347,43 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(records: int = 200_000, keys: int = 1000, partitions: int = 2, rounds: int = 3, warmup: int = 1,
-        peers: tuple[str, ...] = PEERS, timeout_s: float = 300.0,
-        peer_records: dict[str, int] | None = None) -> Bench:
+def run(
+    records: int = 200_000,
+    keys: int = 1000,
+    partitions: int = 2,
+    rounds: int = 3,
+    warmup: int = 1,
+    peers: tuple[str, ...] = PEERS,
+    timeout_s: float = 300.0,
+    peer_records: dict[str, int] | None = None,
+) -> Bench:
     bad = [x for x in peers if x not in VARIANTS]
     if bad:
         raise ValueError(f"unknown peers {bad}; choose from {list(VARIANTS)}")
-    bench = Bench("keyed_fold", params={
-        "records": records, "keys": keys, "partitions": partitions, "peers": list(peers), "timeout_s": timeout_s,
-        "variants": {n: VARIANTS[n] for n in peers}, "peer_records": peer_records or {}},
-        rounds=rounds, warmup=warmup)
-    bench.notes.append("runfold: processor defaults (batch 500, commit interval 50 ms); quix and faust: their "
-                       "own default commit intervals (5 s, 2.8 s); variants named after their settings")
+    bench = Bench(
+        "keyed_fold",
+        params={
+            "records": records,
+            "keys": keys,
+            "partitions": partitions,
+            "peers": list(peers),
+            "timeout_s": timeout_s,
+            "variants": {n: VARIANTS[n] for n in peers},
+            "peer_records": peer_records or {},
+        },
+        rounds=rounds,
+        warmup=warmup,
+    )
+    bench.notes.append(
+        "runfold: processor defaults (batch 500, commit interval 50 ms); quix and faust: their "
+        "own default commit intervals (5 s, 2.8 s); variants named after their settings"
+    )
     for peer, n in (peer_records or {}).items():
         if n < records:
-            bench.notes.append(f"{peer} folds the first {n:,} records of the same stream (it is too slow for "
-                               f"{records:,} in a bounded round); records/s compares rates, not totals")
+            bench.notes.append(
+                f"{peer} folds the first {n:,} records of the same stream (it is too slow for "
+                f"{records:,} in a bounded round); records/s compares rates, not totals"
+            )
     bench.run(round_fn)
     if "runfold" in peers:
         for peer, target in (("passthrough", None), ("quix", 2.0), ("faust", 5.0), ("quix-commit50ms", None)):
@@ -302,7 +392,9 @@ def run(records: int = 200_000, keys: int = 1000, partitions: int = 2, rounds: i
     if "runfold-batch2000" in peers:
         for peer, target in (("quix", 2.0), ("faust", 5.0)):
             if peer in peers:
-                bench.ratio(f"runfold-batch2000_vs_{peer}", "runfold-batch2000", peer, "records_per_s", target)
+                bench.ratio(
+                    f"runfold-batch2000_vs_{peer}", "runfold-batch2000", peer, "records_per_s", target
+                )
     bench.save(plot=[("keyed fold records/s (exactly-once)", "records_per_s")])
     return bench
 
@@ -318,7 +410,13 @@ if __name__ == "__main__":
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--faust-records", type=int, default=20_000)
     a = ap.parse_args()
-    b = run(a.records, a.keys, rounds=a.rounds, warmup=a.warmup, peers=tuple(a.peers.split(",")),
-            peer_records={"faust": a.faust_records})
+    b = run(
+        a.records,
+        a.keys,
+        rounds=a.rounds,
+        warmup=a.warmup,
+        peers=tuple(a.peers.split(",")),
+        peer_records={"faust": a.faust_records},
+    )
     print(b.table(["records_per_s", "correct", "duplicates"]))
     print(orjson.dumps(b.ratios, option=orjson.OPT_INDENT_2).decode())

@@ -46,11 +46,18 @@ def drive(rig: Rig, definition: str, rate: float, seconds: float, tag: str) -> d
         gen.wait(30)
     finally:
         watch.close()
-    lat = sorted((done * 1000 - sent_ms_of(r)) for r, done in watch.terminal.items() if r.startswith(tag + "-"))
-    return {"rate_runs_per_s": round(rate, 1), "runs": len(lat),
-            "events_per_run": round(watch.events / max(runs + 1 + _WARMUP_RUNS, 1), 2),
-            "p50_ms": round(percentile(lat, 0.50), 1), "p95_ms": round(percentile(lat, 0.95), 1),
-            "p99_ms": round(percentile(lat, 0.99), 1), "max_ms": round(lat[-1], 1) if lat else None}
+    lat = sorted(
+        (done * 1000 - sent_ms_of(r)) for r, done in watch.terminal.items() if r.startswith(tag + "-")
+    )
+    return {
+        "rate_runs_per_s": round(rate, 1),
+        "runs": len(lat),
+        "events_per_run": round(watch.events / max(runs + 1 + _WARMUP_RUNS, 1), 2),
+        "p50_ms": round(percentile(lat, 0.50), 1),
+        "p95_ms": round(percentile(lat, 0.95), 1),
+        "p99_ms": round(percentile(lat, 0.99), 1),
+        "max_ms": round(lat[-1], 1) if lat else None,
+    }
 
 
 def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
@@ -71,8 +78,11 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
                 for frac in loads:
                     rate = frac * top * _EVENTS_PER_RUN["noop-3"] / _EVENTS_PER_RUN[wf]
                     steps = wf.split("-")[1]
-                    case = (f"{steps}-step @ {int(frac * 100)}%" if interval == p["default_interval_ms"]
-                            else f"{steps}-step @ {int(frac * 100)}% commit {interval} ms")
+                    case = (
+                        f"{steps}-step @ {int(frac * 100)}%"
+                        if interval == p["default_interval_ms"]
+                        else f"{steps}-step @ {int(frac * 100)}% commit {interval} ms"
+                    )
                     try:
                         out[case] = drive(rig, wf, rate, seconds, f"l{steps}x{int(frac * 100)}")
                     except Exception as e:
@@ -86,21 +96,41 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(seconds: float = 10.0, max_rate: float | None = None, rounds: int = 3, warmup: int = 1,
-        partitions: int = 4, commit_intervals_ms: tuple[int, ...] = (10, 50, 200),
-        loads: tuple[float, ...] = (0.25, 0.5, 0.8), workflows: tuple[str, ...] = ("noop-1", "noop-3")) -> Bench:
+def run(
+    seconds: float = 10.0,
+    max_rate: float | None = None,
+    rounds: int = 3,
+    warmup: int = 1,
+    partitions: int = 4,
+    commit_intervals_ms: tuple[int, ...] = (10, 50, 200),
+    loads: tuple[float, ...] = (0.25, 0.5, 0.8),
+    workflows: tuple[str, ...] = ("noop-1", "noop-3"),
+) -> Bench:
     top = max_rate or max_runs_per_s()
     if top is None:
-        raise SystemExit("no max load known: run `runfold bench workflow-throughput` first, or pass "
-                         "--max-runs-per-s")
+        raise SystemExit(
+            "no max load known: run `runfold bench workflow-throughput` first, or pass --max-runs-per-s"
+        )
     default = 50
     intervals = sorted(set(commit_intervals_ms) | {default}, key=lambda x: (x != default, x))
-    bench = Bench("latency", params={
-        "seconds": seconds, "max_runs_per_s": top, "loads": list(loads), "workflows": list(workflows),
-        "commit_intervals_ms": intervals, "default_interval_ms": default, "partitions": partitions},
-        rounds=rounds, warmup=warmup)
-    bench.notes.append("latency = StartRun stamped by the load generator -> terminal event read "
-                       "read_committed by the harness; 1 processor, 1 noop worker")
+    bench = Bench(
+        "latency",
+        params={
+            "seconds": seconds,
+            "max_runs_per_s": top,
+            "loads": list(loads),
+            "workflows": list(workflows),
+            "commit_intervals_ms": intervals,
+            "default_interval_ms": default,
+            "partitions": partitions,
+        },
+        rounds=rounds,
+        warmup=warmup,
+    )
+    bench.notes.append(
+        "latency = StartRun stamped by the load generator -> terminal event read "
+        "read_committed by the harness; 1 processor, 1 noop worker"
+    )
     bench.run(round_fn)
     bench.save(plot=[("p50 ms", "p50_ms"), ("p95 ms", "p95_ms"), ("p99 ms", "p99_ms")])
     return bench
@@ -118,7 +148,13 @@ if __name__ == "__main__":
     ap.add_argument("--workflows", default="noop-1,noop-3")
     ap.add_argument("--intervals", default="10,50,200", help="commit intervals (ms); 50 is always run")
     a = ap.parse_args()
-    b = run(a.seconds, a.max_runs_per_s, a.rounds, a.warmup,
-            commit_intervals_ms=tuple(int(x) for x in a.intervals.split(",")),
-            loads=tuple(float(x) for x in a.loads.split(",")), workflows=tuple(a.workflows.split(",")))
+    b = run(
+        a.seconds,
+        a.max_runs_per_s,
+        a.rounds,
+        a.warmup,
+        commit_intervals_ms=tuple(int(x) for x in a.intervals.split(",")),
+        loads=tuple(float(x) for x in a.loads.split(",")),
+        workflows=tuple(a.workflows.split(",")),
+    )
     print(b.table(["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"]))

@@ -51,8 +51,15 @@ from processors.runtime.settings import ProcessorSettings
 from topology.admin import create_topology
 from topology.settings import consumer_config, producer_config
 
-NOOP_1 = {"schema": "runfold.workflow/v1", "id": "noop1", "revision": 1, "state": {}, "entry": ["a"],
-          "nodes": {"a": {"kind": "action", "action": "noop"}}, "routes": {}}
+NOOP_1 = {
+    "schema": "runfold.workflow/v1",
+    "id": "noop1",
+    "revision": 1,
+    "state": {},
+    "entry": ["a"],
+    "nodes": {"a": {"kind": "action", "action": "noop"}},
+    "routes": {},
+}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -60,16 +67,22 @@ def pct(values: list[float], q: float) -> float:
     return round(s[min(len(s) - 1, int(q * len(s)))], 1) if s else -1.0
 
 
-def probe(settings: ProcessorSettings, rate: float, seconds: float, definition: str,
-          metrics_port: int | None = None) -> dict[str, Any]:
-    reader = Consumer(consumer_config(settings, f"{settings.topic_prefix}-probe-{uuid.uuid4().hex[:6]}",
-                                      auto_offset_reset="latest"))
+def probe(
+    settings: ProcessorSettings, rate: float, seconds: float, definition: str, metrics_port: int | None = None
+) -> dict[str, Any]:
+    reader = Consumer(
+        consumer_config(
+            settings, f"{settings.topic_prefix}-probe-{uuid.uuid4().hex[:6]}", auto_offset_reset="latest"
+        )
+    )
     reader.subscribe([settings.topics.run_events, settings.topics.receipts])
     end = time.monotonic() + 20
     # assigned, and every start position resolved: `latest` is looked up after the assignment,
     # and records produced before that lookup would be skipped (runs never seen complete)
-    while time.monotonic() < end and (len(reader.assignment()) < 2 * settings.partitions
-                                      or any(tp.offset < 0 for tp in reader.position(reader.assignment()))):
+    while time.monotonic() < end and (
+        len(reader.assignment()) < 2 * settings.partitions
+        or any(tp.offset < 0 for tp in reader.position(reader.assignment()))
+    ):
         reader.poll(0.1)
     dec_ev, dec_rc = CODEC.decoder("run_events"), CODEC.decoder("receipts")
     p = Producer(producer_config(settings, linger_ms=0))
@@ -91,7 +104,7 @@ def probe(settings: ProcessorSettings, rate: float, seconds: float, definition: 
         p.poll(0)
         # block (≤ 2 ms) only for the first record: consume(n, timeout) would wait for n records
         first = reader.poll(0.002)
-        for m in ([first, *reader.consume(500, 0)] if first is not None else []):
+        for m in [first, *reader.consume(500, 0)] if first is not None else []:
             if m.error() is not None:
                 continue
             received = time.time() * 1000
@@ -131,14 +144,20 @@ def probe(settings: ProcessorSettings, rate: float, seconds: float, definition: 
         hops["commit_to_worker_accepted"] = [r["ta"] - r["t1"] for r in accepted]
         hops["accepted_to_completed"] = [r["t2"] - r["ta"] for r in accepted]
     missing = sorted(k for r in t.values() for k in ("t1", "t2", "t3", "t4") if k not in r)
-    out: dict[str, Any] = {"rate": rate, "runs": n, "complete": len(full),
-                           **({"missing": {k: missing.count(k) for k in set(missing)}} if missing else {}),
-                           **{k: {"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99)}
-                              for k, v in hops.items()}}
+    out: dict[str, Any] = {
+        "rate": rate,
+        "runs": n,
+        "complete": len(full),
+        **({"missing": {k: missing.count(k) for k in set(missing)}} if missing else {}),
+        **{k: {"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99)} for k, v in hops.items()},
+    }
     if metrics_port:
         c = commit_stats(before, after)
-        out["processor"] = {**c, "transactions_per_s": round(c["transactions"] / wall, 1),
-                            "committing_pct": round(100 * c["transactions"] * c["mean_commit_ms"] / 1000 / wall, 1)}
+        out["processor"] = {
+            **c,
+            "transactions_per_s": round(c["transactions"] / wall, 1),
+            "committing_pct": round(100 * c["transactions"] * c["mean_commit_ms"] / 1000 / wall, 1),
+        }
     return out
 
 
@@ -150,10 +169,26 @@ def register_noop(settings: ProcessorSettings) -> None:
 
 
 def spawn_worker(settings: ProcessorSettings, log: Any) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-           "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
-    return subprocess.Popen([sys.executable, "-m", "processors.executors.cli", "worker", "--queue", "default",
-                             "--log-level", "WARNING"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    env = {
+        **os.environ,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "processors.executors.cli",
+            "worker",
+            "--queue",
+            "default",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
 
 
 def main() -> None:
@@ -183,8 +218,11 @@ def main() -> None:
         out = probe(settings, args.rate, args.seconds, definition, args.metrics_port)
     finally:
         stop_rig(procs, settings, state)
-    print(orjson.dumps({"bench": "latency_probe", "executor": args.executor, **out},
-                       option=orjson.OPT_INDENT_2).decode())
+    print(
+        orjson.dumps(
+            {"bench": "latency_probe", "executor": args.executor, **out}, option=orjson.OPT_INDENT_2
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

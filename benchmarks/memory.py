@@ -89,12 +89,19 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
         watch.until_terminal(200, 600, rig.alive)  # restored partitions only take input when ready
         watch.close()
         pid = rig.procs["p0"].pid
-        out[f"{runs // 1000}k completed runs"] = {"rss_mib": rss_mib(pid), "store_mib": store_mib(rig),
-                                                  "runs": runs, "restore_and_warm_s": round(time.perf_counter() - t0, 1)}
+        out[f"{runs // 1000}k completed runs"] = {
+            "rss_mib": rss_mib(pid),
+            "store_mib": store_mib(rig),
+            "runs": runs,
+            "restore_and_warm_s": round(time.perf_counter() - t0, 1),
+        }
         rig.loadgen("sleep-long", timers, 0, "sleep").wait(120)
         wait_consumed(rig, 600)
-        out[f"+{timers // 1000}k waiting on timers"] = {"rss_mib": rss_mib(pid), "store_mib": store_mib(rig),
-                                                        "timers": timers}
+        out[f"+{timers // 1000}k waiting on timers"] = {
+            "rss_mib": rss_mib(pid),
+            "store_mib": store_mib(rig),
+            "timers": timers,
+        }
     except Exception as e:
         out["memory"] = {"error": error_text(e)}
     finally:
@@ -102,15 +109,26 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(runs: int = 100_000, timers: int = 10_000, partitions: int = 4, rounds: int = 1, warmup: int = 0) -> Bench:
-    bench = Bench("memory", params={"runs": runs, "timers": timers, "partitions": partitions,
-                                    "target_rss_mib": TARGET_MIB}, rounds=rounds, warmup=warmup)
-    bench.notes.append("RSS of the processor process (psutil), peak of 5 samples 1 s apart; "
-                       "store_mib = RocksDB files on disk")
+def run(
+    runs: int = 100_000, timers: int = 10_000, partitions: int = 4, rounds: int = 1, warmup: int = 0
+) -> Bench:
+    bench = Bench(
+        "memory",
+        params={"runs": runs, "timers": timers, "partitions": partitions, "target_rss_mib": TARGET_MIB},
+        rounds=rounds,
+        warmup=warmup,
+    )
+    bench.notes.append(
+        "RSS of the processor process (psutil), peak of 5 samples 1 s apart; "
+        "store_mib = RocksDB files on disk"
+    )
     bench.run(round_fn)
     worst = max((s["rss_mib"].max for s in bench.summary.values() if "rss_mib" in s), default=None)
-    bench.ratios["max_rss_vs_target"] = {"value": worst, "target": TARGET_MIB,
-                                         "met": (worst < TARGET_MIB) if worst is not None else None}
+    bench.ratios["max_rss_vs_target"] = {
+        "value": worst,
+        "target": TARGET_MIB,
+        "met": (worst < TARGET_MIB) if worst is not None else None,
+    }
     bench.save(plot=[("processor RSS MiB", "rss_mib"), ("store on disk MiB", "store_mib")])
     return bench
 

@@ -30,8 +30,17 @@ def preload(settings: ProcessorSettings, topic: str, n: int) -> None:
     p = Producer(producer_config(settings))
     for i in range(n):
         run_id = f"pt-{i}"
-        value = enc({"type": "StartRun", "run_id": run_id, "ts_ms": 0, "record_id": uuid.uuid4().hex,
-                     "definition_id": "three", "revision": None, "input": {"i": i}})
+        value = enc(
+            {
+                "type": "StartRun",
+                "run_id": run_id,
+                "ts_ms": 0,
+                "record_id": uuid.uuid4().hex,
+                "definition_id": "three",
+                "revision": None,
+                "input": {"i": i},
+            }
+        )
         while True:
             try:
                 p.produce(topic, value, run_id.encode())
@@ -78,8 +87,9 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
                 done += 1
             in_txn += len(msgs)
         if open_txn and (not msgs or in_txn >= batch or time.monotonic() >= deadline):
-            producer.send_offsets_to_transaction([TopicPartition(t, p, o) for (t, p), o in nxt.items()],
-                                                 consumer.consumer_group_metadata(), 30)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(t, p, o) for (t, p), o in nxt.items()], consumer.consumer_group_metadata(), 30
+            )
             producer.commit_transaction(30)
             txns += 1
             open_txn = False
@@ -87,14 +97,21 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
             nxt.clear()
     elapsed = time.perf_counter() - (t0 or time.perf_counter())
     consumer.close()
-    return {"records": done, "seconds": round(elapsed, 3), "records_per_s": round(done / elapsed, 1),
-            "transactions": txns, "mean_batch": round(done / max(txns, 1), 1)}
+    return {
+        "records": done,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(done / elapsed, 1),
+        "transactions": txns,
+        "mean_batch": round(done / max(txns, 1), 1),
+    }
 
 
 def passthrough_case(settings: ProcessorSettings, records: int) -> dict[str, float]:
     """Create `<prefix>-pt.in/out` with the settings' partitions, preload `records`, pass them
     through with the settings' batch and commit interval, drop the topics."""
-    settings = settings.model_copy(update={"instance_id": "passthrough", "group_id": f"{settings.topic_prefix}-passthrough"})
+    settings = settings.model_copy(
+        update={"instance_id": "passthrough", "group_id": f"{settings.topic_prefix}-passthrough"}
+    )
     admin = AdminClient(admin_config(settings))
     src, dst = f"{settings.topic_prefix}-pt.in", f"{settings.topic_prefix}-pt.out"
     for f in admin.create_topics([NewTopic(t, settings.partitions, 1) for t in (src, dst)]).values():
@@ -117,12 +134,25 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--commit-interval-ms", type=int, default=50)
     args = ap.parse_args()
-    settings = ProcessorSettings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}", partitions=args.partitions,
-                                 batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
+    settings = ProcessorSettings(
+        topic_prefix=f"bench{uuid.uuid4().hex[:6]}",
+        partitions=args.partitions,
+        batch_size=args.batch_size,
+        commit_interval_ms=args.commit_interval_ms,
+    )
     result = passthrough_case(settings, args.records)
-    print(orjson.dumps({"bench": "passthrough", "partitions": args.partitions, "batch_size": args.batch_size,
-                        "commit_interval_ms": args.commit_interval_ms, **result},
-                       option=orjson.OPT_INDENT_2).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "passthrough",
+                "partitions": args.partitions,
+                "batch_size": args.batch_size,
+                "commit_interval_ms": args.commit_interval_ms,
+                **result,
+            },
+            option=orjson.OPT_INDENT_2,
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

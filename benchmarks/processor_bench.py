@@ -55,13 +55,33 @@ def _action(name: str) -> dict[str, Any]:
 
 
 DEFINITIONS = [
-    {"schema": "runfold.workflow/v1", "id": "bench3", "revision": 1, "entry": ["a"],
-     "nodes": {"a": _action("a"), "b": _action("b"), "c": _action("c")}, "routes": {"a": ["b"], "b": ["c"]},
-     "state": {"a": None, "b": None, "c": None}},
-    {"schema": "runfold.workflow/v1", "id": "bench1", "revision": 1, "entry": ["a"],
-     "nodes": {"a": _action("a")}, "routes": {}, "state": {"a": None}},
-    {"schema": "runfold.workflow/v1", "id": "benchsleep", "revision": 1, "entry": ["s"],
-     "nodes": {"s": {"kind": "sleep", "duration_ms": 500}}, "routes": {}, "state": {}},
+    {
+        "schema": "runfold.workflow/v1",
+        "id": "bench3",
+        "revision": 1,
+        "entry": ["a"],
+        "nodes": {"a": _action("a"), "b": _action("b"), "c": _action("c")},
+        "routes": {"a": ["b"], "b": ["c"]},
+        "state": {"a": None, "b": None, "c": None},
+    },
+    {
+        "schema": "runfold.workflow/v1",
+        "id": "bench1",
+        "revision": 1,
+        "entry": ["a"],
+        "nodes": {"a": _action("a")},
+        "routes": {},
+        "state": {"a": None},
+    },
+    {
+        "schema": "runfold.workflow/v1",
+        "id": "benchsleep",
+        "revision": 1,
+        "entry": ["s"],
+        "nodes": {"s": {"kind": "sleep", "duration_ms": 500}},
+        "routes": {},
+        "state": {},
+    },
 ]
 
 
@@ -74,16 +94,32 @@ def register(settings: ProcessorSettings) -> None:
     cat = Catalog()
     for raw in DEFINITIONS:
         d = cat.register(raw)
-        rec = {"definition_id": d.id, "revision": d.revision, "content_hash": content_hash(d), "definition": raw,
-               "registered_ms": now_ms()}
-        p.produce(settings.topics.definitions, CODEC.encode("definitions", rec), f"{d.id}@{d.revision}".encode())
+        rec = {
+            "definition_id": d.id,
+            "revision": d.revision,
+            "content_hash": content_hash(d),
+            "definition": raw,
+            "registered_ms": now_ms(),
+        }
+        p.produce(
+            settings.topics.definitions, CODEC.encode("definitions", rec), f"{d.id}@{d.revision}".encode()
+        )
     p.flush(10)
 
 
 def start_command(run_id: str, definition: str) -> bytes:
-    return CODEC.encode("commands", {"type": "StartRun", "run_id": run_id, "ts_ms": now_ms(),
-                                     "record_id": uuid.uuid4().hex, "definition_id": definition,
-                                     "revision": None, "input": {}})
+    return CODEC.encode(
+        "commands",
+        {
+            "type": "StartRun",
+            "run_id": run_id,
+            "ts_ms": now_ms(),
+            "record_id": uuid.uuid4().hex,
+            "definition_id": definition,
+            "revision": None,
+            "input": {},
+        },
+    )
 
 
 def _produce(p: Producer, topic: str, value: bytes, key: bytes) -> None:
@@ -114,32 +150,57 @@ def responder(settings: ProcessorSettings) -> None:
     while not stop:
         # poll blocks only until the first record; consume(n, timeout) would wait for n records
         first = c.poll(0.05)
-        for m in ([first, *c.consume(499, 0)] if first is not None else []):
+        for m in [first, *c.consume(499, 0)] if first is not None else []:
             if m.error() is not None:
                 continue
             a = dec(m.value())
             if a["type"] != "ActionActivation":
                 continue
-            r = {"type": "ActivationCompleted", "run_id": a["run_id"], "ts_ms": now_ms(),
-                 "record_id": a["dispatch_id"], "node": a["node"], "lineage": a["lineage"],
-                 "attempt": a["attempt"], "dispatch_id": a["dispatch_id"], "worker_id": "bench",
-                 "output": {"ok": True}, "usage": ZERO}
+            r = {
+                "type": "ActivationCompleted",
+                "run_id": a["run_id"],
+                "ts_ms": now_ms(),
+                "record_id": a["dispatch_id"],
+                "node": a["node"],
+                "lineage": a["lineage"],
+                "attempt": a["attempt"],
+                "dispatch_id": a["dispatch_id"],
+                "worker_id": "bench",
+                "output": {"ok": True},
+                "usage": ZERO,
+            }
             _produce(p, receipts, enc(r), m.key())
         p.poll(0)
     p.flush(10)
     c.close()
 
 
-def spawn(settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 0,
-          instance: int = 0) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-           "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+def spawn(
+    settings: ProcessorSettings, role: str, log: Any, metrics_port: int = 0, instance: int = 0
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "RUNFOLD_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
     if role == "processor":
         # one state directory per instance: two processes must never open the same RocksDB
         state_dir = settings.state_dir if instance == 0 else settings.state_dir / f"i{instance}"
-        args = [sys.executable, "-m", "processors.runtime", "--instance-id", f"bench-{instance}" if instance else "bench",
-                "--state-dir", str(state_dir), "--metrics-port", str(metrics_port),
-                "--batch-size", str(settings.batch_size), "--commit-interval-ms", str(settings.commit_interval_ms)]
+        args = [
+            sys.executable,
+            "-m",
+            "processors.runtime",
+            "--instance-id",
+            f"bench-{instance}" if instance else "bench",
+            "--state-dir",
+            str(state_dir),
+            "--metrics-port",
+            str(metrics_port),
+            "--batch-size",
+            str(settings.batch_size),
+            "--commit-interval-ms",
+            str(settings.commit_interval_ms),
+        ]
     else:
         args = [sys.executable, __file__, "--role", role]
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -163,13 +224,18 @@ def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        m = re.match(r'^(runfold_processor_records_in_total|runfold_processor_runs|'
-                     r'runfold_processor_transactions_total|runfold_processor_commit_seconds_sum|'
-                     r'runfold_processor_commit_seconds_count|runfold_processor_batch_records_sum|'
-                     r'runfold_processor_batch_records_count|runfold_processor_records_out_total|process_cpu_seconds_total|'
-                     r'runfold_processor_partitions_assigned|runfold_processor_partitions_restoring)(\{[^}]*\})? (\S+)$', line)
+        m = re.match(
+            r"^(runfold_processor_records_in_total|runfold_processor_runs|"
+            r"runfold_processor_transactions_total|runfold_processor_commit_seconds_sum|"
+            r"runfold_processor_commit_seconds_count|runfold_processor_batch_records_sum|"
+            r"runfold_processor_batch_records_count|runfold_processor_records_out_total|process_cpu_seconds_total|"
+            r"runfold_processor_partitions_assigned|runfold_processor_partitions_restoring)(\{[^}]*\})? (\S+)$",
+            line,
+        )
         if m:
-            out[m.group(1) + (m.group(2) or "")] = out.get(m.group(1) + (m.group(2) or ""), 0.0) + float(m.group(3))
+            out[m.group(1) + (m.group(2) or "")] = out.get(m.group(1) + (m.group(2) or ""), 0.0) + float(
+                m.group(3)
+            )
     return out
 
 
@@ -198,8 +264,10 @@ def ready(settings: ProcessorSettings, ports: list[int], timeout: float = 60) ->
             m = scrape_all(ports)
         except OSError:
             m = {}
-        if (m.get("runfold_processor_partitions_assigned", 0) >= settings.partitions
-                and m.get("runfold_processor_partitions_restoring", 1) == 0):
+        if (
+            m.get("runfold_processor_partitions_assigned", 0) >= settings.partitions
+            and m.get("runfold_processor_partitions_restoring", 1) == 0
+        ):
             return m
         time.sleep(0.25)
     raise SystemExit(f"processors not ready (all {settings.partitions} partitions assigned) in {timeout}s")
@@ -229,12 +297,20 @@ def throughput(settings: ProcessorSettings, runs: int, ports: list[int], timeout
             txns = m.get('runfold_processor_transactions_total{outcome="committed"}', 0.0)
             cpu = m.get("process_cpu_seconds_total", 0.0) - cpu0
             rout = records_out(m) - records_out(m0)
-            return {"processors": len(ports), "processor_cpu_s": round(cpu, 2),
-                    "processor_cpu_us_per_input": round(1e6 * cpu / max(rin, 1), 1),
-                    "output_records": int(rout), "output_records_per_s": round(rout / elapsed, 1),
-                    "runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
-                    "input_records": int(rin), "input_records_per_s": round(rin / elapsed, 1),
-                    "transactions": int(txns), "mean_batch": round(rin / max(txns, 1), 1)}
+            return {
+                "processors": len(ports),
+                "processor_cpu_s": round(cpu, 2),
+                "processor_cpu_us_per_input": round(1e6 * cpu / max(rin, 1), 1),
+                "output_records": int(rout),
+                "output_records_per_s": round(rout / elapsed, 1),
+                "runs": runs,
+                "seconds": round(elapsed, 3),
+                "runs_per_s": round(runs / elapsed, 1),
+                "input_records": int(rin),
+                "input_records_per_s": round(rin / elapsed, 1),
+                "transactions": int(txns),
+                "mean_batch": round(rin / max(txns, 1), 1),
+            }
         time.sleep(0.25)
     raise SystemExit(f"throughput: only {succeeded}/{runs} runs succeeded in {timeout}s")
 
@@ -244,13 +320,17 @@ def commit_stats(before: dict[str, float], after: dict[str, float]) -> dict[str,
         return after.get(k, 0.0) - before.get(k, 0.0)
 
     n = d("runfold_processor_commit_seconds_count")
-    return {"transactions": int(n),
-            "mean_commit_ms": round(1000 * d("runfold_processor_commit_seconds_sum") / max(n, 1), 1),
-            "mean_batch": round(d("runfold_processor_batch_records_sum") / max(n, 1), 1)}
+    return {
+        "transactions": int(n),
+        "mean_commit_ms": round(1000 * d("runfold_processor_commit_seconds_sum") / max(n, 1), 1),
+        "mean_batch": round(d("runfold_processor_batch_records_sum") / max(n, 1), 1),
+    }
 
 
 def latency(settings: ProcessorSettings, rate: float, seconds: float) -> dict[str, Any]:
-    reader = Consumer(consumer_config(settings, f"{settings.topic_prefix}-bench-reader", auto_offset_reset="latest"))
+    reader = Consumer(
+        consumer_config(settings, f"{settings.topic_prefix}-bench-reader", auto_offset_reset="latest")
+    )
     reader.subscribe([settings.topics.run_events])
     dec = CODEC.decoder("run_events")
     # join and get an assignment before the first start, so no terminal event is missed
@@ -297,8 +377,15 @@ def latency(settings: ProcessorSettings, rate: float, seconds: float) -> dict[st
     def pct(q: float) -> float:
         return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1)
 
-    return {"rate_runs_per_s": round(rate, 1), "runs": n, "finished": len(lat), "p50_ms": pct(0.50),
-            "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": round(lat[-1], 1)}
+    return {
+        "rate_runs_per_s": round(rate, 1),
+        "runs": n,
+        "finished": len(lat),
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": round(lat[-1], 1),
+    }
 
 
 def timer_lateness(settings: ProcessorSettings, runs: int, metrics_port: int) -> dict[str, Any]:
@@ -325,8 +412,12 @@ def timer_lateness(settings: ProcessorSettings, runs: int, metrics_port: int) ->
                 return f"<= {float(le) * 1000:g} ms"
         return "> max bucket"
 
-    return {"timers_fired": int(n), "mean_ms": round(1000 * (after["sum"] - before["sum"]) / max(n, 1), 1),
-            "p50": pct(0.5), "p99": pct(0.99)}
+    return {
+        "timers_fired": int(n),
+        "mean_ms": round(1000 * (after["sum"] - before["sum"]) / max(n, 1), 1),
+        "p50": pct(0.5),
+        "p99": pct(0.99),
+    }
 
 
 def scrape_lateness(port: int) -> dict[str, Any]:
@@ -350,8 +441,10 @@ def _ratios(tp: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, fl
     if baseline is None:
         return None
     base = baseline["records_per_s"]
-    return {"input_records": round(tp["input_records_per_s"] / base, 3),
-            "output_records": round(tp["output_records_per_s"] / base, 3)}
+    return {
+        "input_records": round(tp["input_records_per_s"] / base, 3),
+        "output_records": round(tp["output_records_per_s"] / base, 3),
+    }
 
 
 def main() -> None:
@@ -365,7 +458,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--commit-interval-ms", type=int, default=50)
     ap.add_argument("--latency-seconds", type=float, default=15.0)
-    ap.add_argument("--rate", type=float, default=None, help="runs/s for the latency phase (default 25%% of max)")
+    ap.add_argument(
+        "--rate", type=float, default=None, help="runs/s for the latency phase (default 25%% of max)"
+    )
     ap.add_argument("--metrics-port", type=int, default=19310)
     ap.add_argument("--timer-runs", type=int, default=300, help="sleep runs for the timer lateness phase")
     args = ap.parse_args()
@@ -374,10 +469,18 @@ def main() -> None:
         return
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     state = f"/tmp/runfold-bench-{prefix}"
-    settings = ProcessorSettings(topic_prefix=prefix, partitions=args.partitions, state_dir=Path(state),
-                                 batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms)
-    baseline = None if args.no_passthrough else passthrough_case(
-        settings, args.passthrough_records or max(4 * args.runs, 40_000))
+    settings = ProcessorSettings(
+        topic_prefix=prefix,
+        partitions=args.partitions,
+        state_dir=Path(state),
+        batch_size=args.batch_size,
+        commit_interval_ms=args.commit_interval_ms,
+    )
+    baseline = (
+        None
+        if args.no_passthrough
+        else passthrough_case(settings, args.passthrough_records or max(4 * args.runs, 40_000))
+    )
     create_topology(settings)
     register(settings)
     log = open(f"{state}.log", "wb")  # noqa: SIM115 - lives as long as the subprocesses
@@ -394,10 +497,23 @@ def main() -> None:
         tm = timer_lateness(settings, args.timer_runs, args.metrics_port)
     finally:
         stop_rig(procs, settings, state)
-    print(orjson.dumps({"bench": "processor", "partitions": args.partitions, "batch_size": args.batch_size,
-                        "commit_interval_ms": args.commit_interval_ms, "passthrough": baseline,
-                        "fold_vs_passthrough": _ratios(tp, baseline), "throughput_3_step": tp,
-                        "latency_1_step": lt, "timer_lateness": tm, "log": f"{state}.log"}, option=orjson.OPT_INDENT_2).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "processor",
+                "partitions": args.partitions,
+                "batch_size": args.batch_size,
+                "commit_interval_ms": args.commit_interval_ms,
+                "passthrough": baseline,
+                "fold_vs_passthrough": _ratios(tp, baseline),
+                "throughput_3_step": tp,
+                "latency_1_step": lt,
+                "timer_lateness": tm,
+                "log": f"{state}.log",
+            },
+            option=orjson.OPT_INDENT_2,
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

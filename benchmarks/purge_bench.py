@@ -28,7 +28,12 @@ from topology.catalog import TopicNames
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20_000)
-    ap.add_argument("--page", type=int, default=PURGE_PAGE, help="runs a page (the loop's idle passes take 1,000 a partition; after a transaction that folded input, 100 plus its inputs)")
+    ap.add_argument(
+        "--page",
+        type=int,
+        default=PURGE_PAGE,
+        help="runs a page (the loop's idle passes take 1,000 a partition; after a transaction that folded input, 100 plus its inputs)",
+    )
     args = ap.parse_args()
     codec, topics = Codec.default(), TopicNames("bench")
     root = Path(tempfile.mkdtemp(prefix="runfold-purge-bench-"))
@@ -38,7 +43,7 @@ def main() -> None:
         folder.finished_retention_ms = 1_000
         store = PartitionStore(root / "store", 0)
         for i in range(0, len(stream), 500):
-            transaction(folder, store, stream[i:i + 500])
+            transaction(folder, store, stream[i : i + 500])
         pages: list[float] = []
         started = time.perf_counter()
         while True:
@@ -56,11 +61,21 @@ def main() -> None:
         store.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(orjson.dumps({
-        "bench": "purge", "runs": args.runs, "page": args.page, "pages": len(pages), "left": left,
-        "seconds": round(seconds, 3), "runs_per_s": round(args.runs / seconds),
-        "page_ms_median": round(sorted(pages)[len(pages) // 2] * 1000, 1), "page_ms_max": round(max(pages) * 1000, 1),
-    }).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "purge",
+                "runs": args.runs,
+                "page": args.page,
+                "pages": len(pages),
+                "left": left,
+                "seconds": round(seconds, 3),
+                "runs_per_s": round(args.runs / seconds),
+                "page_ms_median": round(sorted(pages)[len(pages) // 2] * 1000, 1),
+                "page_ms_max": round(max(pages) * 1000, 1),
+            }
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

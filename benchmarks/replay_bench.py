@@ -52,14 +52,29 @@ ZERO = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 def snapshot_of(state: Any, ts_ms: int) -> bytes:
     """A RunStateSnapshot exactly as the processor's commit writes it (processors/runtime/fold.py)."""
     raw = dump_state(state)
-    return CODEC.encode("run_state", {
-        "run_id": state["run_id"], "sequence": state["sequence"], "ts_ms": ts_ms, "status": run_status(state),
-        "definition_id": state["definition_id"], "revision": state["revision"],
-        "state_digest": hashlib.sha256(raw).hexdigest(), "state": orjson.Fragment(raw)})
+    return CODEC.encode(
+        "run_state",
+        {
+            "run_id": state["run_id"],
+            "sequence": state["sequence"],
+            "ts_ms": ts_ms,
+            "status": run_status(state),
+            "definition_id": state["definition_id"],
+            "revision": state["revision"],
+            "state_digest": hashlib.sha256(raw).hexdigest(),
+            "state": orjson.Fragment(raw),
+        },
+    )
 
 
-def synthesize_runs(settings: KafkaSettings, definition_id: str, runs: int, tag: str = "s",
-                    ts0: int = 1_764_400_000_000, snapshots: bool = True) -> int:
+def synthesize_runs(
+    settings: KafkaSettings,
+    definition_id: str,
+    runs: int,
+    tag: str = "s",
+    ts0: int = 1_764_400_000_000,
+    snapshots: bool = True,
+) -> int:
     """Produce the run events of `runs` runs of `definition_id` (workers answer every action at
     once; timers never fire) to `<p>.run-events`, and each run's final snapshot to
     `<p>.run-state`; returns the number of events."""
@@ -75,8 +90,19 @@ def synthesize_runs(settings: KafkaSettings, definition_id: str, runs: int, tag:
         run_id = f"{tag}-{i}"
         ts = ts0 + i
         state: Any = None
-        inputs: deque[dict[str, Any]] = deque([{"type": "StartRun", "run_id": run_id, "ts_ms": ts, "record_id": "c",
-                                                "definition_id": definition_id, "revision": None, "input": {}}])
+        inputs: deque[dict[str, Any]] = deque(
+            [
+                {
+                    "type": "StartRun",
+                    "run_id": run_id,
+                    "ts_ms": ts,
+                    "record_id": "c",
+                    "definition_id": definition_id,
+                    "revision": None,
+                    "input": {},
+                }
+            ]
+        )
         key = run_id.encode()
         while inputs:
             msg = inputs.popleft()
@@ -97,11 +123,30 @@ def synthesize_runs(settings: KafkaSettings, definition_id: str, runs: int, tag:
                         continue
                     ident = {k: m[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
                     ts += 1
-                    inputs.append({"type": "ActivationAccepted", "run_id": run_id, "ts_ms": ts, "record_id": "a",
-                                   **ident, "worker_id": "w", "lease_ms": 30_000})
+                    inputs.append(
+                        {
+                            "type": "ActivationAccepted",
+                            "run_id": run_id,
+                            "ts_ms": ts,
+                            "record_id": "a",
+                            **ident,
+                            "worker_id": "w",
+                            "lease_ms": 30_000,
+                        }
+                    )
                     ts += 1
-                    inputs.append({"type": "ActivationCompleted", "run_id": run_id, "ts_ms": ts, "record_id": "b",
-                                   **ident, "worker_id": "w", "output": {}, "usage": ZERO})
+                    inputs.append(
+                        {
+                            "type": "ActivationCompleted",
+                            "run_id": run_id,
+                            "ts_ms": ts,
+                            "record_id": "b",
+                            **ident,
+                            "worker_id": "w",
+                            "output": {},
+                            "usage": ZERO,
+                        }
+                    )
         if snapshots and state is not None:
             producer.produce(f"{settings.topic_prefix}.run-state", snapshot_of(state, ts), key)
         if i % 200 == 0:
@@ -120,22 +165,48 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
         create_topology(settings)
         produced = synthesize_runs(settings, "noop-3", runs)
         ctx.log(f"{produced} run events of {runs} runs produced")
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
-               "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        }
         out: dict[str, dict[str, Any]] = {}
         for mode, extra in (("rebuild", ["--rebuild", "--state-dir", state_dir]), ("verify", ["--verify"])):
-            proc = subprocess.run([sys.executable, "-m", "processors.cli", "replay", *extra, "--topic-prefix",
-                                   ctx.prefix, "--json"], capture_output=True, env=env, timeout=600, check=False)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "processors.cli",
+                    "replay",
+                    *extra,
+                    "--topic-prefix",
+                    ctx.prefix,
+                    "--json",
+                ],
+                capture_output=True,
+                env=env,
+                timeout=600,
+                check=False,
+            )
             try:
                 report = orjson.loads(proc.stdout)
             except orjson.JSONDecodeError:
-                out[mode] = {"error": f"exit {proc.returncode}: {(proc.stdout + proc.stderr).decode()[-1500:]}"}
+                out[mode] = {
+                    "error": f"exit {proc.returncode}: {(proc.stdout + proc.stderr).decode()[-1500:]}"
+                }
                 continue
             # rebuild: every event folded; verify: every run checked against its snapshot, no difference
-            ok = (report["events"] == produced and report["undecodable"] == 0 and
-                  (mode == "rebuild" or (report["ok"] and report["runs_checked"] == runs)))
-            out[mode] = {"events": report["events"], "runs": runs, "seconds": report["seconds"],
-                         "events_per_s": report["events_per_s"], "complete": int(ok)}
+            ok = (
+                report["events"] == produced
+                and report["undecodable"] == 0
+                and (mode == "rebuild" or (report["ok"] and report["runs_checked"] == runs))
+            )
+            out[mode] = {
+                "events": report["events"],
+                "runs": runs,
+                "seconds": report["seconds"],
+                "events_per_s": report["events_per_s"],
+                "complete": int(ok),
+            }
             if not ok:
                 out[mode]["error"] = f"exit {proc.returncode}: {orjson.dumps(report).decode()[:1500]}"
         return out
@@ -145,12 +216,19 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
 
 
 def run(runs: int = 4000, partitions: int = 4, rounds: int = 3, warmup: int = 1) -> Bench:
-    bench = Bench("replay_bench", params={"runs": runs, "partitions": partitions, "workflow": "noop-3",
-                                    "target_events_per_s": 20_000}, rounds=rounds, warmup=warmup)
+    bench = Bench(
+        "replay_bench",
+        params={"runs": runs, "partitions": partitions, "workflow": "noop-3", "target_events_per_s": 20_000},
+        rounds=rounds,
+        warmup=warmup,
+    )
     bench.run(round_fn)
     s = bench.median("rebuild", "events_per_s")
-    bench.ratios["rebuild_vs_target"] = {"value": round(s / 20_000, 3) if s else None, "target": 1.0,
-                                         "met": (s >= 20_000) if s else None}
+    bench.ratios["rebuild_vs_target"] = {
+        "value": round(s / 20_000, 3) if s else None,
+        "target": 1.0,
+        "met": (s >= 20_000) if s else None,
+    }
     bench.save(plot=[("replay --rebuild events/s", "events_per_s")])
     return bench
 

@@ -74,14 +74,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gap", type=float, default=50.0, help="ms between resume and the produce")
-    ap.add_argument("--partitions", type=int, default=2, help="partitions resumed at once (>= 2; > 2 as the worker)")
+    ap.add_argument(
+        "--partitions", type=int, default=2, help="partitions resumed at once (>= 2; > 2 as the worker)"
+    )
     args = ap.parse_args()
     settings = KafkaSettings()
-    out: dict[str, Any] = {"bench": "resume", "rounds": args.rounds, "gap_ms": args.gap, "partitions": args.partitions}
+    out: dict[str, Any] = {
+        "bench": "resume",
+        "rounds": args.rounds,
+        "gap_ms": args.gap,
+        "partitions": args.partitions,
+    }
     for name, wake in (("resume", False), ("resume_now", True)):
         ms = [_round(settings, wake, args.gap / 1000, max(2, args.partitions)) for _ in range(args.rounds)]
-        out[name] = {"median_ms": round(statistics.median(ms), 1), "max_ms": round(max(ms), 1),
-                     "all_ms": [round(x, 1) for x in ms]}
+        out[name] = {
+            "median_ms": round(statistics.median(ms), 1),
+            "max_ms": round(max(ms), 1),
+            "all_ms": [round(x, 1) for x in ms],
+        }
     print(orjson.dumps(out).decode())
 
 

@@ -28,12 +28,15 @@ HEADLINES = {
 
 def plan(quick: bool, rounds: int | None) -> list[tuple[str, Callable[[], Bench]]]:
     from benchmarks import keyed_fold, latency, memory, replay_bench, workflow_throughput
+
     r = rounds if rounds is not None else (1 if quick else 3)
     w = 0 if quick else 1
     if quick:
         return [
-            ("keyed_fold", lambda: keyed_fold.run(records=20_000, rounds=r, warmup=w,
-                                                  peer_records={"faust": 2_000})),
+            (
+                "keyed_fold",
+                lambda: keyed_fold.run(records=20_000, rounds=r, warmup=w, peer_records={"faust": 2_000}),
+            ),
             ("workflow_throughput", lambda: workflow_throughput.run(runs=500, rounds=r, warmup=w)),
             ("latency", lambda: latency.run(seconds=3, rounds=r, warmup=w, commit_intervals_ms=(10, 200))),
             ("replay_bench", lambda: replay_bench.run(runs=1000, rounds=r, warmup=w)),
@@ -49,7 +52,11 @@ def plan(quick: bool, rounds: int | None) -> list[tuple[str, Callable[[], Bench]
 
 
 def run(quick: bool = False, rounds: int | None = None, only: list[str] | None = None) -> dict[str, Any]:
-    summary: dict[str, Any] = {"quick": quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "benchmarks": {}}
+    summary: dict[str, Any] = {
+        "quick": quick,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "benchmarks": {},
+    }
     for name, fn in plan(quick, rounds):
         if only and name not in only:
             continue
@@ -58,9 +65,12 @@ def run(quick: bool = False, rounds: int | None = None, only: list[str] | None =
             bench = fn()
             metric, unit = HEADLINES[name]
             summary["benchmarks"][name] = {
-                "seconds": round(time.time() - t0, 1), "unit": unit,
+                "seconds": round(time.time() - t0, 1),
+                "unit": unit,
                 "medians": {c: s[metric].median for c, s in bench.summary.items() if metric in s},
-                "ratios": {k: v.get("value") for k, v in bench.ratios.items()}, "errors": bench.errors}
+                "ratios": {k: v.get("value") for k, v in bench.ratios.items()},
+                "errors": bench.errors,
+            }
         except Exception as e:
             summary["benchmarks"][name] = {"error": error_text(e), "seconds": round(time.time() - t0, 1)}
         print(f"== {name}: {orjson.dumps(summary['benchmarks'][name]).decode()}", flush=True)

@@ -50,11 +50,26 @@ def main() -> None:
     try:
         folder = make_folder(codec, topics, Sink())
         store = PartitionStore(root / "store", 0)
-        starts = [(topics.commands, enc({"type": "StartRun", "run_id": f"m-{i}", "ts_ms": TS, "record_id": f"c{i}",
-                                         "definition_id": "bench3", "revision": None, "input": {}}), f"m-{i}".encode())
-                  for i in range(args.runs)]  # fmt: skip
+        starts = [
+            (
+                topics.commands,
+                enc(
+                    {
+                        "type": "StartRun",
+                        "run_id": f"m-{i}",
+                        "ts_ms": TS,
+                        "record_id": f"c{i}",
+                        "definition_id": "bench3",
+                        "revision": None,
+                        "input": {},
+                    }
+                ),
+                f"m-{i}".encode(),
+            )
+            for i in range(args.runs)
+        ]
         for i in range(0, len(starts), 500):
-            transaction(folder, store, starts[i:i + 500])
+            transaction(folder, store, starts[i : i + 500])
         raws = [store.get(state_key(f"m-{i}")) for i in range(args.runs)]
         store.close()
     finally:
@@ -63,8 +78,17 @@ def main() -> None:
     assert len(present) == args.runs, "every run's state is in the store"
     load_state(present[0])  # the pin is cached by the fold already; this is not what is measured
     shared, copied = bytes_per_state(present, load_state), bytes_per_state(present, orjson.loads)
-    print(orjson.dumps({"bench": "state_memory", "runs": args.runs, "state_json_bytes": len(present[0]),
-                        "bytes_per_state_shared_bundle": shared, "bytes_per_state_own_bundle": copied}).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "state_memory",
+                "runs": args.runs,
+                "state_json_bytes": len(present[0]),
+                "bytes_per_state_shared_bundle": shared,
+                "bytes_per_state_own_bundle": copied,
+            }
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

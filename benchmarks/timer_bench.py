@@ -26,8 +26,17 @@ from processors.runtime.store import PartitionStore, timer_ref_key
 
 def _timer(i: int, due: int) -> tuple[str, dict[str, object], bytes]:
     run_id = f"run-{i:06d}"
-    body = {"type": "TimerFired", "run_id": run_id, "timer_id": f"sleep:{i:032x}", "timer_kind": "sleep",
-            "due_ms": due, "node": "s", "lineage": "", "attempt": 1, "dispatch_id": f"{i:032x}"}
+    body = {
+        "type": "TimerFired",
+        "run_id": run_id,
+        "timer_id": f"sleep:{i:032x}",
+        "timer_kind": "sleep",
+        "due_ms": due,
+        "node": "s",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": f"{i:032x}",
+    }
     return run_id, body, orjson.dumps(body)
 
 
@@ -77,16 +86,25 @@ def main() -> None:
     for _ in range(reps):
         store.due_timers(base, 1_000)
     idle_after = time.perf_counter() - t0
-    print(orjson.dumps({
-        "bench": "timers", "pending": args.pending, "due_per_round": args.due,
-        "fill_write_batch_ms": round(fill * 1000, 1),
-        "idle_check_us": _us(idle, reps),
-        "scan_due_us": _us(first[1]), "scan_due_per_timer_us": _us(first[1], first[0]),
-        "fire_commit_us": _us(first[2]),
-        "after_churn_scan_due_us": _us(last[1]), "after_churn_fire_commit_us": _us(last[2]),
-        "idle_check_after_churn_us": _us(idle_after, reps),
-        "pending_left": store.pending_timers(),
-    }, option=orjson.OPT_INDENT_2).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "timers",
+                "pending": args.pending,
+                "due_per_round": args.due,
+                "fill_write_batch_ms": round(fill * 1000, 1),
+                "idle_check_us": _us(idle, reps),
+                "scan_due_us": _us(first[1]),
+                "scan_due_per_timer_us": _us(first[1], first[0]),
+                "fire_commit_us": _us(first[2]),
+                "after_churn_scan_due_us": _us(last[1]),
+                "after_churn_fire_commit_us": _us(last[2]),
+                "idle_check_after_churn_us": _us(idle_after, reps),
+                "pending_left": store.pending_timers(),
+            },
+            option=orjson.OPT_INDENT_2,
+        ).decode()
+    )
     store.close()
 
 

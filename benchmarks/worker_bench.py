@@ -40,10 +40,26 @@ def preproduce(settings: KafkaSettings, n: int) -> float:
     start = time.perf_counter()
     for i in range(n):
         run = f"bench-{i}"
-        msg = {"type": "ActionActivation", "run_id": run, "ts_ms": now, "record_id": f"a{i}", "node": "n",
-               "lineage": "", "attempt": 1, "dispatch_id": dispatch_id(run, "n", "", 1), "definition_id": "bench",
-               "root_run_id": run, "kind": "action", "action": "noop", "queue": "default", "input": {},
-               "deadline_ms": None, "lease_ms": 30_000, "heartbeat_ms": 10_000, "capabilities": []}
+        msg = {
+            "type": "ActionActivation",
+            "run_id": run,
+            "ts_ms": now,
+            "record_id": f"a{i}",
+            "node": "n",
+            "lineage": "",
+            "attempt": 1,
+            "dispatch_id": dispatch_id(run, "n", "", 1),
+            "definition_id": "bench",
+            "root_run_id": run,
+            "kind": "action",
+            "action": "noop",
+            "queue": "default",
+            "input": {},
+            "deadline_ms": None,
+            "lease_ms": 30_000,
+            "heartbeat_ms": 10_000,
+            "capabilities": [],
+        }
         while True:
             try:
                 producer.produce(topic, codec.encode("activations", msg), key=run.encode())
@@ -64,19 +80,42 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-    settings = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}",
-                             partitions=args.partitions, activation_queues=("default",))
+    settings = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"bench{uuid.uuid4().hex[:6]}",
+        partitions=args.partitions,
+        activation_queues=("default",),
+    )
     create_topology(settings)
     worker = None
     try:
         produce_s = preproduce(settings, args.n)
-        reader = Consumer(consumer_config(settings, f"bench-reader-{uuid.uuid4().hex[:6]}", fetch_wait_max_ms=10))
+        reader = Consumer(
+            consumer_config(settings, f"bench-reader-{uuid.uuid4().hex[:6]}", fetch_wait_max_ms=10)
+        )
         reader.subscribe([TopicNames(settings.topic_prefix).receipts])
-        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix}
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        }
         launched = time.perf_counter()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "processors.executors.cli", "worker", "--queue", "default",
-             "--concurrency", str(args.concurrency), "--log-level", "WARNING"], env=env, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "processors.executors.cli",
+                "worker",
+                "--queue",
+                "default",
+                "--concurrency",
+                str(args.concurrency),
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+            cwd=ROOT,
+        )
         want, seen, first, last, sample = 2 * args.n, 0, None, None, None
         deadline = time.perf_counter() + args.timeout
         while seen < want and time.perf_counter() < deadline:
@@ -91,13 +130,18 @@ def main() -> None:
         kinds = Codec.default().decode("receipts", sample)["type"] if sample else None
         steady = (args.n / (last - first)) if first and last and last > first else 0.0
         result = {
-            "benchmark": "worker_noop_end_to_end", "activations": args.n, "receipts_seen": seen,
-            "partitions": args.partitions, "concurrency": args.concurrency, "cpus": os.cpu_count(),
+            "benchmark": "worker_noop_end_to_end",
+            "activations": args.n,
+            "receipts_seen": seen,
+            "partitions": args.partitions,
+            "concurrency": args.concurrency,
+            "cpus": os.cpu_count(),
             "preproduce_s": round(produce_s, 3),
             "first_to_last_receipt_s": round((last or 0) - (first or 0), 3),
             "activations_per_s_steady": round(steady, 1),
             "activations_per_s_with_startup": round(args.n / ((last or launched) - launched), 1),
-            "receipts_per_s_steady": round(2 * steady, 1), "last_receipt_type": kinds,
+            "receipts_per_s_steady": round(2 * steady, 1),
+            "last_receipt_type": kinds,
         }
         print(json.dumps(result, indent=2))
         out = ROOT / "benchmarks" / "results"

@@ -42,28 +42,56 @@ TERMINAL = frozenset({"RunSucceeded", "RunFailed", "RunCancelled"})
 
 def noop_definition(wid: str, steps: int) -> dict[str, Any]:
     names = [chr(ord("a") + i) for i in range(steps)]
-    return {"schema": "runfold.workflow/v1", "id": wid, "revision": 1, "state": {}, "entry": [names[0]],
-            "nodes": {n: {"kind": "action", "action": "noop"} for n in names},
-            "routes": {a: [b] for a, b in itertools.pairwise(names)}}
+    return {
+        "schema": "runfold.workflow/v1",
+        "id": wid,
+        "revision": 1,
+        "state": {},
+        "entry": [names[0]],
+        "nodes": {n: {"kind": "action", "action": "noop"} for n in names},
+        "routes": {a: [b] for a, b in itertools.pairwise(names)},
+    }
 
 
-DEFINITIONS = [noop_definition("noop-1", 1), noop_definition("noop-3", 3),
-               {"schema": "runfold.workflow/v1", "id": "sleep-long", "revision": 1, "state": {}, "entry": ["s"],
-                "nodes": {"s": {"kind": "sleep", "duration_ms": 24 * 3600 * 1000}}, "routes": {}}]
+DEFINITIONS = [
+    noop_definition("noop-1", 1),
+    noop_definition("noop-3", 3),
+    {
+        "schema": "runfold.workflow/v1",
+        "id": "sleep-long",
+        "revision": 1,
+        "state": {},
+        "entry": ["s"],
+        "nodes": {"s": {"kind": "sleep", "duration_ms": 24 * 3600 * 1000}},
+        "routes": {},
+    },
+]
 
 
 def _env(settings: KafkaSettings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
-    return {**env, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix, **extra}
+    return {
+        **env,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        **extra,
+    }
 
 
 class Rig:
     """Topology + definitions + N processor processes + one noop worker, for one topic prefix."""
 
-    def __init__(self, prefix: str, partitions: int = 4, processors: int = 1, commit_interval_ms: int | None = None,
-                 batch_size: int | None = None, worker_concurrency: int = 256, worker: bool = True,
-                 metrics: bool = False) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        partitions: int = 4,
+        processors: int = 1,
+        commit_interval_ms: int | None = None,
+        batch_size: int | None = None,
+        worker_concurrency: int = 256,
+        worker: bool = True,
+        metrics: bool = False,
+    ) -> None:
         self.settings = KafkaSettings(topic_prefix=prefix, partitions=partitions)
         self.n_processors = processors
         self.commit_interval_ms = commit_interval_ms
@@ -88,8 +116,17 @@ class Rig:
         return self
 
     def spawn_processor(self, instance: str) -> subprocess.Popen[bytes]:
-        args = [sys.executable, "-m", "processors.runtime", "--instance-id", instance,
-                "--state-dir", str(self.state_dir / instance), "--log-level", "WARNING"]
+        args = [
+            sys.executable,
+            "-m",
+            "processors.runtime",
+            "--instance-id",
+            instance,
+            "--state-dir",
+            str(self.state_dir / instance),
+            "--log-level",
+            "WARNING",
+        ]
         if self.commit_interval_ms:
             args += ["--commit-interval-ms", str(self.commit_interval_ms)]
         if self.batch_size:
@@ -103,9 +140,20 @@ class Rig:
         return proc
 
     def spawn_worker(self) -> None:
-        self.procs["worker"] = self._spawn([sys.executable, "-m", "processors.executors.cli", "worker",
-                                            "--queue", "default", "--concurrency", str(self.worker_concurrency),
-                                            "--log-level", "WARNING"])
+        self.procs["worker"] = self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "processors.executors.cli",
+                "worker",
+                "--queue",
+                "default",
+                "--concurrency",
+                str(self.worker_concurrency),
+                "--log-level",
+                "WARNING",
+            ]
+        )
 
     def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as lf:
@@ -162,13 +210,30 @@ class Rig:
         self.stop()
 
     # ---- load ------------------------------------------------------------------------------
-    def loadgen(self, definition: str, runs: int, rate: float = 0.0, tag: str = "r",
-                warmup: int = 0) -> subprocess.Popen[bytes]:
+    def loadgen(
+        self, definition: str, runs: int, rate: float = 0.0, tag: str = "r", warmup: int = 0
+    ) -> subprocess.Popen[bytes]:
         """A load-generator process: `runs` StartRun commands, `rate` runs/s (0 = as fast as possible),
         after `warmup` unstamped ones (see `loadgen`)."""
-        return self._spawn([sys.executable, "-m", "benchmarks.workflow_throughput", "--role", "loadgen",
-                            "--definition", definition, "--runs", str(runs), "--rate", str(rate), "--tag", tag,
-                            "--warmup", str(warmup)])
+        return self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.workflow_throughput",
+                "--role",
+                "loadgen",
+                "--definition",
+                definition,
+                "--runs",
+                str(runs),
+                "--rate",
+                str(rate),
+                "--tag",
+                tag,
+                "--warmup",
+                str(warmup),
+            ]
+        )
 
 
 def _free_port() -> int:
@@ -209,8 +274,17 @@ def loadgen(definition: str, runs: int, rate: float, tag: str, warmup: int = 0) 
     def start(run_tag: str, i: int) -> None:
         now = time.time_ns() // 1_000_000
         rid = run_id_for(run_tag, i, now)
-        value = enc({"type": "StartRun", "run_id": rid, "ts_ms": now, "record_id": uuid.uuid4().hex,
-                     "definition_id": definition, "revision": None, "input": {}})
+        value = enc(
+            {
+                "type": "StartRun",
+                "run_id": rid,
+                "ts_ms": now,
+                "record_id": uuid.uuid4().hex,
+                "definition_id": definition,
+                "revision": None,
+                "input": {},
+            }
+        )
         while True:
             try:
                 p.produce(topic, value, rid.encode())
@@ -259,9 +333,14 @@ def body_branch(value: bytes) -> int:
 def _terminal_branches() -> frozenset[int]:
     zero = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
     base: dict[str, Any] = {"run_id": "r", "ts_ms": 0, "record_id": "x", "sequence": 1, "usage": zero}
-    samples: list[dict[str, Any]] = [{"type": "RunSucceeded", "output": None}, {"type": "RunCancelled", "reason": ""},
-               {"type": "RunFailed", "failure": {"code": "Timeout", "message": "", "retryable": False,
-                                                 "node": None, "lineage": None}}]
+    samples: list[dict[str, Any]] = [
+        {"type": "RunSucceeded", "output": None},
+        {"type": "RunCancelled", "reason": ""},
+        {
+            "type": "RunFailed",
+            "failure": {"code": "Timeout", "message": "", "retryable": False, "node": None, "lineage": None},
+        },
+    ]
     return frozenset(body_branch(CODEC.encode("run_events", {**base, **s})) for s in samples)
 
 
@@ -272,8 +351,14 @@ class EventWatch:
     """Reads `<p>.run-events` read_committed from the beginning: counts, terminal times."""
 
     def __init__(self, settings: KafkaSettings, offset_reset: str = "earliest") -> None:
-        self.consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}-watch-{uuid.uuid4().hex[:6]}",
-                                                 fetch_wait_max_ms=5, auto_offset_reset=offset_reset))
+        self.consumer = Consumer(
+            consumer_config(
+                settings,
+                f"{settings.topic_prefix}-watch-{uuid.uuid4().hex[:6]}",
+                fetch_wait_max_ms=5,
+                auto_offset_reset=offset_reset,
+            )
+        )
         self.consumer.subscribe([f"{settings.topic_prefix}.run-events"])
         self.decode = CODEC.decoder("run_events")
         self.events = 0
@@ -334,9 +419,14 @@ def measure(ctx: RoundContext, processors: int, runs: int) -> dict[str, Any]:
             gen.wait(30)
             t0 = watch.first_at or time.time()
             span = max(watch.last_terminal_at - t0, 1e-6)
-            return {"runs": runs, "seconds": round(span, 3), "runs_per_s": round(runs / span, 1),
-                    "events": watch.events, "events_per_s": round(watch.events / span, 1),
-                    "events_per_run": round(watch.events / runs, 2)}
+            return {
+                "runs": runs,
+                "seconds": round(span, 3),
+                "runs_per_s": round(runs / span, 1),
+                "events": watch.events,
+                "events_per_s": round(watch.events / span, 1),
+                "events_per_run": round(watch.events / runs, 2),
+            }
         finally:
             watch.close()
 
@@ -353,15 +443,31 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(runs: int = 5000, processors: tuple[int, ...] = (1, 2), partitions: int = 4, rounds: int = 3,
-        warmup: int = 1, timeout_s: float = 300.0) -> Bench:
-    bench = Bench("workflow_throughput", params={"runs": runs, "processors": list(processors),
-                                                 "partitions": partitions, "timeout_s": timeout_s,
-                                                 "workflow": "noop-3 (3 sequential noop actions)",
-                                                 "worker": "1 process, noop, concurrency 256"},
-                  rounds=rounds, warmup=warmup)
-    bench.notes.append("processor defaults: batch 500, commit interval 50 ms; one shared 2-core host runs "
-                       "broker, processors, worker, load generator and reader")
+def run(
+    runs: int = 5000,
+    processors: tuple[int, ...] = (1, 2),
+    partitions: int = 4,
+    rounds: int = 3,
+    warmup: int = 1,
+    timeout_s: float = 300.0,
+) -> Bench:
+    bench = Bench(
+        "workflow_throughput",
+        params={
+            "runs": runs,
+            "processors": list(processors),
+            "partitions": partitions,
+            "timeout_s": timeout_s,
+            "workflow": "noop-3 (3 sequential noop actions)",
+            "worker": "1 process, noop, concurrency 256",
+        },
+        rounds=rounds,
+        warmup=warmup,
+    )
+    bench.notes.append(
+        "processor defaults: batch 500, commit interval 50 ms; one shared 2-core host runs "
+        "broker, processors, worker, load generator and reader"
+    )
     bench.run(round_fn)
     if 1 in processors and 2 in processors:
         bench.ratio("2_vs_1_processors", "2 processors", "1 processor", "runs_per_s")

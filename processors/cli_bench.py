@@ -43,18 +43,30 @@ def _show(bench: object, metrics: list[str]) -> None:
 def keyed_fold(
     records: Annotated[int, typer.Option(help="Records in the input stream.")] = 200_000,
     keys: Annotated[int, typer.Option(help="Distinct keys.")] = 1000,
-    peers: Annotated[str, typer.Option(help="Comma-separated: passthrough, runfold, quix, faust, "
-                                            "runfold-batch2000, quix-commit50ms.")] =
-        "passthrough,runfold,quix,faust,runfold-batch2000",
-    faust_records: Annotated[int, typer.Option(help="Faust folds this prefix of the stream (it is slow).")] = 20_000,
-    rounds: Rounds = 3, warmup: Warmup = 1,
+    peers: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: passthrough, runfold, quix, faust, runfold-batch2000, quix-commit50ms."
+        ),
+    ] = "passthrough,runfold,quix,faust,runfold-batch2000",
+    faust_records: Annotated[
+        int, typer.Option(help="Faust folds this prefix of the stream (it is slow).")
+    ] = 20_000,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
 ) -> None:
     """Keyed fold (count + sum per key), exactly-once: runfold's runtime vs Quix Streams vs Faust,
     with the raw transactional passthrough as the physical limit."""
     from benchmarks import keyed_fold as kf
 
-    b = kf.run(records, keys, rounds=rounds, warmup=warmup, peers=tuple(p.strip() for p in peers.split(",")),
-               peer_records={"faust": faust_records})
+    b = kf.run(
+        records,
+        keys,
+        rounds=rounds,
+        warmup=warmup,
+        peers=tuple(p.strip() for p in peers.split(",")),
+        peer_records={"faust": faust_records},
+    )
     _show(b, ["records_per_s", "correct", "duplicates"])
 
 
@@ -62,7 +74,8 @@ def keyed_fold(
 def workflow_throughput(
     runs: Annotated[int, typer.Option(help="Runs of the 3-step noop workflow per case.")] = 5000,
     processors: Annotated[str, typer.Option(help="Processor counts to measure, comma-separated.")] = "1,2",
-    rounds: Rounds = 3, warmup: Warmup = 1,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
 ) -> None:
     """Completed runs/s and run events/s: processor(s) + noop worker + load generator processes."""
     from benchmarks import workflow_throughput as wt
@@ -74,8 +87,11 @@ def workflow_throughput(
 @bench_app.command("latency")
 def latency(
     seconds: Annotated[float, typer.Option(help="Seconds of load per case.")] = 10.0,
-    max_runs_per_s: Annotated[float | None, typer.Option(help="Max load (default: last workflow-throughput).")] = None,
-    rounds: Rounds = 3, warmup: Warmup = 1,
+    max_runs_per_s: Annotated[
+        float | None, typer.Option(help="Max load (default: last workflow-throughput).")
+    ] = None,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
 ) -> None:
     """p50/p95/p99 start -> terminal at 25/50/80% of max load; commit interval 10/50/200 ms."""
     from benchmarks import latency as lt
@@ -87,7 +103,8 @@ def latency(
 @bench_app.command("replay")
 def replay(
     runs: Annotated[int, typer.Option(help="3-step runs in the run-events topic (15 events each).")] = 4000,
-    rounds: Rounds = 3, warmup: Warmup = 1,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
 ) -> None:
     """Events/s folded by `runfold replay --rebuild` (and `--verify`)."""
     from benchmarks import replay_bench as rb
@@ -111,10 +128,16 @@ def memory(
 
 @bench_app.command("all")
 def all_benchmarks(
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke sizes: 1 round, no warm-up, small loads.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smoke sizes: 1 round, no warm-up, small loads.")
+    ] = False,
     rounds: Annotated[int | None, typer.Option(help="Override the rounds of every benchmark.")] = None,
-    only: Annotated[str | None, typer.Option(help="Comma-separated subset (keyed_fold, workflow_throughput, "
-                                                  "latency, replay_bench, memory).")] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated subset (keyed_fold, workflow_throughput, latency, replay_bench, memory)."
+        ),
+    ] = None,
 ) -> None:
     """Every benchmark in order; benchmarks/results/summary.json holds the headline table."""
     from benchmarks import run_all

@@ -37,8 +37,14 @@ err_console = Console(stderr=True, width=_WIDTH)
 EXIT_FAILED, EXIT_USAGE, EXIT_BROKER, EXIT_NOT_FOUND, EXIT_TIMEOUT = 1, 2, 3, 4, 5
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (one object per line) instead of text.")]
-PrefixOpt = Annotated[str | None, typer.Option("--topic-prefix", help="Topic prefix (default: RUNFOLD_TOPIC_PREFIX or 'runfold').")]
-BootstrapOpt = Annotated[str | None, typer.Option("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS).")]
+PrefixOpt = Annotated[
+    str | None,
+    typer.Option("--topic-prefix", help="Topic prefix (default: RUNFOLD_TOPIC_PREFIX or 'runfold')."),
+]
+BootstrapOpt = Annotated[
+    str | None,
+    typer.Option("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)."),
+]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait.")]
 
 

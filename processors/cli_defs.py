@@ -36,7 +36,9 @@ def _when(ms: int) -> str:
 
 @defs_app.command("register")
 def register(
-    paths: Annotated[list[Path], typer.Argument(help="YAML or JSON definition files (or directories of them).")],
+    paths: Annotated[
+        list[Path], typer.Argument(help="YAML or JSON definition files (or directories of them).")
+    ],
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
@@ -49,7 +51,9 @@ def register(
     """
     files: list[Path] = []
     for p in paths:
-        files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml", ".json")) if p.is_dir() else [p]
+        files += (
+            sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml", ".json")) if p.is_dir() else [p]
+        )
     failed = 0
     rows: list[dict[str, object]] = []
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
@@ -58,8 +62,14 @@ def register(
                 before = client.definitions.all(refresh=False) if rows else {}
                 rec = client.register(f)
                 existed = rec["revision"] in before.get(rec["definition_id"], {})
-                row = {"file": str(f), "ok": True, "definition_id": rec["definition_id"], "revision": rec["revision"],
-                       "content_hash": rec["content_hash"], "status": "unchanged" if existed else "registered"}
+                row = {
+                    "file": str(f),
+                    "ok": True,
+                    "definition_id": rec["definition_id"],
+                    "revision": rec["revision"],
+                    "content_hash": rec["content_hash"],
+                    "status": "unchanged" if existed else "registered",
+                }
             except (InvalidDefinition, DefinitionConflict) as e:
                 failed += 1
                 row = {"file": str(f), "ok": False, "error": str(e), "error_type": type(e).__name__}
@@ -67,8 +77,11 @@ def register(
             if as_json:
                 echo_json(row)
             elif row["ok"]:
-                console.print(f"[green]✓[/] {row['definition_id']}@{row['revision']} "
-                              f"[dim]{row['content_hash'][:12]} {escape(str(f))}[/]", highlight=False)
+                console.print(
+                    f"[green]✓[/] {row['definition_id']}@{row['revision']} "
+                    f"[dim]{row['content_hash'][:12]} {escape(str(f))}[/]",
+                    highlight=False,
+                )
             else:
                 err_console.print(f"[bold red]✗[/] {escape(row['error'])}", highlight=False)
     if failed:
@@ -76,7 +89,9 @@ def register(
 
 
 @defs_app.command("list")
-def list_defs(as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None) -> None:
+def list_defs(
+    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None
+) -> None:
     """List registered definitions: id, revisions, latest registration time.
 
     Example: `runfold defs list --json`
@@ -95,15 +110,22 @@ def list_defs(as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstra
     for def_id in sorted(records):
         revs = sorted(records[def_id])
         latest = records[def_id][revs[-1]]
-        table.add_row(def_id, ", ".join(map(str, revs)), str(revs[-1]), latest["content_hash"][:12],
-                      _when(latest["registered_ms"]))
+        table.add_row(
+            def_id,
+            ", ".join(map(str, revs)),
+            str(revs[-1]),
+            latest["content_hash"][:12],
+            _when(latest["registered_ms"]),
+        )
     console.print(table)
 
 
 @defs_app.command("show")
 def show(
     definition: Annotated[str, typer.Argument(help="Definition id, or id@revision.")],
-    revision: Annotated[int | None, typer.Option("--revision", "-r", help="Revision (default: latest).")] = None,
+    revision: Annotated[
+        int | None, typer.Option("--revision", "-r", help="Revision (default: latest).")
+    ] = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
@@ -120,6 +142,9 @@ def show(
     if as_json:
         echo_json(rec)
         return
-    console.print(f"[bold]{rec['definition_id']}@{rec['revision']}[/]  [dim]sha256 {rec['content_hash']} · "
-                  f"registered {_when(rec['registered_ms'])}[/]", highlight=False)
+    console.print(
+        f"[bold]{rec['definition_id']}@{rec['revision']}[/]  [dim]sha256 {rec['content_hash']} · "
+        f"registered {_when(rec['registered_ms'])}[/]",
+        highlight=False,
+    )
     typer.echo(yaml.safe_dump(rec["definition"], sort_keys=False, allow_unicode=True).rstrip())

@@ -26,35 +26,71 @@ from processors.replay import RebuildError, VerifyReport, rebuild, verify
 
 
 def _progress(as_json: bool) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, disable=as_json, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=as_json,
+        transient=True,
+    )
 
 
 def _print_verify(report: VerifyReport) -> None:
     verdict = "[green]OK[/]" if report.ok else f"[red]{len(report.differences)} difference(s)[/]"
-    console.print(f"replay verify: {verdict} — {report.runs} runs, {report.runs_checked} checked against "
-                  f"snapshots, {report.events} events ({report.rejected} rejections) in {report.seconds:.2f}s "
-                  f"({report.events_per_s:,.0f} events/s)", highlight=False)
+    console.print(
+        f"replay verify: {verdict} — {report.runs} runs, {report.runs_checked} checked against "
+        f"snapshots, {report.events} events ({report.rejected} rejections) in {report.seconds:.2f}s "
+        f"({report.events_per_s:,.0f} events/s)",
+        highlight=False,
+    )
     if report.undecodable:
         console.print(f"[yellow]{report.undecodable} undecodable record(s) skipped[/]")
     if report.expired:
-        console.print(f"{report.expired} finished run(s) not verifiable: run-events retention deleted their "
-                      "beginning", highlight=False)
+        console.print(
+            f"{report.expired} finished run(s) not verifiable: run-events retention deleted their beginning",
+            highlight=False,
+        )
     if report.differences:
-        table = Table("run id", "kind", "snapshot seq", "folded seq", "expected digest", "actual digest", "detail")
+        table = Table(
+            "run id", "kind", "snapshot seq", "folded seq", "expected digest", "actual digest", "detail"
+        )
         for d in report.differences:
-            table.add_row(Text(d.run_id), d.kind, str(d.snapshot_sequence or ""), str(d.folded_sequence or ""),
-                          (d.expected_digest or "")[:16], (d.actual_digest or "")[:16], Text(d.detail))
+            table.add_row(
+                Text(d.run_id),
+                d.kind,
+                str(d.snapshot_sequence or ""),
+                str(d.folded_sequence or ""),
+                (d.expected_digest or "")[:16],
+                (d.actual_digest or "")[:16],
+                Text(d.detail),
+            )
         console.print(table)
 
 
 def replay(
-    do_verify: Annotated[bool, typer.Option("--verify", help="Compare every run's folded state with its latest snapshot.")] = False,
-    do_rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild a processor's RocksDB stores from run-events.")] = False,
-    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="With --rebuild: the processor's state dir.")] = None,
-    group_id: Annotated[str | None, typer.Option("--group-id", help="With --rebuild: the processor's group (default <prefix>-processor).")] = None,
-    partition: Annotated[list[int], typer.Option("--partition", help="With --rebuild: only these partitions; repeatable.")] = [],  # noqa: B006
-    replace: Annotated[bool, typer.Option("--replace", help="With --rebuild: delete existing stores first.")] = False,
+    do_verify: Annotated[
+        bool, typer.Option("--verify", help="Compare every run's folded state with its latest snapshot.")
+    ] = False,
+    do_rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Rebuild a processor's RocksDB stores from run-events.")
+    ] = False,
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="With --rebuild: the processor's state dir.")
+    ] = None,
+    group_id: Annotated[
+        str | None,
+        typer.Option(
+            "--group-id", help="With --rebuild: the processor's group (default <prefix>-processor)."
+        ),
+    ] = None,
+    partition: Annotated[
+        list[int], typer.Option("--partition", help="With --rebuild: only these partitions; repeatable.")
+    ] = [],  # noqa: B006
+    replace: Annotated[
+        bool, typer.Option("--replace", help="With --rebuild: delete existing stores first.")
+    ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a verify may take.")] = 600.0,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
@@ -76,9 +112,12 @@ def replay(
             with _progress(as_json) as bar:
                 snaps = bar.add_task("reading snapshots", total=None)
                 events = bar.add_task("folding run events", total=None)
-                report = verify(settings, timeout_s=timeout,
-                                snapshot_progress=lambda n, t: bar.update(snaps, completed=n, total=t),
-                                progress=lambda n, t: bar.update(events, completed=n, total=t))
+                report = verify(
+                    settings,
+                    timeout_s=timeout,
+                    snapshot_progress=lambda n, t: bar.update(snaps, completed=n, total=t),
+                    progress=lambda n, t: bar.update(events, completed=n, total=t),
+                )
             if as_json:
                 echo_json(report.to_dict())
             else:
@@ -91,24 +130,40 @@ def replay(
         from processors.runtime.settings import load_processor_settings
 
         psettings = load_processor_settings(
-            bootstrap_servers=bootstrap, topic_prefix=topic_prefix, state_dir=state_dir, group_id=group_id)
+            bootstrap_servers=bootstrap, topic_prefix=topic_prefix, state_dir=state_dir, group_id=group_id
+        )
         try:
             with _progress(as_json) as bar:
                 task = bar.add_task(f"rebuilding {psettings.store_root()}", total=None)
-                result = rebuild(psettings, replace=replace, partitions=list(partition) or None,
-                                 progress=lambda n, t: bar.update(task, completed=n, total=t))
+                result = rebuild(
+                    psettings,
+                    replace=replace,
+                    partitions=list(partition) or None,
+                    progress=lambda n, t: bar.update(task, completed=n, total=t),
+                )
         except RebuildError as e:
             raise fail(as_json, str(e), EXIT_FAILED) from None
         if as_json:
             echo_json(result.to_dict())
         else:
-            console.print(f"[green]rebuilt[/] {result.store_root}: {result.events} events in "
-                          f"{result.seconds:.2f}s ({result.events_per_s:,.0f} events/s)", highlight=False)
+            console.print(
+                f"[green]rebuilt[/] {result.store_root}: {result.events} events in "
+                f"{result.seconds:.2f}s ({result.events_per_s:,.0f} events/s)",
+                highlight=False,
+            )
             for p, st in sorted(result.partitions.items()):
-                console.print(f"  p{p}: {st['events']} events, {st['runs']} runs, "
-                              f"applied offset {st['applied_offset']}", highlight=False)
+                console.print(
+                    f"  p{p}: {st['events']} events, {st['runs']} runs, "
+                    f"applied offset {st['applied_offset']}",
+                    highlight=False,
+                )
             lost = result.runs_before_log_start
             if lost:
                 some = ", ".join(sorted(lost)[:5]) + (", ..." if len(lost) > 5 else "")
-                console.print(Text(f"{len(lost)} run(s) not rebuilt: the log no longer holds their RunAccepted "
-                                   f"(run-events retention): {some}", style="yellow"))
+                console.print(
+                    Text(
+                        f"{len(lost)} run(s) not rebuilt: the log no longer holds their RunAccepted "
+                        f"(run-events retention): {some}",
+                        style="yellow",
+                    )
+                )

@@ -31,9 +31,17 @@ from processors.client.progress import StepBoard
 
 runs_app = typer.Typer(no_args_is_help=True, help="Start, control and inspect workflow runs.")
 
-_STATUS_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "rejected": "red",
-                 "waiting": "cyan", "paused": "magenta", "running": "blue", "retry_wait": "magenta",
-                 "skipped": "dim"}
+_STATUS_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "rejected": "red",
+    "waiting": "cyan",
+    "paused": "magenta",
+    "running": "blue",
+    "retry_wait": "magenta",
+    "skipped": "dim",
+}
 
 
 def _styled(status: str) -> Text:
@@ -41,13 +49,18 @@ def _styled(status: str) -> Text:
 
 
 def _print_view(view: RunView, show_state: bool) -> None:
-    console.print(f"[bold]{escape(view.run_id)}[/]  ", _styled(view.status),
-                  f"  {view.definition_id}@{view.revision}  seq {view.sequence}  [dim](from {view.source})[/]",
-                  highlight=False)
+    console.print(
+        f"[bold]{escape(view.run_id)}[/]  ",
+        _styled(view.status),
+        f"  {view.definition_id}@{view.revision}  seq {view.sequence}  [dim](from {view.source})[/]",
+        highlight=False,
+    )
     if view.output is not None:
         console.print(Text(f"output: {dumps(view.output)}"))
     if view.failure:
-        console.print(Text.assemble(("failure: ", "red"), f"{view.failure.get('code')}: {view.failure.get('message')}"))
+        console.print(
+            Text.assemble(("failure: ", "red"), f"{view.failure.get('code')}: {view.failure.get('message')}")
+        )
     if view.usage:
         console.print("usage: " + ", ".join(f"{k}={v}" for k, v in view.usage.items()), highlight=False)
     steps = view.steps()
@@ -64,12 +77,22 @@ def _print_view(view: RunView, show_state: bool) -> None:
 @runs_app.command("start")
 def start(
     definition: Annotated[str, typer.Argument(help="Definition id (or id@revision).")],
-    input: Annotated[str | None, typer.Option("--input", "-i", help="Run input as JSON, or @file.json.")] = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Your run id (idempotent); default: generated.")] = None,
-    revision: Annotated[int | None, typer.Option("--revision", "-r", help="Revision (default: latest).")] = None,
+    input: Annotated[
+        str | None, typer.Option("--input", "-i", help="Run input as JSON, or @file.json.")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Your run id (idempotent); default: generated.")
+    ] = None,
+    revision: Annotated[
+        int | None, typer.Option("--revision", "-r", help="Revision (default: latest).")
+    ] = None,
     label: Annotated[list[str], typer.Option("--label", "-l", help="key=value label; repeatable.")] = [],  # noqa: B006
-    budget: Annotated[list[str], typer.Option("--budget", help="Lower a budget: max_steps=50; repeatable.")] = [],  # noqa: B006
-    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the outcome; exit 1 unless it succeeded.")] = False,
+    budget: Annotated[
+        list[str], typer.Option("--budget", help="Lower a budget: max_steps=50; repeatable.")
+    ] = [],  # noqa: B006
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Wait for the outcome; exit 1 unless it succeeded.")
+    ] = False,
     timeout: TimeoutOpt = 120.0,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
@@ -84,8 +107,14 @@ def start(
         definition, revision = def_id, int(rev)
     payload = parse_json_arg(input, "--input")
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        rid = client.start(definition, payload, run_id=run_id, revision=revision,
-                           labels=parse_pairs(label, "--label"), budgets=parse_pairs(budget, "--budget", as_int=True))
+        rid = client.start(
+            definition,
+            payload,
+            run_id=run_id,
+            revision=revision,
+            labels=parse_pairs(label, "--label"),
+            budgets=parse_pairs(budget, "--budget", as_int=True),
+        )
         if not wait:
             if as_json:
                 echo_json({"ok": True, "run_id": rid})
@@ -112,7 +141,9 @@ def _ack(as_json: bool, what: str, run_id: str) -> None:
 def cancel(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     reason: Annotated[str, typer.Option(help="Why (recorded in RunCancelled).")] = "",
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Cancel a run (idempotent; cascades to in-flight steps and child runs).
 
@@ -127,8 +158,12 @@ def cancel(
 def signal(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     name: Annotated[str, typer.Argument(help="Signal name (the wait node's `signal`).")],
-    payload: Annotated[str | None, typer.Option("--payload", "-p", help="JSON payload, or @file.json.")] = None,
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    payload: Annotated[
+        str | None, typer.Option("--payload", "-p", help="JSON payload, or @file.json.")
+    ] = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Send a named signal to a run (e.g. a human approval).
 
@@ -143,9 +178,13 @@ def signal(
 @runs_app.command("resume")
 def resume(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
-    budget: Annotated[list[str], typer.Option("--budget", help="New limit: max_tokens=400000; repeatable.")] = [],  # noqa: B006
+    budget: Annotated[
+        list[str], typer.Option("--budget", help="New limit: max_tokens=400000; repeatable.")
+    ] = [],  # noqa: B006
     reason: Annotated[str, typer.Option(help="Why (recorded in RunResumed).")] = "",
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Resume a failed, paused or budget-blocked run, optionally with new budgets.
 
@@ -160,7 +199,9 @@ def resume(
 def get(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     state: Annotated[bool, typer.Option("--state", help="Also print the full run state.")] = False,
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Show a run: status, output or failure, usage, steps (from the owning processor or the run-state topic).
 
@@ -179,7 +220,9 @@ def list_runs(
     status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
     definition: Annotated[str | None, typer.Option(help="Only runs of this definition id.")] = None,
     limit: Annotated[int, typer.Option(help="Show at most this many (most recent first).")] = 50,
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """List runs from the compacted run-state topic, most recent first, with counts by status.
 
@@ -190,30 +233,49 @@ def list_runs(
     counts: dict[str, int] = {}
     for v in views:
         counts[v.status] = counts.get(v.status, 0) + 1
-    views = [v for v in views if (status is None or v.status == status)
-             and (definition is None or v.definition_id == definition)]
+    views = [
+        v
+        for v in views
+        if (status is None or v.status == status) and (definition is None or v.definition_id == definition)
+    ]
     views.sort(key=lambda v: v.ts_ms or 0, reverse=True)
     if as_json:
         for v in views[:limit]:
             echo_json(v.to_dict())
         return
-    table = Table(title=f"runs ({len(views)} shown of {sum(counts.values())}: "
-                  + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")")
+    table = Table(
+        title=f"runs ({len(views)} shown of {sum(counts.values())}: "
+        + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+        + ")"
+    )
     for col in ("run id", "definition", "status", "seq", "updated"):
         table.add_column(col)
     for v in views[:limit]:
         when = time.strftime("%H:%M:%S", time.localtime((v.ts_ms or 0) / 1000))
-        table.add_row(Text(v.run_id), f"{v.definition_id}@{v.revision}", _styled(v.status), str(v.sequence), when)
+        table.add_row(
+            Text(v.run_id), f"{v.definition_id}@{v.revision}", _styled(v.status), str(v.sequence), when
+        )
     console.print(table)
 
 
 def _board_table(board: StepBoard) -> Group:
-    head = Text.assemble((board.run_id, "bold"), "  ", _styled(board.status),
-                         f"  {board.definition}  seq {board.sequence}  superstep {board.superstep}")
+    head = Text.assemble(
+        (board.run_id, "bold"),
+        "  ",
+        _styled(board.status),
+        f"  {board.definition}  seq {board.sequence}  superstep {board.superstep}",
+    )
     table = Table("step", "kind", "status", "attempt", "worker", "ms", "detail")
     for row in board.rows():
-        table.add_row(Text(row.label), row.kind, _styled(row.status), str(row.attempt), Text(row.worker[-24:]),
-                      "" if row.duration_ms is None else str(row.duration_ms), Text(row.detail))
+        table.add_row(
+            Text(row.label),
+            row.kind,
+            _styled(row.status),
+            str(row.attempt),
+            Text(row.worker[-24:]),
+            "" if row.duration_ms is None else str(row.duration_ms),
+            Text(row.detail),
+        )
     notes = Text("\n".join(board.notes[-6:]), style="dim")
     return Group(head, table, notes)
 
@@ -222,7 +284,9 @@ def _board_table(board: StepBoard) -> Group:
 def watch(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     timeout: TimeoutOpt = 600.0,
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Follow a run live: a table of its steps, updated from committed run events, until it ends.
 
@@ -249,17 +313,23 @@ def watch(
 @runs_app.command("events")
 def events(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following until the run ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep following until the run ends.")
+    ] = False,
     since: Annotated[int, typer.Option(help="Only events with a sequence above this.")] = 0,
     timeout: TimeoutOpt = 600.0,
-    as_json: JsonOpt = False, topic_prefix: PrefixOpt = None, bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+    topic_prefix: PrefixOpt = None,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
     """Print a run's committed events in order (the system of record).
 
     Example: `runfold runs events run-1 --json`
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        for ev in client.events(run_id, follow=follow, after_sequence=since, timeout=timeout if follow else None):
+        for ev in client.events(
+            run_id, follow=follow, after_sequence=since, timeout=timeout if follow else None
+        ):
             if as_json:
                 echo_json(ev)
             else:
@@ -268,5 +338,7 @@ def events(
 
 def _event_line(ev: dict[str, Any]) -> Text:
     skip = {"type", "run_id", "record_id", "ts_ms", "sequence", "bundle"}
-    fields = " ".join(f"{k}={dumps(v)}" for k, v in ev.items() if k not in skip and v not in (None, "", {}, []))
+    fields = " ".join(
+        f"{k}={dumps(v)}" for k, v in ev.items() if k not in skip and v not in (None, "", {}, [])
+    )
     return Text.assemble(f"{ev['sequence']:>4} ", (ev["type"], "bold"), " ", (fields[:200], "dim"))

@@ -84,8 +84,9 @@ class InvalidJsonField(DecodeError):
     relative to the message (`input`, `agent.prompt`) and orjson's words for what is wrong."""
 
     def __init__(self, topic_kind: str, message: dict[str, Any], fields: list[tuple[str, str]]) -> None:
-        super().__init__("; ".join(f"invalid JSON text in json field {path} ({why})" for path, why in fields),
-                         topic_kind)
+        super().__init__(
+            "; ".join(f"invalid JSON text in json field {path} ({why})" for path, why in fields), topic_kind
+        )
         self.message = message
         self.fields = fields
 
@@ -148,8 +149,10 @@ def _decode_reason(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "length prefix too large"
     if isinstance(exc, SchemaResolutionError):  # fastavro's text is a Python repr of the schemas: not shown
-        return ("not readable with the current reader schema: the writer used a union branch (a message "
-                "type) or a field type the reader does not have, e.g. a newer runfold schema")
+        return (
+            "not readable with the current reader schema: the writer used a union branch (a message "
+            "type) or a field type the reader does not have, e.g. a newer runfold schema"
+        )
     return f"not valid for the schema ({type(exc).__name__}: {str(exc)[:200]})"
 
 
@@ -198,7 +201,11 @@ class _Topic:
             short = self.name.rpartition(".")[2]
             self.short[self.name] = short
             self.flat[short] = parse_schema(
-                {"type": "record", "name": f"runfold.flat.{short}", "fields": [self._field(f) for f in fields]},
+                {
+                    "type": "record",
+                    "name": f"runfold.flat.{short}",
+                    "fields": [self._field(f) for f in fields],
+                },
                 named_schemas=dict(named),
             )
         self.single_type = None if self.is_envelope else short
@@ -238,7 +245,9 @@ class _Topic:
         if flat is None:
             raise EncodeError(
                 f"unknown record type {record_type!r} (expected one of {sorted(self.flat)})",
-                self.kind, record_type, "type",
+                self.kind,
+                record_type,
+                "type",
             )
         buf = BytesIO()
         buf.write(self.header)
@@ -260,7 +269,9 @@ class _Topic:
                     f"unknown writer schema fingerprint {data[2:10].hex()}: write with the schema of "
                     f"schemas/standalone/{self.name}.avsc (fingerprint {self.fingerprint.hex()}) or one in "
                     f"schemas/history/{self.kind}/; a writer schema of your own (even one extra optional "
-                    "field) needs Schema Registry framing (docs/contract.md, Schema evolution)", self.kind)
+                    "field) needs Schema Registry framing (docs/contract.md, Schema evolution)",
+                    self.kind,
+                )
             start = 10
         elif data[:1] == b"\x00":
             found = self._registry_writer(data)
@@ -316,7 +327,9 @@ class _Topic:
             if raw is None:
                 return
             plain_reader = parse_schema(_json_as_bytes(self.raw))
-            plain = (plain_reader, None) if raw is self.raw else (parse_schema(_json_as_bytes(raw)), plain_reader)
+            plain = (
+                (plain_reader, None) if raw is self.raw else (parse_schema(_json_as_bytes(raw)), plain_reader)
+            )
             self._lenient[fp] = plain
         fo = BytesIO(data)
         fo.seek(start)
@@ -342,7 +355,9 @@ class _Topic:
         if found is not None:
             return found
         if self.registry is None:
-            raise DecodeError(f"Confluent framing (schema id {schema_id}) but no schema registry configured", self.kind)
+            raise DecodeError(
+                f"Confluent framing (schema id {schema_id}) but no schema registry configured", self.kind
+            )
         try:
             schema = self.registry.writer_schema(schema_id)
         except DecodeError as exc:
@@ -418,8 +433,9 @@ def _named_types(schema: Any, ns: str = "runfold", out: dict[str, Any] | None = 
     return out
 
 
-def _parse_json_leaves(value: Any, t: Any, named: dict[str, Any], path: list[str],
-                       bad: list[tuple[str, str]]) -> Any:
+def _parse_json_leaves(
+    value: Any, t: Any, named: dict[str, Any], path: list[str], bad: list[tuple[str, str]]
+) -> Any:
     """`value` (read with `_json_as_bytes`) with its json leaves parsed; a leaf that is not
     UTF-8 JSON becomes None and is listed in `bad` with its path (the envelope's `body` left out)."""
     if isinstance(t, str):
@@ -443,9 +459,16 @@ def _parse_json_leaves(value: Any, t: Any, named: dict[str, Any], path: list[str
             return None
     kind = t.get("type")
     if kind in ("record", "error") and isinstance(value, dict):
-        return {f["name"]: _parse_json_leaves(value.get(f["name"]), f["type"], named,
-                                              path if f["name"] == "body" else [*path, f["name"]], bad)
-                for f in t["fields"]}
+        return {
+            f["name"]: _parse_json_leaves(
+                value.get(f["name"]),
+                f["type"],
+                named,
+                path if f["name"] == "body" else [*path, f["name"]],
+                bad,
+            )
+            for f in t["fields"]
+        }
     if kind == "array" and isinstance(value, list):
         return [_parse_json_leaves(v, t["items"], named, [*path, str(i)], bad) for i, v in enumerate(value)]
     if kind == "map" and isinstance(value, dict):

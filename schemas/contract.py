@@ -129,8 +129,10 @@ def _full_name(schema: dict[str, Any], ns: str = NAMESPACE) -> str:
 def standalone_files(schema_dir: Path = SCHEMA_DIR) -> dict[str, bytes]:
     """File name -> bytes of each topic's self-contained schema (what `schemas/standalone/` holds)."""
     raw = read_avsc_dir(schema_dir)
-    return {f"{name}.avsc": orjson.dumps(standalone(name, raw), option=orjson.OPT_INDENT_2) + b"\n"
-            for name in TOPIC_RECORDS.values()}
+    return {
+        f"{name}.avsc": orjson.dumps(standalone(name, raw), option=orjson.OPT_INDENT_2) + b"\n"
+        for name in TOPIC_RECORDS.values()
+    }
 
 
 def write_standalone(out_dir: Path = STANDALONE_DIR, schema_dir: Path = SCHEMA_DIR) -> list[Path]:

@@ -75,8 +75,11 @@ class _Gen:
     def resolve(self, t: Any) -> Any:
         if isinstance(t, str) and t in self.named:
             return self.named[t]
-        if isinstance(t, dict) and t.get("type") in ("string", "bytes", "int", "long", "boolean", "null") \
-                and "logicalType" not in t:
+        if (
+            isinstance(t, dict)
+            and t.get("type") in ("string", "bytes", "int", "long", "boolean", "null")
+            and "logicalType" not in t
+        ):
             return t["type"]
         return t
 
@@ -87,13 +90,16 @@ class _Gen:
             out.append(f"{ind}{v} = d[i]")
             out.append(f"{ind}if {v} < 128: {v} = ({v} >> 1) ^ -({v} & 1); i += 1")
             out.append(f"{ind}else: {v}, i = _long(d, i)")
-        elif t in ("string", "bytes") or (isinstance(t, dict) and t.get("type") == "string"
-                                          and t.get("logicalType") == "json"):
+        elif t in ("string", "bytes") or (
+            isinstance(t, dict) and t.get("type") == "string" and t.get("logicalType") == "json"
+        ):
             n = self.var()
             out.append(f"{ind}{n} = d[i]")
             out.append(f"{ind}if {n} < 128 and not {n} & 1: {n} = i + 1 + ({n} >> 1); i += 1")
             # two-byte lengths (64..8191) inline as well: most JSON fields are that long
-            out.append(f"{ind}elif {n} & 129 == 128 and d[i + 1] < 128: {n} = i + 2 + ((({n} & 127) | (d[i + 1] << 7)) >> 1); i += 2")
+            out.append(
+                f"{ind}elif {n} & 129 == 128 and d[i + 1] < 128: {n} = i + 2 + ((({n} & 127) | (d[i + 1] << 7)) >> 1); i += 2"
+            )
             out.append(f"{ind}else: {n}, i = _count(d, i); {n} += i")
             out.append(f"{ind}if {n} > end: raise Malformed")
             if t == "string":
@@ -183,8 +189,13 @@ def compile_reader(reader: dict[str, Any], short: dict[str, str], schema_version
                 helpers.append("\n".join(body))
     except (NotImplementedError, KeyError, TypeError):
         return None
-    env: dict[str, Any] = {"Malformed": Malformed, "_long": _long, "_count": _count, "_BOOL": _BOOL,
-                           "_loads": orjson.loads}
+    env: dict[str, Any] = {
+        "Malformed": Malformed,
+        "_long": _long,
+        "_count": _count,
+        "_BOOL": _BOOL,
+        "_loads": orjson.loads,
+    }
     exec("\n\n".join([*helpers, "\n".join(lines)]), env)
     if is_envelope:
         env["_BRANCHES"] = tuple(env[f"b{n}"] for n in range(len(fields[-1]["type"])))

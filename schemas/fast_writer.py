@@ -237,10 +237,16 @@ def compile_writer(schema: dict[str, Any]) -> Writer | None:
     except NotImplementedError:
         return None
     env: dict[str, Any] = {
-        "Unsupported": Unsupported, "_varint": _varint, "_long": _long, "_int": _int, "_boolean": _boolean,
-        "_bytes": _bytes, "_utf8": str.encode, "_dumps": orjson.dumps,
+        "Unsupported": Unsupported,
+        "_varint": _varint,
+        "_long": _long,
+        "_int": _int,
+        "_boolean": _boolean,
+        "_bytes": _bytes,
+        "_utf8": str.encode,
+        "_dumps": orjson.dumps,
         **gen.consts,
-    }  # fmt: skip
+    }
     exec("\n\n".join(gen.helpers), env)
     writer: Writer = env[top]
     return writer

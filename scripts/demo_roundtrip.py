@@ -18,8 +18,15 @@ def main() -> None:
     topic = TopicNames(settings.topic_prefix).commands
     codec = Codec.default()
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    msg = {"type": "StartRun", "run_id": run_id, "record_id": uuid.uuid4().hex, "ts_ms": int(time.time() * 1000),
-           "definition_id": "research-brief", "input": {"topic": "kafka"}, "labels": {"source": "demo"}}
+    msg = {
+        "type": "StartRun",
+        "run_id": run_id,
+        "record_id": uuid.uuid4().hex,
+        "ts_ms": int(time.time() * 1000),
+        "definition_id": "research-brief",
+        "input": {"topic": "kafka"},
+        "labels": {"source": "demo"},
+    }
     value = codec.encode("commands", msg)
 
     delivered: list[tuple[int, int]] = []
@@ -33,7 +40,9 @@ def main() -> None:
     producer.produce(topic, key=run_id.encode(), value=value, on_delivery=on_delivery)
     producer.flush(30)
     partition, offset = delivered[0]
-    print(f"produced {msg['type']} run_id={run_id} ({len(value)} Avro bytes) -> {topic}[{partition}]@{offset}")
+    print(
+        f"produced {msg['type']} run_id={run_id} ({len(value)} Avro bytes) -> {topic}[{partition}]@{offset}"
+    )
 
     consumer = Consumer(consumer_config(settings, f"demo-{uuid.uuid4().hex[:8]}"))
     consumer.assign([TopicPartition(topic, partition, offset)])

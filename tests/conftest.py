@@ -29,10 +29,13 @@ from topology.settings import KafkaSettings
 # Property tests: no per-example deadline (a loaded 2-core CI box is not a slow test), and in CI
 # a derandomized search so a red build is reproducible, never a roll of the dice. Locally the
 # search stays random: that is where new counterexamples are found.
-hypothesis_settings.register_profile("ci", deadline=None, derandomize=True,
-                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile(
+    "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 hypothesis_settings.register_profile("dev", deadline=None)
-hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+)
 
 
 def _testcontainers_kafka() -> Iterator[str]:

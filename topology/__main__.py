@@ -10,8 +10,11 @@ import typer
 
 from topology.cli import kafka_app, topology_app
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="runfold's broker and topic commands (also mounted as `runfold kafka|topology`).")
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="runfold's broker and topic commands (also mounted as `runfold kafka|topology`).",
+)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topology_app, name="topology")
 

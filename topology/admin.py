@@ -61,8 +61,13 @@ class VerifyReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "bootstrap": self.bootstrap, "prefix": self.prefix, "checked": self.checked,
-                "problems": [asdict(p) for p in self.problems]}
+        return {
+            "ok": self.ok,
+            "bootstrap": self.bootstrap,
+            "prefix": self.prefix,
+            "checked": self.checked,
+            "problems": [asdict(p) for p in self.problems],
+        }
 
 
 def _admin(settings: KafkaSettings) -> AdminClient:
@@ -86,8 +91,11 @@ def _wait_visible(admin: AdminClient, names: Iterable[str], timeout: float = REQ
         md = admin.list_topics(timeout=5)
         for name in list(pending):
             t = md.topics.get(name)
-            if t is not None and t.error is None and t.partitions and all(
-                p.leader >= 0 for p in t.partitions.values()
+            if (
+                t is not None
+                and t.error is None
+                and t.partitions
+                and all(p.leader >= 0 for p in t.partitions.values())
             ):
                 pending.discard(name)
         if pending:
@@ -106,8 +114,15 @@ def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
     report.existing = [s.name for s in specs if s.name in present]
     if missing:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
-                      config=s.config) for s in missing],
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=s.replication_factor,
+                    config=s.config,
+                )
+                for s in missing
+            ],
             request_timeout=REQUEST_TIMEOUT_S,
         )
         errors = []
@@ -122,7 +137,9 @@ def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
                 else:
                     errors.append(f"{name}: {err.str()}")
         if errors:
-            raise TopologyError(f"creating topics on {settings.bootstrap_servers} failed: " + "; ".join(errors))
+            raise TopologyError(
+                f"creating topics on {settings.bootstrap_servers} failed: " + "; ".join(errors)
+            )
         _wait_visible(admin, report.created)
     order = {s.name: i for i, s in enumerate(specs)}
     report.created.sort(key=order.__getitem__)
@@ -133,8 +150,9 @@ def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
 def _describe_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
     if not names:
         return {}
-    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names],
-                                     request_timeout=REQUEST_TIMEOUT_S)
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=REQUEST_TIMEOUT_S
+    )
     out: dict[str, dict[str, str]] = {}
     for res, fut in futures.items():
         try:
@@ -180,23 +198,51 @@ def verify_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
             add(Problem("missing", s.name, "exists", "absent", f"topic {s.name} does not exist"))
             continue
         if present[s.name] != s.partitions:
-            add(Problem("partitions", s.name, str(s.partitions), str(present[s.name]),
-                        f"topic {s.name} has {present[s.name]} partitions, expected {s.partitions}"))
+            add(
+                Problem(
+                    "partitions",
+                    s.name,
+                    str(s.partitions),
+                    str(present[s.name]),
+                    f"topic {s.name} has {present[s.name]} partitions, expected {s.partitions}",
+                )
+            )
         policy = configs.get(s.name, {}).get("cleanup.policy", "")
         if set(policy.split(",")) != set(s.cleanup_policy.split(",")):
-            add(Problem("cleanup_policy", s.name, s.cleanup_policy, policy or "?",
-                        f"topic {s.name} has cleanup.policy={policy}, expected {s.cleanup_policy}"))
+            add(
+                Problem(
+                    "cleanup_policy",
+                    s.name,
+                    s.cleanup_policy,
+                    policy or "?",
+                    f"topic {s.name} has cleanup.policy={policy}, expected {s.cleanup_policy}",
+                )
+            )
         if replicas.get(s.name, s.replication_factor) < s.replication_factor:
-            add(Problem("replication", s.name, str(s.replication_factor), str(replicas[s.name]),
-                        f"topic {s.name} has replication factor {replicas[s.name]}, "
-                        f"expected {s.replication_factor}"))
+            add(
+                Problem(
+                    "replication",
+                    s.name,
+                    str(s.replication_factor),
+                    str(replicas[s.name]),
+                    f"topic {s.name} has replication factor {replicas[s.name]}, "
+                    f"expected {s.replication_factor}",
+                )
+            )
     group = [s for s in specs if s.role in ("commands", "receipts", "run_events", "run_state")]
     counts = {s.name: present[s.name] for s in group if s.name in present}
     if len(set(counts.values())) > 1:
         found = ", ".join(f"{n}={c}" for n, c in counts.items())
-        add(Problem("copartitioning", ",".join(counts), "equal partition counts", found,
-                    f"co-partitioned topics differ in partition count ({found}); runs would be split "
-                    f"across processors"))
+        add(
+            Problem(
+                "copartitioning",
+                ",".join(counts),
+                "equal partition counts",
+                found,
+                f"co-partitioned topics differ in partition count ({found}); runs would be split "
+                f"across processors",
+            )
+        )
     return report
 
 

@@ -54,8 +54,12 @@ def docker_engine_running(timeout: float = 3.0) -> bool:
     if docker is None:
         return False
     try:
-        proc = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            [docker, "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
     except (subprocess.TimeoutExpired, OSError):
         return False
     return proc.returncode == 0 and bool(proc.stdout.strip())
@@ -70,8 +74,7 @@ def choose_broker(env: dict[str, str] | None = None, docker_check: bool = True) 
             raise BrokerError(f"RUNFOLD_BROKER={forced!r} is not one of {', '.join(KINDS)}")
         if forced == "external" and bootstrap is None:
             raise BrokerError("RUNFOLD_BROKER=external but KAFKA_BOOTSTRAP_SERVERS is not set")
-        return BrokerChoice(forced, f"RUNFOLD_BROKER={forced}",
-                            bootstrap if forced == "external" else None)
+        return BrokerChoice(forced, f"RUNFOLD_BROKER={forced}", bootstrap if forced == "external" else None)
     if bootstrap is not None:
         return BrokerChoice("external", f"KAFKA_BOOTSTRAP_SERVERS={bootstrap} is set", bootstrap)
     if docker_check and docker_engine_running():
@@ -94,12 +97,14 @@ def _wait_answers(bootstrap: str, timeout: float) -> bool:
 
 def _compose(*args: str) -> subprocess.CompletedProcess[str]:
     docker = shutil.which("docker") or "docker"
-    return subprocess.run([docker, "compose", "-f", str(COMPOSE_FILE), *args], capture_output=True,
-                          text=True, check=False)
+    return subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE_FILE), *args], capture_output=True, text=True, check=False
+    )
 
 
-def start_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig | None = None,
-                 timeout: float = 90.0) -> str:
+def start_broker(
+    choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig | None = None, timeout: float = 90.0
+) -> str:
     """Make sure the chosen broker runs and answers; return its bootstrap servers."""
     if choice.kind == "external":
         assert choice.bootstrap is not None
@@ -112,7 +117,9 @@ def start_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig |
             raise _fail(choice, f"`docker compose up -d` failed:\n{proc.stderr.strip()[-2000:]}")
         if not _wait_answers(DOCKER_BOOTSTRAP, timeout):
             logs = _compose("logs", "--tail", "30").stdout
-            raise _fail(choice, f"the container did not answer on {DOCKER_BOOTSTRAP} in {timeout:.0f}s:\n{logs}")
+            raise _fail(
+                choice, f"the container did not answer on {DOCKER_BOOTSTRAP} in {timeout:.0f}s:\n{logs}"
+            )
         return DOCKER_BOOTSTRAP
     try:
         cfg = local_cfg or local_kafka.LocalKafkaConfig.from_env()
@@ -124,8 +131,9 @@ def start_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig |
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-def _our_local_broker(bootstrap: str | None, local_cfg: local_kafka.LocalKafkaConfig | None) -> \
-        tuple[local_kafka.LocalKafkaConfig, local_kafka.BrokerStatus] | None:
+def _our_local_broker(
+    bootstrap: str | None, local_cfg: local_kafka.LocalKafkaConfig | None
+) -> tuple[local_kafka.LocalKafkaConfig, local_kafka.BrokerStatus] | None:
     """The local broker runfold started (recorded in its data dir, still running), when
     `bootstrap` names it: `kafka up` prints `export KAFKA_BOOTSTRAP_SERVERS=...` for it, so
     that variable being set does not make it someone else's cluster."""
@@ -155,8 +163,10 @@ def stop_broker(choice: BrokerChoice, local_cfg: local_kafka.LocalKafkaConfig | 
             local_kafka.down(cfg)
         except local_kafka.LocalKafkaError as e:
             raise _fail(choice, str(e)) from e
-        return (f"local Kafka broker (pid {status.pid}, {status.bootstrap}) stopped: runfold started it "
-                f"(data dir {cfg.data_dir}), and KAFKA_BOOTSTRAP_SERVERS points at it")
+        return (
+            f"local Kafka broker (pid {status.pid}, {status.bootstrap}) stopped: runfold started it "
+            f"(data dir {cfg.data_dir}), and KAFKA_BOOTSTRAP_SERVERS points at it"
+        )
     if choice.kind == "docker":
         proc = _compose("down", "-v")
         if proc.returncode != 0:

@@ -107,7 +107,9 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
         TopicSpec(n.run_events, "run_events", p, rf, _delete(settings.run_events_retention_ms)),
         TopicSpec(n.run_state, "run_state", p, rf, dict(_COMPACT)),
     ]
-    specs += [TopicSpec(n.activations(q), "activations", p, rf, dict(transient)) for q in settings.activation_queues]
+    specs += [
+        TopicSpec(n.activations(q), "activations", p, rf, dict(transient)) for q in settings.activation_queues
+    ]
     specs += [
         TopicSpec(n.child_activations, "child_activations", p, rf, dict(transient)),
         TopicSpec(n.definitions, "definitions", 1, rf, dict(_COMPACT)),

@@ -67,8 +67,9 @@ def kafka_up(
         else:
             bootstrap, extra = broker.start_broker(choice, timeout=timeout), {}
     except (broker.BrokerError, local_kafka.LocalKafkaError) as e:
-        raise fail(as_json, f"{choice.kind} broker (chosen because {choice.reason}): {e}",
-                   broker=choice.kind) from e
+        raise fail(
+            as_json, f"{choice.kind} broker (chosen because {choice.reason}): {e}", broker=choice.kind
+        ) from e
     data = {"ok": True, "broker": choice.kind, "reason": choice.reason, "bootstrap": bootstrap, **extra}
 
     def human() -> None:
@@ -171,8 +172,10 @@ def topology_create(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
             console.print(f"[green]created[/]  {name}", highlight=False)
         for name in report.existing:
             console.print(f"[dim]exists[/]   {name}", highlight=False)
-        console.print(f"{len(report.created)} created, {len(report.existing)} already there "
-                      f"on {report.bootstrap}", highlight=False)
+        console.print(
+            f"{len(report.created)} created, {len(report.existing)} already there on {report.bootstrap}",
+            highlight=False,
+        )
 
     emit(as_json, report.to_dict(), human)
 
@@ -193,13 +196,18 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
 
     def human() -> None:
         if report.ok:
-            console.print(f"[green]ok[/]: {len(report.checked)} topics under '{report.prefix}' on "
-                          f"{report.bootstrap} match the catalogue", highlight=False)
+            console.print(
+                f"[green]ok[/]: {len(report.checked)} topics under '{report.prefix}' on "
+                f"{report.bootstrap} match the catalogue",
+                highlight=False,
+            )
             return
         for p in report.problems:
             console.print(f"[red]{p.kind}[/] {p.message}", highlight=False)
-        console.print(f"[red]{len(report.problems)} problem(s)[/] under '{report.prefix}' on {report.bootstrap}",
-                      highlight=False)
+        console.print(
+            f"[red]{len(report.problems)} problem(s)[/] under '{report.prefix}' on {report.bootstrap}",
+            highlight=False,
+        )
 
     emit(as_json, report.to_dict(), human)
     if not report.ok:

@@ -85,7 +85,11 @@ class LocalKafkaConfig:
         """Explicit arguments win over the environment, which wins over the defaults."""
         env = os.environ
         p = port if port is not None else _port_from_env("RUNFOLD_KAFKA_PORT", DEFAULT_PORT)
-        cp = controller_port if controller_port is not None else _port_from_env("RUNFOLD_KAFKA_CONTROLLER_PORT", p + 1)
+        cp = (
+            controller_port
+            if controller_port is not None
+            else _port_from_env("RUNFOLD_KAFKA_CONTROLLER_PORT", p + 1)
+        )
         dd = Path(data_dir if data_dir is not None else env.get("RUNFOLD_KAFKA_DATA_DIR", ".runfold/kafka"))
         default_cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "runfold"
         cd = Path(cache_dir if cache_dir is not None else env.get("RUNFOLD_CACHE_DIR", default_cache))
@@ -152,8 +156,15 @@ def ensure_jars(cfg: LocalKafkaConfig) -> Path:
             return libs
         staging = libs.parent / f"libs.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-f", str(POM_PATH), "dependency:copy-dependencies",
-               f"-DoutputDirectory={staging}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM_PATH),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={staging}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
@@ -241,9 +252,20 @@ def _cluster_id() -> str:
 def _format_storage(cfg: LocalKafkaConfig, java: str, libs: Path, props: Path) -> None:
     if (cfg.data_dir / "meta" / "meta.properties").exists():
         return
-    cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={cfg.data_dir / 'log4j2.properties'}",
-           "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
-           "--cluster-id", _cluster_id(), "--config", str(props), "--ignore-formatted"]
+    cmd = [
+        java,
+        "-Xmx256m",
+        f"-Dlog4j2.configurationFile={cfg.data_dir / 'log4j2.properties'}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.tools.StorageTool",
+        "format",
+        "--cluster-id",
+        _cluster_id(),
+        "--config",
+        str(props),
+        "--ignore-formatted",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise LocalKafkaError(
@@ -280,8 +302,9 @@ def _is_our_broker(pid: int, cfg: LocalKafkaConfig) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
-        out = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True,
-                             check=False)
+        out = subprocess.run(
+            ["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True, check=False
+        )
         cmdline = out.stdout
     return "kafka.Kafka" in cmdline and props in cmdline
 
@@ -317,8 +340,16 @@ def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
 
     from topology.settings import cluster_answers
 
-    return cluster_answers(AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
-                                        "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000))}), timeout)
+    return cluster_answers(
+        AdminClient(
+            {
+                "bootstrap.servers": bootstrap,
+                "log_level": 0,
+                "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
+            }
+        ),
+        timeout,
+    )
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -415,16 +446,40 @@ def _up_locked(cfg: LocalKafkaConfig, timeout: float) -> BrokerStatus:
     cds_flags, cds_pending = _class_data_sharing(cfg, java)
     # -Xms as -Xmx: a heap that starts small makes Parallel GC's sizing run full collections
     # (0.2-0.5 s each) in the first minute instead of growing the old generation.
-    cmd = [java, f"-Xms{cfg.heap}", f"-Xmx{cfg.heap}", f"-Xmn{cfg.young}", "-XX:+UseParallelGC",
-           *_gc_log_flags(cfg.data_dir / "gc.log"), *cds_flags,
-           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
-           f"-Dkafka.logs.dir={cfg.data_dir}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+    cmd = [
+        java,
+        f"-Xms{cfg.heap}",
+        f"-Xmx{cfg.heap}",
+        f"-Xmn{cfg.young}",
+        "-XX:+UseParallelGC",
+        *_gc_log_flags(cfg.data_dir / "gc.log"),
+        *cds_flags,
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dkafka.logs.dir={cfg.data_dir}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.Kafka",
+        str(props),
+    ]
     with open(cfg.log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    state = {"pid": proc.pid, "port": cfg.port, "controller_port": cfg.controller_port,
-             "bootstrap": cfg.bootstrap, "started_at": time.time(), "kafka_version": KAFKA_VERSION,
-             "cds_pending": cds_pending}
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    state = {
+        "pid": proc.pid,
+        "port": cfg.port,
+        "controller_port": cfg.controller_port,
+        "bootstrap": cfg.bootstrap,
+        "started_at": time.time(),
+        "kafka_version": KAFKA_VERSION,
+        "cds_pending": cds_pending,
+    }
     cfg.state_file.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
     try:
         _wait_ready(cfg, proc.pid, timeout)

@@ -76,8 +76,9 @@ class ConfigFileError(ValueError):
     """The file named by RUNFOLD_CONFIG is missing or not valid YAML/TOML."""
 
 
-def read_config_file(section: str | None = None, path: str | Path | None = None,
-                     what: str | None = None) -> dict[str, Any]:
+def read_config_file(
+    section: str | None = None, path: str | Path | None = None, what: str | None = None
+) -> dict[str, Any]:
     """The `section` table of the config file (RUNFOLD_CONFIG, or `path`; YAML, or TOML by its
     suffix), or its top level when it has none. `what` names the file in errors."""
     raw_path = path if path is not None else os.environ.get("RUNFOLD_CONFIG")
@@ -111,7 +112,9 @@ def yaml_problem(error: Exception) -> str:
     """A YAML parse error as its problem and position only (its text quotes the offending line)."""
     problem = getattr(error, "problem", None) or "cannot be parsed"
     mark = getattr(error, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
+    return (
+        f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
+    )
 
 
 class _ConfigFileSource(PydanticBaseSettingsSource):
@@ -132,7 +135,7 @@ class _ClientEnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         found = {
-            name[len(CLIENT_ENV_PREFIX):].lower().replace("_", "."): value
+            name[len(CLIENT_ENV_PREFIX) :].lower().replace("_", "."): value
             for name, value in os.environ.items()
             if name.upper().startswith(CLIENT_ENV_PREFIX) and len(name) > len(CLIENT_ENV_PREFIX)
         }
@@ -146,7 +149,9 @@ class KafkaSettings(BaseSettings):
 
     bootstrap_servers: str = Field(
         default_factory=lambda: f"127.0.0.1:{os.environ.get('RUNFOLD_KAFKA_PORT') or 9092}",
-        validation_alias=AliasChoices("bootstrap_servers", "RUNFOLD_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+        validation_alias=AliasChoices(
+            "bootstrap_servers", "RUNFOLD_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"
+        ),
     )
     topic_prefix: str = "runfold"
     partitions: int = Field(default=4, ge=1, le=10_000)
@@ -185,7 +190,9 @@ class KafkaSettings(BaseSettings):
             raise ValueError("at least one activation queue is needed")
         bad = [str(i + 1) for i, q in enumerate(v) if not _QUEUE_RE.match(q)]
         if bad:  # by position: the refused text itself is shown only if nothing secret-looking is in it
-            raise ValueError(f"queue names may use letters, digits, '_' and '-' only (1-64 chars): name {', '.join(bad)}")
+            raise ValueError(
+                f"queue names may use letters, digits, '_' and '-' only (1-64 chars): name {', '.join(bad)}"
+            )
         return tuple(dict.fromkeys(v))  # dedupe, keep order
 
     @field_validator("topic_prefix")
@@ -235,8 +242,10 @@ def build_settings(model: Callable[..., _S], sources: str, **values: Any) -> _S:
     except ValidationError as e:
         raise SettingsInvalid(f"{settings_problems(e)} ({sources})") from None
     except SettingsError as e:  # an environment value that is not even parsable (it names no value)
-        raise SettingsInvalid(f"{e}: a list or mapping in an environment variable is JSON, e.g. '[\"a\", \"b\"]' "
-                              f"or '{{\"k\": \"v\"}}' ({sources})") from None
+        raise SettingsInvalid(
+            f'{e}: a list or mapping in an environment variable is JSON, e.g. \'["a", "b"]\' '
+            f'or \'{{"k": "v"}}\' ({sources})'
+        ) from None
 
 
 def settings_problems(error: ValidationError) -> str:
@@ -246,7 +255,9 @@ def settings_problems(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         where = ".".join(str(part) for part in problem.get("loc", ())) or "settings"
-        lines.append(f"{where}: {problem.get('msg', 'invalid')}{_shown(where, problem.get('input', _ABSENT))}")
+        lines.append(
+            f"{where}: {problem.get('msg', 'invalid')}{_shown(where, problem.get('input', _ABSENT))}"
+        )
     return "; ".join(lines)
 
 
@@ -259,7 +270,9 @@ def _shown(where: str, value: Any) -> str:
     if not isinstance(value, str | int | float | bool | None):
         return f" (got a {type(value).__name__})"
     text = repr(value)
-    if is_secret_key(text) or any(mark in text for mark in ("=", "@", "://")):  # "sasl.password=…", "https://u:p@h"
+    if is_secret_key(text) or any(
+        mark in text for mark in ("=", "@", "://")
+    ):  # "sasl.password=…", "https://u:p@h"
         return ""
     return f" (got {text[:_SHOWN_CHARS]}{'…' if len(text) > _SHOWN_CHARS else ''})"
 
@@ -287,9 +300,11 @@ def log_level_name(level: str) -> str:
 
 def cannot_reach(bootstrap: str, detail: str) -> str:
     """What a component says when no Kafka answers at `bootstrap`, and what to do about it."""
-    return (f"cannot reach the Kafka cluster at {bootstrap} ({detail}): is it running, and are the address and the "
-            "security settings right? `runfold kafka up` starts a local broker; KAFKA_BOOTSTRAP_SERVERS (or "
-            "RUNFOLD_BOOTSTRAP_SERVERS) names another cluster, client_overrides its security settings")
+    return (
+        f"cannot reach the Kafka cluster at {bootstrap} ({detail}): is it running, and are the address and the "
+        "security settings right? `runfold kafka up` starts a local broker; KAFKA_BOOTSTRAP_SERVERS (or "
+        "RUNFOLD_BOOTSTRAP_SERVERS) names another cluster, client_overrides its security settings"
+    )
 
 
 def cluster_answers(client: Any, timeout_s: float, topic: str | None = None) -> bool:
@@ -338,7 +353,9 @@ def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]
     }
 
 
-def transactional_producer_config(settings: KafkaSettings, transactional_id: str, **overrides: Any) -> dict[str, Any]:
+def transactional_producer_config(
+    settings: KafkaSettings, transactional_id: str, **overrides: Any
+) -> dict[str, Any]:
     """A transactional producer; one stable `transactional_id` per processor instance (fencing)."""
     if not transactional_id:
         raise ValueError("a transactional producer needs a non-empty transactional_id")
@@ -355,8 +372,9 @@ def transactional_producer_config(settings: KafkaSettings, transactional_id: str
     return cfg
 
 
-def consumer_config(settings: KafkaSettings, group_id: str, read_committed: bool = True,
-                    **overrides: Any) -> dict[str, Any]:
+def consumer_config(
+    settings: KafkaSettings, group_id: str, read_committed: bool = True, **overrides: Any
+) -> dict[str, Any]:
     """A consumer for exactly-once pipelines: committed reads only, offsets committed by the caller."""
     return {
         "group.id": group_id,

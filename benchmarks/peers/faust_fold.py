@@ -50,8 +50,11 @@ def make_app(args: argparse.Namespace) -> faust.App:
                 first[0] = None
             k = value["k"]
             agg = table.get(k)
-            agg = {"count": 1, "sum": value["v"]} if agg is None else {"count": agg["count"] + 1,
-                                                                       "sum": agg["sum"] + value["v"]}
+            agg = (
+                {"count": 1, "sum": value["v"]}
+                if agg is None
+                else {"count": agg["count"] + 1, "sum": agg["sum"] + value["v"]}
+            )
             table[k] = agg
             await out.send(key=k.encode(), value={"key": k, **agg})
 

@@ -31,9 +31,15 @@ def main() -> None:
     kw: dict[str, Any] = {}
     if args.commit_interval_s is not None:
         kw["commit_interval"] = args.commit_interval_s
-    app = Application(broker_address=bootstrap(), consumer_group=f"{args.prefix}-quix",
-                      auto_offset_reset="earliest", processing_guarantee="exactly-once",
-                      state_dir=args.state_dir, loglevel="WARNING", **kw)
+    app = Application(
+        broker_address=bootstrap(),
+        consumer_group=f"{args.prefix}-quix",
+        auto_offset_reset="earliest",
+        processing_guarantee="exactly-once",
+        state_dir=args.state_dir,
+        loglevel="WARNING",
+        **kw,
+    )
     inp = app.topic(args.input, key_deserializer="str", value_deserializer="json")
     out = app.topic(args.output, key_serializer="str", value_serializer="json")
     first: list[Path | None] = [Path(args.first_file) if args.first_file else None]
@@ -43,8 +49,11 @@ def main() -> None:
             first[0].write_text(repr(time.time()))
             first[0] = None
         agg = state.get("agg")
-        agg = {"count": 1, "sum": value["v"]} if agg is None else {"count": agg["count"] + 1,
-                                                                   "sum": agg["sum"] + value["v"]}
+        agg = (
+            {"count": 1, "sum": value["v"]}
+            if agg is None
+            else {"count": agg["count"] + 1, "sum": agg["sum"] + value["v"]}
+        )
         state.set("agg", agg)
         return {"key": value["k"], **agg}
 

@@ -36,15 +36,25 @@ from topology.catalog import TopicNames
 class KeyedFolder:
     """Per key: count and sum. Same interface as the runtime's `Folder`."""
 
-    def __init__(self, topics: TopicNames, produce: Any, on_event_delivery: Any, first_file: Path | None) -> None:
+    def __init__(
+        self, topics: TopicNames, produce: Any, on_event_delivery: Any, first_file: Path | None
+    ) -> None:
         self.out = topics.run_events
         self._produce = produce
         self._on_delivery = on_event_delivery
         self._first_file = first_file
         self._loads = orjson.loads
 
-    def fold_input(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
-                   offset: int, key: bytes | None, value: bytes | None) -> None:
+    def fold_input(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+    ) -> None:
         if self._first_file is not None:
             self._first_file.write_text(repr(time.time()))
             self._first_file = None
@@ -56,8 +66,9 @@ class KeyedFolder:
         agg = overlay.state(k, self._loads)
         agg = {"count": 1, "sum": v} if agg is None else {"count": agg["count"] + 1, "sum": agg["sum"] + v}
         overlay.states[k] = agg
-        self._produce(self.out, orjson.dumps({"key": k, **agg}), key, partition=partition,
-                      on_delivery=self._on_delivery)
+        self._produce(
+            self.out, orjson.dumps({"key": k, **agg}), key, partition=partition, on_delivery=self._on_delivery
+        )
 
     def snapshots(self, overlay: PartitionOverlay, partition: int, counters: TxnCounters) -> None:
         """Commit time: serialise the touched aggregates for the RocksDB write batch (no
@@ -96,8 +107,12 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    kw: dict[str, Any] = {"topic_prefix": args.prefix, "state_dir": Path(args.state_dir), "instance_id": "fold",
-                          "log_level": "WARNING"}
+    kw: dict[str, Any] = {
+        "topic_prefix": args.prefix,
+        "state_dir": Path(args.state_dir),
+        "instance_id": "fold",
+        "log_level": "WARNING",
+    }
     if args.batch_size:
         kw["batch_size"] = args.batch_size
     if args.commit_interval_ms:

@@ -75,8 +75,15 @@ def new_run_id() -> str:
 class RunClient:
     """The Python SDK of runfold. Thread-compatible (one per thread), cheap to keep open."""
 
-    def __init__(self, settings: KafkaSettings | None = None, *, timeout_s: float = 15.0,
-                 query_url: str | None = None, codec: Codec | None = None, query_token: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings | None = None,
+        *,
+        timeout_s: float = 15.0,
+        query_url: str | None = None,
+        codec: Codec | None = None,
+        query_token: str | None = None,
+    ) -> None:
         self.settings = settings or load_settings()
         self.topics = topic_names(self.settings)
         self.timeout_s = timeout_s
@@ -131,12 +138,16 @@ class RunClient:
         result: list[Any] = []
         self._broker_errors.clear()
         try:
-            producer.produce(topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg)))
+            producer.produce(
+                topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg))
+            )
         except KafkaException as e:
             raise broker_error(e, f"producing to {topic}", self.settings.bootstrap_servers) from None
         except BufferError:
             producer.flush(self.timeout_s)
-            producer.produce(topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg)))
+            producer.produce(
+                topic, value, key.encode(), on_delivery=lambda err, msg: result.append((err, msg))
+            )
         # librdkafka times the record out itself (message.timeout.ms is our timeout), checking
         # about once a second: only well past that is a missing report a stuck producer.
         deadline = time.monotonic() + self.timeout_s + _STUCK_GRACE_S
@@ -147,8 +158,10 @@ class RunClient:
             # handle), and every later send on it would wait in vain as well.
             self._producer = None
             _dispose(producer)
-            raise RunfoldTimeout(f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s "
-                                 "(the record may still be written; the next call uses a new connection)")
+            raise RunfoldTimeout(
+                f"no acknowledgement from the broker for {topic} within {self.timeout_s:.0f}s "
+                "(the record may still be written; the next call uses a new connection)"
+            )
         err, msg = result[0]
         if err is not None:
             if err.code() == KafkaError._MSG_TIMED_OUT:
@@ -156,11 +169,17 @@ class RunClient:
                 # broker or coordinator handle that a new one would not.
                 self._producer = None
                 _dispose(producer)
-                if any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
-                       for e in self._broker_errors):
-                    raise BrokerUnavailable(f"no Kafka broker answered at {self.settings.bootstrap_servers} "
-                                            f"while producing to {topic}")
-                raise RunfoldTimeout(f"producing to {topic} timed out after {self.timeout_s:.0f}s ({err.str()})")
+                if any(
+                    e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
+                    for e in self._broker_errors
+                ):
+                    raise BrokerUnavailable(
+                        f"no Kafka broker answered at {self.settings.bootstrap_servers} "
+                        f"while producing to {topic}"
+                    )
+                raise RunfoldTimeout(
+                    f"producing to {topic} timed out after {self.timeout_s:.0f}s ({err.str()})"
+                )
             raise broker_error(err, f"producing to {topic}", self.settings.bootstrap_servers)
         return msg.partition(), msg.offset()
 
@@ -184,9 +203,15 @@ class RunClient:
         path inside the definition and the rule) or `DefinitionConflict`."""
         return self.definitions.register(source)
 
-    def start(self, definition_id: str, input: Any = None, run_id: str | None = None,
-              revision: int | None = None, labels: Mapping[str, str] | None = None,
-              budgets: Mapping[str, int] | None = None) -> str:
+    def start(
+        self,
+        definition_id: str,
+        input: Any = None,
+        run_id: str | None = None,
+        revision: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        budgets: Mapping[str, int] | None = None,
+    ) -> str:
         """Send StartRun and return the run id (yours, or a generated one).
 
         Starting the same run id again is idempotent (the processor reports a conflict
@@ -197,8 +222,13 @@ class RunClient:
         partition = self.partition_of(run_id)
         # Where this run's events will start (at the latest): lets wait() skip older history.
         self._started_at[run_id] = self.reader.end_offset(self.topics.run_events, partition)
-        body: dict[str, Any] = {"type": "StartRun", "definition_id": definition_id, "revision": revision,
-                                "input": {} if input is None else input, "labels": dict(labels or {})}
+        body: dict[str, Any] = {
+            "type": "StartRun",
+            "definition_id": definition_id,
+            "revision": revision,
+            "input": {} if input is None else input,
+            "labels": dict(labels or {}),
+        }
         if budgets:
             body["budgets"] = dict(budgets)
         self._command(run_id, body)
@@ -216,8 +246,9 @@ class RunClient:
 
     def resume(self, run_id: str, budgets: Mapping[str, int] | None = None, reason: str = "") -> None:
         """Continue a failed, paused or budget-blocked run, optionally with new limits."""
-        self._command(run_id, {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None,
-                               "reason": reason})
+        self._command(
+            run_id, {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None, "reason": reason}
+        )
 
     # ---- reads -------------------------------------------------------------------------------
     def snapshot(self, run_id: str) -> tuple[dict[str, Any], Message] | None:
@@ -239,8 +270,10 @@ class RunClient:
                 return view
         snap = self.snapshot(run_id)
         if snap is None:
-            raise RunNotFound(f"run {run_id!r} not found (no run-state snapshot under prefix "
-                              f"{self.settings.topic_prefix!r})")
+            raise RunNotFound(
+                f"run {run_id!r} not found (no run-state snapshot under prefix "
+                f"{self.settings.topic_prefix!r})"
+            )
         return view_from_snapshot(snap[0])
 
     def _query(self, run_id: str) -> RunView | None:
@@ -254,8 +287,12 @@ class RunClient:
             try:
                 headers = {"Authorization": f"Bearer {self._query_token}"} if self._query_token else {}
                 # ?view=state: the engine's whole record, as a snapshot holds it (RunView.state either way)
-                resp = httpx.get(f"{url}/runs/{quote(run_id, safe='')}", params={"view": "state"}, headers=headers,
-                                 timeout=self.timeout_s)  # fmt: skip
+                resp = httpx.get(
+                    f"{url}/runs/{quote(run_id, safe='')}",
+                    params={"view": "state"},
+                    headers=headers,
+                    timeout=self.timeout_s,
+                )
             except httpx.HTTPError:
                 return None  # the owner may be restarting: the snapshot topic still answers
             if resp.status_code == 200:
@@ -268,17 +305,20 @@ class RunClient:
             url = f"{parsed.scheme}://{host}:{parsed.port or 80}"
         return None
 
-    def events(self, run_id: str, *, follow: bool = False, after_sequence: int = 0,
-               timeout: float | None = None) -> Iterator[dict[str, Any]]:
+    def events(
+        self, run_id: str, *, follow: bool = False, after_sequence: int = 0, timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
         """The run's committed events in order (from its first, or after `after_sequence`).
 
         `follow=True` keeps reading until a terminal event (or `timeout` seconds: then
         `RunfoldTimeout`); otherwise it stops at the end of what is committed now."""
-        yield from self._events(run_id, OFFSET_BEGINNING, follow=follow, after_sequence=after_sequence,
-                                timeout=timeout)
+        yield from self._events(
+            run_id, OFFSET_BEGINNING, follow=follow, after_sequence=after_sequence, timeout=timeout
+        )
 
-    def _events(self, run_id: str, start: int, *, follow: bool, after_sequence: int,
-                timeout: float | None) -> Iterator[dict[str, Any]]:
+    def _events(
+        self, run_id: str, start: int, *, follow: bool, after_sequence: int, timeout: float | None
+    ) -> Iterator[dict[str, Any]]:
         topic = self.topics.run_events
         partition = self.partition_of(run_id)
         key = run_id.encode()
@@ -312,12 +352,18 @@ class RunClient:
             definition = (snapshot["definition_id"], snapshot["revision"])
             if start is None:  # events after the snapshot were written after it: skip older history
                 _, ts = record.timestamp()
-                start = self.reader.offset_for_time(self.topics.run_events, record.partition(),
-                                                    max(ts - _CLOCK_SLACK_MS, 0))
+                start = self.reader.offset_for_time(
+                    self.topics.run_events, record.partition(), max(ts - _CLOCK_SLACK_MS, 0)
+                )
         remaining = max(deadline - time.monotonic(), 0.0)
         try:
-            for ev in self._events(run_id, OFFSET_BEGINNING if start is None else start, follow=True,
-                                   after_sequence=after, timeout=remaining):
+            for ev in self._events(
+                run_id,
+                OFFSET_BEGINNING if start is None else start,
+                follow=True,
+                after_sequence=after,
+                timeout=remaining,
+            ):
                 kind = ev["type"]
                 if kind == "RunAccepted":
                     accepted, definition = True, (ev["definition_id"], ev["revision"])
@@ -364,9 +410,19 @@ class RunClient:
                 if ev["type"] == "RunAccepted":
                     definition[run_id] = (ev["definition_id"], ev["revision"])
                     continue
-                if ev["type"] == "RunRejected" and run_id not in definition and ev.get("command_type") == "StartRun":
-                    out[run_id] = RunView(run_id=run_id, status="rejected", sequence=0, ts_ms=ev["ts_ms"],
-                                          failure={"code": ev["code"], "message": ev["reason"]}, source="events")
+                if (
+                    ev["type"] == "RunRejected"
+                    and run_id not in definition
+                    and ev.get("command_type") == "StartRun"
+                ):
+                    out[run_id] = RunView(
+                        run_id=run_id,
+                        status="rejected",
+                        sequence=0,
+                        ts_ms=ev["ts_ms"],
+                        failure={"code": ev["code"], "message": ev["reason"]},
+                        source="events",
+                    )
                 elif ev["type"] in TERMINAL_EVENTS:
                     out[run_id] = RunView.from_terminal_event(ev, *definition.get(run_id, (None, None)))
                 else:
@@ -375,8 +431,10 @@ class RunClient:
                 if not pending:
                     break
         except RunfoldTimeout:
-            raise RunfoldTimeout(f"{len(pending)} of {len(run_ids)} runs did not finish within {timeout:g}s "
-                                 f"(e.g. {next(iter(pending.values()))!r})") from None
+            raise RunfoldTimeout(
+                f"{len(pending)} of {len(run_ids)} runs did not finish within {timeout:g}s "
+                f"(e.g. {next(iter(pending.values()))!r})"
+            ) from None
         return out
 
     def runs(self) -> list[RunView]:

@@ -38,8 +38,9 @@ def load_source(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
         raw = dict(source)
         return f"definition {raw.get('id', '?')}@{raw.get('revision', '?')}", raw
     path = Path(source)
-    is_path = isinstance(source, Path) or (len(str(source)) < 4096 and "\n" not in str(source)
-                                           and path.suffix in (".yaml", ".yml", ".json"))
+    is_path = isinstance(source, Path) or (
+        len(str(source)) < 4096 and "\n" not in str(source) and path.suffix in (".yaml", ".yml", ".json")
+    )
     name = str(path) if is_path else "definition text"
     try:
         return name, read_source(path if is_path else str(source))
@@ -77,7 +78,9 @@ class DefinitionRegistry:
             revisions = self.all(refresh=refresh).get(definition_id, {})
             if revisions and (revision is None or revision in revisions):
                 return revisions[max(revisions) if revision is None else revision]
-        raise UnknownDefinition(definition_id, revision, sorted(self.all(refresh=False).get(definition_id, {})))
+        raise UnknownDefinition(
+            definition_id, revision, sorted(self.all(refresh=False).get(definition_id, {}))
+        )
 
     def require(self, definition_id: str, revision: int | None = None) -> None:
         self.get(definition_id, revision)
@@ -106,7 +109,8 @@ class DefinitionRegistry:
             if existing["content_hash"] != digest:
                 raise DefinitionConflict(
                     f"{name}: {defn.key} is already registered with different content; "
-                    f"definitions are immutable, publish revision {max(self.all(False)[defn.id]) + 1} instead")
+                    f"definitions are immutable, publish revision {max(self.all(False)[defn.id]) + 1} instead"
+                )
             return existing  # same content: registering again is a no-op
         record = {
             "definition_id": defn.id,

@@ -87,7 +87,9 @@ class StepBoard:
             row.started_ms, row.finished_ms, row.detail = ev["ts_ms"], None, ""
             self.superstep = max(self.superstep, ev.get("superstep") or 0)
         elif kind == "StepSkipped":
-            self.steps[(ev["node"], ev["lineage"])] = StepRow(ev["node"], ev["lineage"], "skipped", detail=ev["reason"])
+            self.steps[(ev["node"], ev["lineage"])] = StepRow(
+                ev["node"], ev["lineage"], "skipped", detail=ev["reason"]
+            )
         elif kind in _STEP_STATUS:
             row = self.steps.setdefault((ev["node"], ev["lineage"]), StepRow(ev["node"], ev["lineage"]))
             row.status, row.attempt = _STEP_STATUS[kind], ev.get("attempt", row.attempt)
@@ -135,10 +137,19 @@ class RunBoard:
         kind = ev["type"]
         run = self.runs.get(ev["run_id"])
         if run is None:
-            run = self.runs[ev["run_id"]] = {"run_id": ev["run_id"], "definition": "", "status": "unknown",
-                                              "steps_done": 0, "retries": 0, "warnings": 0, "events": 0,
-                                              "first_ms": ev["ts_ms"], "last_ms": ev["ts_ms"], "usage": {},
-                                              "failure": None}
+            run = self.runs[ev["run_id"]] = {
+                "run_id": ev["run_id"],
+                "definition": "",
+                "status": "unknown",
+                "steps_done": 0,
+                "retries": 0,
+                "warnings": 0,
+                "events": 0,
+                "first_ms": ev["ts_ms"],
+                "last_ms": ev["ts_ms"],
+                "usage": {},
+                "failure": None,
+            }
         run["events"] += 1
         run["last_ms"] = ev["ts_ms"]
         if kind in _RUN_STATUS:

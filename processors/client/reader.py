@@ -29,8 +29,12 @@ _BATCH = 1000
 KAFKA_LOGGER = logging.getLogger("runfold.client.kafka")
 KAFKA_LOGGER.addHandler(logging.NullHandler())
 # a topic created a moment ago answers these until its leader is elected
-_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-             KafkaError._UNKNOWN_PARTITION}
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+}
 _BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 
 
@@ -54,8 +58,13 @@ class PartitionReader:
     def __init__(self, settings: KafkaSettings, *, timeout_s: float = 10.0, **overrides: Any) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        cfg = consumer_config(settings, f"runfold-client-{uuid.uuid4().hex[:12]}",
-                              enable_partition_eof=True, fetch_wait_max_ms=20, **overrides)
+        cfg = consumer_config(
+            settings,
+            f"runfold-client-{uuid.uuid4().hex[:12]}",
+            enable_partition_eof=True,
+            fetch_wait_max_ms=20,
+            **overrides,
+        )
         cfg["logger"] = KAFKA_LOGGER
         self._consumer = Consumer(cfg)
         self._partitions: dict[str, int] = {}
@@ -74,8 +83,10 @@ class PartitionReader:
             raise broker_error(e, f"reading metadata of {topic}", self.settings.bootstrap_servers) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None or not tmd.partitions:
-            raise TopicMissing(f"topic {topic} does not exist; create it with `runfold topology create` "
-                               f"(prefix {self.settings.topic_prefix!r})")
+            raise TopicMissing(
+                f"topic {topic} does not exist; create it with `runfold topology create` "
+                f"(prefix {self.settings.topic_prefix!r})"
+            )
         n = self._partitions[topic] = len(tmd.partitions)
         return n
 
@@ -87,26 +98,36 @@ class PartitionReader:
                 return call()
             except KafkaException as e:
                 err = e.args[0] if e.args else None
-                retriable = isinstance(err, KafkaError) and err.code() not in _BROKER_DOWN and (
-                    err.retriable() or err.code() in _SETTLING)
+                retriable = (
+                    isinstance(err, KafkaError)
+                    and err.code() not in _BROKER_DOWN
+                    and (err.retriable() or err.code() in _SETTLING)
+                )
                 if not retriable or time.monotonic() > deadline:
                     raise broker_error(e, what, self.settings.bootstrap_servers) from None
                 time.sleep(0.1)
 
     def end_offset(self, topic: str, partition: int) -> int:
         tp = TopicPartition(topic, partition)
-        _, high = self._retrying(f"reading offsets of {topic}[{partition}]", lambda: self._consumer.get_watermark_offsets(
-            tp, timeout=self.timeout_s, cached=False))
+        _, high = self._retrying(
+            f"reading offsets of {topic}[{partition}]",
+            lambda: self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False),
+        )
         return int(high)
 
     def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:
         """The first offset with a record timestamp >= ts_ms (the end offset if there is none)."""
-        [tp] = self._retrying(f"looking up offsets of {topic}[{partition}]", lambda: self._consumer.offsets_for_times(
-            [TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s))
+        [tp] = self._retrying(
+            f"looking up offsets of {topic}[{partition}]",
+            lambda: self._consumer.offsets_for_times(
+                [TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s
+            ),
+        )
         return int(tp.offset) if tp.offset >= 0 else self.end_offset(topic, partition)
 
-    def read(self, starts: dict[tuple[str, int], int], *, follow: bool = False,
-             deadline: float | None = None) -> Iterator[Message | None]:
+    def read(
+        self, starts: dict[tuple[str, int], int], *, follow: bool = False, deadline: float | None = None
+    ) -> Iterator[Message | None]:
         """Committed records of each (topic, partition) from its start offset (OFFSET_BEGINNING ok).
 
         Without `follow` it stops once every partition reached its end. With `follow` it

@@ -35,23 +35,37 @@ class RunView:
 
     def to_dict(self, with_state: bool = False) -> dict[str, Any]:
         out = {
-            "run_id": self.run_id, "status": self.status, "sequence": self.sequence,
-            "definition_id": self.definition_id, "revision": self.revision, "output": self.output,
-            "failure": self.failure, "usage": self.usage, "ts_ms": self.ts_ms,
-            "state_digest": self.state_digest, "source": self.source,
+            "run_id": self.run_id,
+            "status": self.status,
+            "sequence": self.sequence,
+            "definition_id": self.definition_id,
+            "revision": self.revision,
+            "output": self.output,
+            "failure": self.failure,
+            "usage": self.usage,
+            "ts_ms": self.ts_ms,
+            "state_digest": self.state_digest,
+            "source": self.source,
         }
         if with_state:
             out["state"] = self.state
         return out
 
     @classmethod
-    def from_terminal_event(cls, ev: dict[str, Any], definition_id: str | None = None,
-                            revision: int | None = None) -> RunView:
+    def from_terminal_event(
+        cls, ev: dict[str, Any], definition_id: str | None = None, revision: int | None = None
+    ) -> RunView:
         return cls(
-            run_id=ev["run_id"], status=TERMINAL_EVENTS[ev["type"]], sequence=ev["sequence"],
-            definition_id=definition_id, revision=revision,
-            output=ev.get("output"), failure=ev.get("failure"), usage=dict(ev.get("usage") or {}),
-            ts_ms=ev["ts_ms"], source="events",
+            run_id=ev["run_id"],
+            status=TERMINAL_EVENTS[ev["type"]],
+            sequence=ev["sequence"],
+            definition_id=definition_id,
+            revision=revision,
+            output=ev.get("output"),
+            failure=ev.get("failure"),
+            usage=dict(ev.get("usage") or {}),
+            ts_ms=ev["ts_ms"],
+            source="events",
         )
 
 
@@ -60,26 +74,49 @@ def _usage(state: dict[str, Any]) -> dict[str, int]:
     return {k: int(ledger.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "cost_micros")}
 
 
-def view_from_state(run_id: str, status: str, state: dict[str, Any], *, sequence: int | None = None,
-                    ts_ms: int | None = None, digest: str | None = None, source: str,
-                    with_state: bool = True) -> RunView:
+def view_from_state(
+    run_id: str,
+    status: str,
+    state: dict[str, Any],
+    *,
+    sequence: int | None = None,
+    ts_ms: int | None = None,
+    digest: str | None = None,
+    source: str,
+    with_state: bool = True,
+) -> RunView:
     return RunView(
-        run_id=run_id, status=status,
+        run_id=run_id,
+        status=status,
         sequence=int(sequence if sequence is not None else state.get("sequence", 0)),
-        definition_id=state.get("definition_id"), revision=state.get("revision"),
-        output=state.get("output"), failure=state.get("failure"), usage=_usage(state),
-        ts_ms=ts_ms, state_digest=digest, state=state if with_state else None, source=source,
+        definition_id=state.get("definition_id"),
+        revision=state.get("revision"),
+        output=state.get("output"),
+        failure=state.get("failure"),
+        usage=_usage(state),
+        ts_ms=ts_ms,
+        state_digest=digest,
+        state=state if with_state else None,
+        source=source,
     )
 
 
 def view_from_snapshot(snapshot: dict[str, Any], with_state: bool = True) -> RunView:
     state = snapshot.get("state") or {}
-    view = view_from_state(snapshot["run_id"], snapshot["status"], state, sequence=snapshot["sequence"],
-                           ts_ms=snapshot["ts_ms"], digest=snapshot["state_digest"], source="snapshot",
-                           with_state=with_state)
+    view = view_from_state(
+        snapshot["run_id"],
+        snapshot["status"],
+        state,
+        sequence=snapshot["sequence"],
+        ts_ms=snapshot["ts_ms"],
+        digest=snapshot["state_digest"],
+        source="snapshot",
+        with_state=with_state,
+    )
     if view.definition_id is None:
-        view = RunView(**{**view.__dict__, "definition_id": snapshot["definition_id"],
-                          "revision": snapshot["revision"]})
+        view = RunView(
+            **{**view.__dict__, "definition_id": snapshot["definition_id"], "revision": snapshot["revision"]}
+        )
     return view
 
 
@@ -89,5 +126,12 @@ def view_from_query(run_id: str, body: dict[str, Any]) -> RunView:
     inner = body.get("state")
     state: dict[str, Any] = inner if isinstance(inner, dict) else body
     status = body.get("status") or state.get("status") or "unknown"
-    return view_from_state(run_id, status, state, sequence=body.get("sequence"), ts_ms=body.get("ts_ms"),
-                           digest=body.get("state_digest"), source="query")
+    return view_from_state(
+        run_id,
+        status,
+        state,
+        sequence=body.get("sequence"),
+        ts_ms=body.get("ts_ms"),
+        digest=body.get("state_digest"),
+        source="query",
+    )

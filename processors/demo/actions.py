@@ -30,5 +30,8 @@ def search(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float((input or {}).get("delay_ms", 50)) / 1000)
     ctx.check_cancelled()
     digest = hashlib.sha256(query.encode()).hexdigest()
-    return {"query": query, "source": f"https://example.org/{digest[:10]}",
-            "snippet": f"Findings about {query} ({digest[10:16]})"}
+    return {
+        "query": query,
+        "source": f"https://example.org/{digest[:10]}",
+        "snippet": f"Findings about {query} ({digest[10:16]})",
+    }

@@ -34,20 +34,35 @@ log = logging.getLogger("runfold.downstream")
 
 
 class RunEventConsumer:
-    def __init__(self, group_id: str, settings: KafkaSettings | None = None, *, from_beginning: bool = True,
-                 types: set[str] | None = None, codec: Codec | None = None, poll_timeout_s: float = 0.5,
-                 commit_interval_ms: int = 1000, **overrides: Any) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        settings: KafkaSettings | None = None,
+        *,
+        from_beginning: bool = True,
+        types: set[str] | None = None,
+        codec: Codec | None = None,
+        poll_timeout_s: float = 0.5,
+        commit_interval_ms: int = 1000,
+        **overrides: Any,
+    ) -> None:
         self.settings = settings or load_settings()
         self.topic = topic_names(self.settings).run_events
         self.types = types
         self.poll_timeout_s = poll_timeout_s
         self._decode = (codec or Codec.default()).decoder("run_events")
-        cfg = consumer_config(self.settings, group_id, read_committed=True,
-                              auto_offset_reset="earliest" if from_beginning else "latest",
-                              # offsets are *stored* by us after handling and committed by librdkafka
-                              enable_auto_commit=True, enable_auto_offset_store=False,
-                              auto_commit_interval_ms=commit_interval_ms,
-                              partition_assignment_strategy="cooperative-sticky", **overrides)
+        cfg = consumer_config(
+            self.settings,
+            group_id,
+            read_committed=True,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            # offsets are *stored* by us after handling and committed by librdkafka
+            enable_auto_commit=True,
+            enable_auto_offset_store=False,
+            auto_commit_interval_ms=commit_interval_ms,
+            partition_assignment_strategy="cooperative-sticky",
+            **overrides,
+        )
         self._consumer = Consumer(cfg)
         self._consumer.subscribe([self.topic])
         self._pending: Message | None = None
@@ -68,9 +83,13 @@ class RunEventConsumer:
             self._pending = None
             self.handled += 1
             try:
-                self._consumer.store_offsets(offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)])
+                self._consumer.store_offsets(
+                    offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)]
+                )
             except KafkaException as e:  # partition revoked meanwhile: the new owner re-delivers it
-                log.warning("could not store offset of %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), e)
+                log.warning(
+                    "could not store offset of %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), e
+                )
 
     def poll(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next committed event (decoded), or None if none arrived within the timeout.
@@ -90,7 +109,13 @@ class RunEventConsumer:
             ev = self._decode(msg.value())
         except DecodeError as e:
             self.skipped += 1
-            log.error("skipping undecodable record %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), e.reason)
+            log.error(
+                "skipping undecodable record %s[%d]@%d: %s",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                e.reason,
+            )
             self._pending = msg  # nothing to handle: committable at once
             return None
         self._pending = msg
@@ -104,8 +129,13 @@ class RunEventConsumer:
             if ev is not None:
                 yield ev
 
-    def run(self, handler: Callable[[dict[str, Any]], None], *, stop: Event | None = None,
-            max_events: int | None = None) -> int:
+    def run(
+        self,
+        handler: Callable[[dict[str, Any]], None],
+        *,
+        stop: Event | None = None,
+        max_events: int | None = None,
+    ) -> int:
         """Call `handler` for every event until `stop` is set (or `max_events` were handled)."""
         n = 0
         while not (stop is not None and stop.is_set()) and (max_events is None or n < max_events):

@@ -35,8 +35,15 @@ CODEC_NAME = "runfold_run_event"
 ENVELOPE = ("type", "run_id", "sequence", "ts_ms", "record_id")
 TERMINAL = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
 # status a run has after an event of this type (events not listed leave it unchanged)
-STATUS_AFTER = {"RunAccepted": "queued", "RunStarted": "running", "RunWaiting": "waiting",
-                "SignalReceived": "running", "RunPaused": "paused", "RunResumed": "running", **TERMINAL}
+STATUS_AFTER = {
+    "RunAccepted": "queued",
+    "RunStarted": "running",
+    "RunWaiting": "waiting",
+    "SignalReceived": "running",
+    "RunPaused": "paused",
+    "RunResumed": "running",
+    **TERMINAL,
+}
 
 
 class RunEventCodec(codecs.Codec):
@@ -79,5 +86,10 @@ class RunEvent(faust.Record, serializer=CODEC_NAME):
 
 def run_events_topic(app: faust.App, topic_prefix: str) -> Any:
     """The `<prefix>.run-events` topic of `app` with raw string keys and RunEvent values."""
-    return app.topic(f"{topic_prefix}.run-events", key_type=str, value_type=RunEvent,
-                     key_serializer="raw", value_serializer=CODEC_NAME)
+    return app.topic(
+        f"{topic_prefix}.run-events",
+        key_type=str,
+        value_type=RunEvent,
+        key_serializer="raw",
+        value_serializer=CODEC_NAME,
+    )

@@ -36,10 +36,13 @@ def usage(state: RunState, now: int | None = None) -> tuple[int, ...]:
     ledger, wall = state["usage"], state["wall"]
     running = (now - wall["since_ms"]) if now is not None and wall["since_ms"] is not None else 0
     return (
-        int(ledger["steps"]), int(ledger["retries"]), int(ledger["agents"]),
-        int(ledger["prompt_tokens"] + ledger["completion_tokens"]), int(ledger["cost_micros"]),
+        int(ledger["steps"]),
+        int(ledger["retries"]),
+        int(ledger["agents"]),
+        int(ledger["prompt_tokens"] + ledger["completion_tokens"]),
+        int(ledger["cost_micros"]),
         int(wall["used_ms"] + max(running, 0)),
-    )  # fmt: skip
+    )
 
 
 def used(state: RunState, dimension: str, now: int | None = None) -> int:
@@ -109,8 +112,12 @@ def pause_for(em: Emitter, dimension: str, reason: str, amount: int = 0) -> None
     from processors.engine.steps import cancel_open_steps  # steps imports this module
 
     state = em.state
-    em.emit("BudgetExhausted", dimension=dimension, used=used(state, dimension, em.ts) + amount,
-            limit=limit(state, dimension))  # fmt: skip
+    em.emit(
+        "BudgetExhausted",
+        dimension=dimension,
+        used=used(state, dimension, em.ts) + amount,
+        limit=limit(state, dimension),
+    )
     cancel_open_steps(em, f"run paused: {reason}")
     em.emit("RunPaused", code="BudgetExceeded", reason=reason)
 

@@ -250,8 +250,11 @@ def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> li
 
 
 def _children(defn: Definition, found: dict[str, Definition]) -> list[Definition]:
-    keys = {definition_key(n.workflow, n.revision) for n in defn.nodes.values()
-            if n.kind == "workflow" and n.workflow is not None and n.revision is not None}  # fmt: skip
+    keys = {
+        definition_key(n.workflow, n.revision)
+        for n in defn.nodes.values()
+        if n.kind == "workflow" and n.workflow is not None and n.revision is not None
+    }
     return [found[key] for key in sorted(keys) if key in found]
 
 

@@ -69,7 +69,11 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     limit = em.ctx.ceilings.max_json_depth
     where = too_deep(payload, limit, "payload")
     if where is not None:
-        return rejected(state, rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit)), "signal payload too deep")  # fmt: skip
+        return rejected(
+            state,
+            rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit)),
+            "signal payload too deep",
+        )
     size = len(orjson.dumps(payload))
     if size > em.ctx.ceilings.max_payload_bytes:
         reason = (
@@ -90,8 +94,12 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     wait = waits[0]
     step = state["steps"][instance_key(wait["node"], wait["lineage"])]
     em.emit("SignalReceived", signal=name, payload=payload, node=wait["node"])
-    em.emit_step("StepSucceeded", step, output=payload,
-                 usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0})  # fmt: skip
+    em.emit_step(
+        "StepSucceeded",
+        step,
+        output=payload,
+        usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+    )
     progress(em)
     return em.decision()
 
@@ -101,7 +109,11 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     instances, continues: those instances are re-activated as new attempts."""
     status = state["status"]
     if status not in ("paused", "failed"):
-        return rejected(state, rejection(msg, "Conflict", f"run is {status}; only a paused or failed run resumes"), "nothing to resume")  # fmt: skip
+        return rejected(
+            state,
+            rejection(msg, "Conflict", f"run is {status}; only a paused or failed run resumes"),
+            "nothing to resume",
+        )
     superstep = state["superstep"]
     resumable = bool(state["frontier"]) and (
         status == "paused"

@@ -168,8 +168,13 @@ class _Parser:
             return _node("cond", (test, then, other), test, then, other)
         return test
 
-    _LEVELS: Final = (frozenset({"||"}), frozenset({"&&"}), _RELATIONS, frozenset({"+", "-"}),
-                      frozenset({"*", "/", "%"}))  # fmt: skip
+    _LEVELS: Final = (
+        frozenset({"||"}),
+        frozenset({"&&"}),
+        _RELATIONS,
+        frozenset({"+", "-"}),
+        frozenset({"*", "/", "%"}),
+    )
 
     def binary(self, level: int) -> Node:
         if level == len(self._LEVELS):
@@ -434,8 +439,12 @@ def conversion_ns(raw: bytes) -> int:
     quotes. The same characters inside strings only raise the bound."""
     objects, arrays = raw.count(b"{"), raw.count(b"[")
     values = raw.count(b",") + raw.count(b":") + objects + arrays + 1
-    return (NS_CONVERT_VALUE * values + NS_CONVERT_OBJECT * objects + NS_CONVERT_ARRAY * arrays
-            + NS_CONVERT_STRING * (raw.count(b'"') // 2))  # fmt: skip
+    return (
+        NS_CONVERT_VALUE * values
+        + NS_CONVERT_OBJECT * objects
+        + NS_CONVERT_ARRAY * arrays
+        + NS_CONVERT_STRING * (raw.count(b'"') // 2)
+    )
 
 
 def regex_states(pattern: str) -> int:
@@ -497,8 +506,12 @@ def _literal(node: Node) -> str | None:
     return node[4] if node[0] == "lit" and len(node) > 4 else None
 
 
-def _estimate(node: Node, variables: dict[str, Any], sizes: dict[str, tuple[int, int]],
-              env: dict[str, tuple[int, int, int]]) -> _Est:  # fmt: skip
+def _estimate(
+    node: Node,
+    variables: dict[str, Any],
+    sizes: dict[str, tuple[int, int]],
+    env: dict[str, tuple[int, int, int]],
+) -> _Est:
     kind = node[0]
     est = _estimate
     if kind == "lit":

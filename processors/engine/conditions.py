@@ -61,16 +61,22 @@ class Condition:
         variables = {name: narrow(values[name], paths) for name, paths in self._analysis.reads.items()}
         cost = estimate_ns(self._analysis.tree, variables)
         if cost > MAX_COST_NS:
-            raise ConditionLimit("condition_cost", (
-                f"condition {_quoted(self.source)} was not evaluated: on this data its estimated cost "
-                f"({cost / 1e6:,.0f} ms) exceeds the limit of {MAX_COST_NS / 1e6:,.0f} ms; read less "
-                "(select the fields you need) or iterate over smaller lists"))
+            raise ConditionLimit(
+                "condition_cost",
+                (
+                    f"condition {_quoted(self.source)} was not evaluated: on this data its estimated cost "
+                    f"({cost / 1e6:,.0f} ms) exceeds the limit of {MAX_COST_NS / 1e6:,.0f} ms; read less "
+                    "(select the fields you need) or iterate over smaller lists"
+                ),
+            )
         try:
             result = self._program.execute(variables)
         except Exception as exc:  # the binding raises several types (KeyError, TypeError, RuntimeError, ...)
             raise ConditionError(f"condition {_quoted(self.source)} failed: {_describe(exc)}") from None
         if type(result) is not bool:
-            raise ConditionError(f"condition {_quoted(self.source)} must yield a bool, got {_cel_type_name(result)}")
+            raise ConditionError(
+                f"condition {_quoted(self.source)} must yield a bool, got {_cel_type_name(result)}"
+            )
         return result
 
     def __repr__(self) -> str:
@@ -89,7 +95,9 @@ def compile_condition(expr: str) -> Condition:
     if not isinstance(expr, str) or not expr.strip():
         raise ConditionError("condition must be a non-empty CEL expression")
     if len(expr) > MAX_CHARS:  # before compiling: the parser's time grows with the text
-        raise ConditionLimit("condition_length", f"condition is {len(expr)} characters; the limit is {MAX_CHARS}")
+        raise ConditionLimit(
+            "condition_length", f"condition is {len(expr)} characters; the limit is {MAX_CHARS}"
+        )
     try:
         program = cel.compile(expr)
     except Exception as exc:

@@ -70,7 +70,9 @@ def decide(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision
     em = Emitter(state, msg, ctx)
     if mtype in COMMANDS:
         if state is None:
-            return rejected(None, rejection(msg, "NotFound", f"run {msg['run_id']} does not exist"), "unknown run")
+            return rejected(
+                None, rejection(msg, "NotFound", f"run {msg['run_id']} does not exist"), "unknown run"
+            )
         if mtype == "CancelRun":
             return cancel_run(state, msg, em)
         if mtype == "SignalRun":

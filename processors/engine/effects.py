@@ -62,11 +62,21 @@ def effects(state: RunState | None, event: Event) -> Effects:
         wall = state["wall"]
         if wall["due_ms"] is None:
             return NONE
-        return Effects(set_timers=[{
-            "type": "TimerFired", "run_id": state["run_id"], "timer_id": wall_timer_id(state["run_id"], wall["epoch"]),
-            "timer_kind": "wall_time", "due_ms": wall["due_ms"], "node": None, "lineage": None, "attempt": None,
-            "dispatch_id": None,
-        }])  # fmt: skip
+        return Effects(
+            set_timers=[
+                {
+                    "type": "TimerFired",
+                    "run_id": state["run_id"],
+                    "timer_id": wall_timer_id(state["run_id"], wall["epoch"]),
+                    "timer_kind": "wall_time",
+                    "due_ms": wall["due_ms"],
+                    "node": None,
+                    "lineage": None,
+                    "attempt": None,
+                    "dispatch_id": None,
+                }
+            ]
+        )
     if etype in RUN_STOPPING_EVENTS:
         wall = state["wall"]
         if wall["due_ms"] is None:
@@ -77,18 +87,29 @@ def effects(state: RunState | None, event: Event) -> Effects:
 
 def _timer(state: RunState, ident: dict[str, Any], kind: str, due: int) -> dict[str, Any]:
     return {
-        "type": "TimerFired", "run_id": state["run_id"], "timer_id": step_timer_id(kind, ident["dispatch_id"]),
-        "timer_kind": kind, "due_ms": due, "node": ident["node"], "lineage": ident["lineage"],
-        "attempt": ident["attempt"], "dispatch_id": ident["dispatch_id"],
-    }  # fmt: skip
+        "type": "TimerFired",
+        "run_id": state["run_id"],
+        "timer_id": step_timer_id(kind, ident["dispatch_id"]),
+        "timer_kind": kind,
+        "due_ms": due,
+        "node": ident["node"],
+        "lineage": ident["lineage"],
+        "attempt": ident["attempt"],
+        "dispatch_id": ident["dispatch_id"],
+    }
 
 
 def _envelope(event: Event, index: int, mtype: str) -> Message:
     return {
-        "type": mtype, "run_id": event["run_id"], "ts_ms": event["ts_ms"],
-        "record_id": f"{event['record_id']}:{index}", "node": event["node"], "lineage": event["lineage"],
-        "attempt": event["attempt"], "dispatch_id": event["dispatch_id"],
-    }  # fmt: skip
+        "type": mtype,
+        "run_id": event["run_id"],
+        "ts_ms": event["ts_ms"],
+        "record_id": f"{event['record_id']}:{index}",
+        "node": event["node"],
+        "lineage": event["lineage"],
+        "attempt": event["attempt"],
+        "dispatch_id": event["dispatch_id"],
+    }
 
 
 def _scheduled(state: RunState, event: Event) -> Effects:
@@ -110,23 +131,35 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         message = _envelope(event, 0, "ChildRunActivation")
         message.update(
             child_run_id=child_run_id(state["run_id"], event["node"], event["lineage"], event["attempt"]),
-            definition_id=node.workflow, revision=node.revision, input=event["input"],
+            definition_id=node.workflow,
+            revision=node.revision,
+            input=event["input"],
             bundle=p.child_bundle(node.workflow, node.revision),
             parent={
-                "parent_run_id": state["run_id"], "parent_node": event["node"],
-                "parent_lineage": event["lineage"], "parent_dispatch_id": event["dispatch_id"],
-                "root_run_id": state["root_run_id"], "depth": state["depth"] + 1,
+                "parent_run_id": state["run_id"],
+                "parent_node": event["node"],
+                "parent_lineage": event["lineage"],
+                "parent_dispatch_id": event["dispatch_id"],
+                "root_run_id": state["root_run_id"],
+                "depth": state["depth"] + 1,
             },
             deadline_ms=deadline,
-        )  # fmt: skip
+        )
         return Effects(messages=[message], set_timers=timers, clear_timers=clear)
     message = _envelope(event, 0, "ActionActivation")
     message.update(
-        definition_id=state["definition_id"], root_run_id=state["root_run_id"], kind=kind,
-        action=node.action or node.agent or "", queue=event["queue"], input=event["input"],
-        deadline_ms=deadline, lease_ms=node.lease_ms, heartbeat_ms=node.heartbeat_ms,
-        capabilities=list(node.capabilities), agent=_agent_spec(state, p, event) if kind == "agent" else None,
-    )  # fmt: skip
+        definition_id=state["definition_id"],
+        root_run_id=state["root_run_id"],
+        kind=kind,
+        action=node.action or node.agent or "",
+        queue=event["queue"],
+        input=event["input"],
+        deadline_ms=deadline,
+        lease_ms=node.lease_ms,
+        heartbeat_ms=node.heartbeat_ms,
+        capabilities=list(node.capabilities),
+        agent=_agent_spec(state, p, event) if kind == "agent" else None,
+    )
     return Effects(messages=[message], set_timers=timers, clear_timers=clear)
 
 
@@ -146,9 +179,12 @@ def _agent_spec(state: RunState, p: Pinned, event: Event) -> dict[str, Any]:
     except (RefError, IndexError, TypeError, KeyError):
         prompt = node.prompt  # checked when the step was scheduled; unreachable for a valid run
     return {
-        "agent": node.agent or "", "model": node.model or "", "prompt": prompt,
-        "output_schema": node.output_schema, "structured_output_attempts": node.structured_output_attempts,
-    }  # fmt: skip
+        "agent": node.agent or "",
+        "model": node.model or "",
+        "prompt": prompt,
+        "output_schema": node.output_schema,
+        "structured_output_attempts": node.structured_output_attempts,
+    }
 
 
 def _settled(state: RunState, event: Event) -> Effects:

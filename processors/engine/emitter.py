@@ -24,13 +24,15 @@ _USAGE_EVENTS = frozenset(
 )
 
 
-def failure(code: str, message: str, *, retryable: bool = False, node: str | None = None,
-            lineage: str | None = None) -> Failure:  # fmt: skip
+def failure(
+    code: str, message: str, *, retryable: bool = False, node: str | None = None, lineage: str | None = None
+) -> Failure:
     return {"code": code, "message": message, "retryable": retryable, "node": node, "lineage": lineage}
 
 
-def rejection(msg: Message, code: str, reason: str, *, definition_id: str | None = None,
-              revision: int | None = None) -> Event:  # fmt: skip
+def rejection(
+    msg: Message, code: str, reason: str, *, definition_id: str | None = None, revision: int | None = None
+) -> Event:
     run_id = text(msg.get("run_id"))
     if definition_id is None:
         definition_id = msg.get("definition_id") if type(msg.get("definition_id")) is str else None
@@ -58,8 +60,18 @@ def text(value: Any, limit: int | None = None) -> str:
 class Emitter:
     """Builds the events of one decision, folding each into `state` as it goes."""
 
-    __slots__ = ("_pinned", "ctx", "events", "failed_any", "run_id", "settled_items", "state", "states", "ts",
-                 "usage_changed")  # fmt: skip
+    __slots__ = (
+        "_pinned",
+        "ctx",
+        "events",
+        "failed_any",
+        "run_id",
+        "settled_items",
+        "state",
+        "states",
+        "ts",
+        "usage_changed",
+    )
 
     def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
         self.state: RunState = state  # type: ignore[assignment]  # None only until RunAccepted
@@ -106,9 +118,13 @@ class Emitter:
     def emit_step(self, etype: str, step: dict[str, Any], **fields: Any) -> Event:
         """An event carrying the step identity of `step` (a step record)."""
         return self.emit(
-            etype, node=step["node"], lineage=step["lineage"], attempt=step["attempt"],
-            dispatch_id=step["dispatch_id"], **fields,
-        )  # fmt: skip
+            etype,
+            node=step["node"],
+            lineage=step["lineage"],
+            attempt=step["attempt"],
+            dispatch_id=step["dispatch_id"],
+            **fields,
+        )
 
     def usage(self) -> Usage:
         return usage_of(self.state)

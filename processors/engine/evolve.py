@@ -262,9 +262,13 @@ def _step_update(s: RunState, ev: Event, **changes: Any) -> None:
 
 def _step_started(s: RunState, ev: Event) -> None:
     _step_update(
-        s, ev, status="running", started_ms=ev["ts_ms"], worker_id=ev["worker_id"],
+        s,
+        ev,
+        status="running",
+        started_ms=ev["ts_ms"],
+        worker_id=ev["worker_id"],
         lease_expires_ms=ev["lease_expires_ms"],
-    )  # fmt: skip
+    )
 
 
 def _step_lease_extended(s: RunState, ev: Event) -> None:
@@ -278,7 +282,9 @@ def _step_succeeded(s: RunState, ev: Event) -> None:
     if old is None or old["superstep"] != s["superstep"]:
         _settled_unscheduled(s, ev, key, old, "succeeded")  # an empty map
     else:
-        _step_update(s, ev, status="succeeded", output=ev["output"], usage=ev["usage"], finished_ms=ev["ts_ms"])
+        _step_update(
+            s, ev, status="succeeded", output=ev["output"], usage=ev["usage"], finished_ms=ev["ts_ms"]
+        )
     _drop_wait(s, key)
 
 
@@ -301,15 +307,30 @@ def _settled_unscheduled(s: RunState, ev: Event, key: str, old: dict[str, Any] |
     that max_steps bounds a loop through it."""
     _add_usage(s, None, steps=1)
     step: dict[str, Any] = {
-        "node": ev["node"], "lineage": ev["lineage"], "kind": None, "status": status,
-        "attempt": ev["attempt"], "first_attempt": ev["attempt"], "dispatch_id": ev["dispatch_id"],
-        "superstep": s["superstep"], "queue": None, "input": None, "input_hash": None,
-        "deadline_ms": None, "scheduled_ms": None, "started_ms": None, "finished_ms": ev["ts_ms"],
-        "worker_id": None, "lease_expires_ms": None, "retry_due_ms": None,
+        "node": ev["node"],
+        "lineage": ev["lineage"],
+        "kind": None,
+        "status": status,
+        "attempt": ev["attempt"],
+        "first_attempt": ev["attempt"],
+        "dispatch_id": ev["dispatch_id"],
+        "superstep": s["superstep"],
+        "queue": None,
+        "input": None,
+        "input_hash": None,
+        "deadline_ms": None,
+        "scheduled_ms": None,
+        "started_ms": None,
+        "finished_ms": ev["ts_ms"],
+        "worker_id": None,
+        "lease_expires_ms": None,
+        "retry_due_ms": None,
         "output": ev["output"] if status == "succeeded" else None,
-        "failure": ev["failure"] if status == "failed" else None, "usage": ev["usage"], "reason": None,
+        "failure": ev["failure"] if status == "failed" else None,
+        "usage": ev["usage"],
+        "reason": None,
         "cancel_in_flight": False,
-    }  # fmt: skip
+    }
     _put_step(s, key, step, old)
     _count_item(s, ev["node"], ev["lineage"])
 
@@ -323,9 +344,13 @@ def _step_cancelled(s: RunState, ev: Event) -> None:
     key = instance_key(ev["node"], ev["lineage"])
     old = s["steps"][key]
     _step_update(
-        s, ev, status="cancelled", reason=ev["reason"], finished_ms=ev["ts_ms"],
+        s,
+        ev,
+        status="cancelled",
+        reason=ev["reason"],
+        finished_ms=ev["ts_ms"],
         cancel_in_flight=old["status"] in ("scheduled", "running"),
-    )  # fmt: skip
+    )
     _drop_wait(s, key)
 
 
@@ -333,13 +358,31 @@ def _step_skipped(s: RunState, ev: Event) -> None:
     node, lineage = ev["node"], ev["lineage"]
     key = instance_key(node, lineage)
     old = s["steps"].get(key)
-    step = dict(old) if old is not None else {
-        "node": node, "lineage": lineage, "kind": None, "attempt": 0, "first_attempt": 0,
-        "dispatch_id": None, "queue": None, "input": None, "input_hash": None, "deadline_ms": None,
-        "scheduled_ms": None, "started_ms": None, "worker_id": None, "lease_expires_ms": None,
-        "retry_due_ms": None, "output": None, "failure": None, "usage": dict(ZERO_USAGE),
-        "cancel_in_flight": False,
-    }  # fmt: skip
+    step = (
+        dict(old)
+        if old is not None
+        else {
+            "node": node,
+            "lineage": lineage,
+            "kind": None,
+            "attempt": 0,
+            "first_attempt": 0,
+            "dispatch_id": None,
+            "queue": None,
+            "input": None,
+            "input_hash": None,
+            "deadline_ms": None,
+            "scheduled_ms": None,
+            "started_ms": None,
+            "worker_id": None,
+            "lease_expires_ms": None,
+            "retry_due_ms": None,
+            "output": None,
+            "failure": None,
+            "usage": dict(ZERO_USAGE),
+            "cancel_in_flight": False,
+        }
+    )
     step.update(status="skipped", reason=ev["reason"], superstep=s["superstep"], finished_ms=ev["ts_ms"])
     _put_step(s, key, step, old)
 

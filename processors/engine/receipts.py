@@ -81,35 +81,80 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     rtype = msg["type"]
     if rtype == "ActivationFailed":
         code = str(msg["code"]) if msg["code"] in FAILURE_CODES else "ExecutionFailed"
-        return "failed", failure(code, text(msg["message"], MESSAGE_CHARS), retryable=bool(msg.get("retryable")),
-                                 node=name, lineage=lineage), usage  # fmt: skip
+        return (
+            "failed",
+            failure(
+                code,
+                text(msg["message"], MESSAGE_CHARS),
+                retryable=bool(msg.get("retryable")),
+                node=name,
+                lineage=lineage,
+            ),
+            usage,
+        )
     if rtype == "ChildRunFinished":
         status = msg["status"]
         if status != "succeeded":
             child_failure = msg.get("failure")
-            detail = text(child_failure.get("message"), MESSAGE_CHARS) if isinstance(child_failure, dict) else ""
-            return "failed", failure("ChildFailed", f"child run {msg['child_run_id']} {status[:64]}: {detail}".rstrip(": "),
-                                     node=name, lineage=lineage), usage  # fmt: skip
+            detail = (
+                text(child_failure.get("message"), MESSAGE_CHARS) if isinstance(child_failure, dict) else ""
+            )
+            return (
+                "failed",
+                failure(
+                    "ChildFailed",
+                    f"child run {msg['child_run_id']} {status[:64]}: {detail}".rstrip(": "),
+                    node=name,
+                    lineage=lineage,
+                ),
+                usage,
+            )
     output = msg.get("output")
     limit = em.ctx.ceilings.max_json_depth
     where = too_deep(output, limit, "output")
     if where is not None:
-        return "failed", failure("InvalidOutput", nesting_reason(f"output of {name}", where, limit),
-                                 node=name, lineage=lineage), usage  # fmt: skip
+        return (
+            "failed",
+            failure(
+                "InvalidOutput", nesting_reason(f"output of {name}", where, limit), node=name, lineage=lineage
+            ),
+            usage,
+        )
     size = len(orjson.dumps(output))
     if size > em.ctx.ceilings.max_payload_bytes:
-        return "failed", failure("InvalidOutput", f"output of {size} bytes exceeds max_payload_bytes "
-                                 f"{em.ctx.ceilings.max_payload_bytes}", node=name, lineage=lineage), usage  # fmt: skip
+        return (
+            "failed",
+            failure(
+                "InvalidOutput",
+                f"output of {size} bytes exceeds max_payload_bytes {em.ctx.ceilings.max_payload_bytes}",
+                node=name,
+                lineage=lineage,
+            ),
+            usage,
+        )
     secrets = find_secret_literals(output, "output")
     if secrets:
-        return "failed", failure("InvalidOutput", f"secret material in output at {', '.join(secrets[:5])}",
-                                 node=name, lineage=lineage), usage  # fmt: skip
+        return (
+            "failed",
+            failure(
+                "InvalidOutput",
+                f"secret material in output at {', '.join(secrets[:5])}",
+                node=name,
+                lineage=lineage,
+            ),
+            usage,
+        )
     validator = em.pinned.node_output_validator(name)
     if validator is not None:
         error = next(iter(validator.iter_errors(output)), None)
         if error is not None:
-            return "failed", failure("InvalidOutput", f"output of {name} {schema_error(error)}",
-                                     node=name, lineage=lineage), usage  # fmt: skip
+            return (
+                "failed",
+                failure(
+                    "InvalidOutput", f"output of {name} {schema_error(error)}", node=name, lineage=lineage
+                ),
+                usage,
+            )
     return "succeeded", output, usage
 
 
@@ -127,8 +172,11 @@ def _settled_by(step: dict[str, Any], outcome: str, value: Any, usage: Usage) ->
     recorded = step["failure"]
     if recorded == value:
         return True
-    return bool(value["retryable"]) and recorded["code"] == "RetryExhausted" and recorded in (
-        retry_exhausted(step, value, "attempts"), retry_exhausted(step, value, "budget"))
+    return (
+        bool(value["retryable"])
+        and recorded["code"] == "RetryExhausted"
+        and recorded in (retry_exhausted(step, value, "attempts"), retry_exhausted(step, value, "budget"))
+    )
 
 
 def _step_receipt(em: Emitter, msg: Message) -> str | None:
@@ -157,15 +205,28 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
         if _settled_by(step, outcome, value, usage):
             return "duplicate receipt"
         settled = "succeeded" if status == "succeeded" else "failed"
-        em.emit_step("ReceiptConflict", step, receipt_type=rtype,
-                     reason=f"attempt already settled as {settled}; this {rtype} differs")  # fmt: skip
+        em.emit_step(
+            "ReceiptConflict",
+            step,
+            receipt_type=rtype,
+            reason=f"attempt already settled as {settled}; this {rtype} differs",
+        )
         return None
     if rtype == "ActivationCancelled":
         if status in ("scheduled", "running"):
             reason = text(msg.get("reason"), MESSAGE_CHARS) or "no reason given"
-            fail_attempt(em, step, failure("Cancelled", f"activation cancelled by its executor: {reason}",
-                                           retryable=True, node=step["node"], lineage=step["lineage"]),
-                         ZERO_USAGE)  # fmt: skip
+            fail_attempt(
+                em,
+                step,
+                failure(
+                    "Cancelled",
+                    f"activation cancelled by its executor: {reason}",
+                    retryable=True,
+                    node=step["node"],
+                    lineage=step["lineage"],
+                ),
+                ZERO_USAGE,
+            )
             return None
         return "step already settled"
     worker = msg["worker_id"]
@@ -179,8 +240,12 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
         if status == "running":
             if step["worker_id"] == worker:
                 return "duplicate receipt"
-            em.emit_step("ReceiptConflict", step, receipt_type=rtype,
-                         reason="activation already accepted by another worker")  # fmt: skip
+            em.emit_step(
+                "ReceiptConflict",
+                step,
+                receipt_type=rtype,
+                reason="activation already accepted by another worker",
+            )
             return None
         return "step already settled"
     # ActivationHeartbeat
@@ -227,21 +292,46 @@ def _timer(em: Emitter, msg: Message) -> str | None:
         if status not in ("scheduled", "running") or step["kind"] not in ("action", "agent", "workflow"):
             return "stale timer"
         timeout = em.pinned.node(name).timeout_ms
-        fail_attempt(em, step, failure("Timeout", f"{name} timed out after {timeout} ms", retryable=True,
-                                       node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
+        fail_attempt(
+            em,
+            step,
+            failure(
+                "Timeout", f"{name} timed out after {timeout} ms", retryable=True, node=name, lineage=lineage
+            ),
+            ZERO_USAGE,
+        )
         return None
     if kind == "lease_expiry":
         if status != "running" or msg.get("due_ms") != step["lease_expires_ms"]:
             return "stale timer"
-        fail_attempt(em, step, failure("Timeout", f"activation lease expired (worker {step['worker_id']})",
-                                       retryable=True, node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
+        fail_attempt(
+            em,
+            step,
+            failure(
+                "Timeout",
+                f"activation lease expired (worker {step['worker_id']})",
+                retryable=True,
+                node=name,
+                lineage=lineage,
+            ),
+            ZERO_USAGE,
+        )
         return None
     if kind == "wait_timeout":
         if status != "waiting":
             return "stale timer"
         signal = em.pinned.node(name).signal
-        fail_attempt(em, step, failure("Timeout", f"no signal {signal!r} within {em.pinned.node(name).timeout_ms} ms",
-                                       node=name, lineage=lineage), ZERO_USAGE)  # fmt: skip
+        fail_attempt(
+            em,
+            step,
+            failure(
+                "Timeout",
+                f"no signal {signal!r} within {em.pinned.node(name).timeout_ms} ms",
+                node=name,
+                lineage=lineage,
+            ),
+            ZERO_USAGE,
+        )
         return None
     if kind == "sleep":
         if status != "scheduled" or step["kind"] != "sleep":

@@ -32,15 +32,45 @@ from typing import Any, Final
 
 SECRET_WORDS: Final = frozenset(
     {
-        "secret", "secrets", "token", "password", "passwd", "passphrase", "credential", "credentials",
-        "apikey", "accesskey", "accesstoken", "secretkey", "privatekey", "clientsecret", "authtoken",
-        "refreshtoken", "authorization",
+        "secret",
+        "secrets",
+        "token",
+        "password",
+        "passwd",
+        "passphrase",
+        "credential",
+        "credentials",
+        "apikey",
+        "accesskey",
+        "accesstoken",
+        "secretkey",
+        "privatekey",
+        "clientsecret",
+        "authtoken",
+        "refreshtoken",
+        "authorization",
     }
-)  # fmt: skip
+)
 NOT_SECRET_WORDS: Final = frozenset(
-    {"max", "min", "count", "limit", "used", "usage", "budget", "total", "num", "size", "length",
-     "estimate", "name", "ref", "handle", "id"}
-)  # fmt: skip
+    {
+        "max",
+        "min",
+        "count",
+        "limit",
+        "used",
+        "usage",
+        "budget",
+        "total",
+        "num",
+        "size",
+        "length",
+        "estimate",
+        "name",
+        "ref",
+        "handle",
+        "id",
+    }
+)
 SECRET_PREFIXES: Final = ("capability://", "sk-", "ghp_", "github_pat_")
 _SECRET_VALUE = re.compile(
     r"^(?:bearer\s|xox[bpas]-|AKIA[0-9A-Z]{16}\b)|-----BEGIN [A-Z ]*PRIVATE KEY-----", re.IGNORECASE

@@ -36,7 +36,11 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
         where = too_deep(msg.get(field), limit, field)
         if where is not None:
             reason = nesting_reason(f"StartRun.{field}", where, limit)
-            return rejected(state, rejection(msg, "InvalidInput", reason, revision=_int_or_none(msg.get("revision"))), reason)  # fmt: skip
+            return rejected(
+                state,
+                rejection(msg, "InvalidInput", reason, revision=_int_or_none(msg.get("revision"))),
+                reason,
+            )
     if state is not None:
         return _restart(state, msg)
     bad = control_character(msg["run_id"])
@@ -46,13 +50,17 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     pinned_or_reason = _pin(msg, ctx)
     if isinstance(pinned_or_reason, tuple):
         code, reason = pinned_or_reason
-        return rejected(state, rejection(msg, code, reason, revision=_int_or_none(msg.get("revision"))), reason)
+        return rejected(
+            state, rejection(msg, code, reason, revision=_int_or_none(msg.get("revision"))), reason
+        )
     pinned = pinned_or_reason
     definition = pinned.root
 
     def reject(code: str, reason: str) -> Decision:
         return rejected(
-            state, rejection(msg, code, reason, definition_id=definition.id, revision=definition.revision), reason
+            state,
+            rejection(msg, code, reason, definition_id=definition.id, revision=definition.revision),
+            reason,
         )
 
     run_input = msg.get("input")
@@ -64,7 +72,9 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
         )
     input_bytes = len(orjson.dumps(run_input))
     if input_bytes > ctx.ceilings.max_input_bytes:
-        return reject("Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}")
+        return reject(
+            "Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}"
+        )
     labels = msg.get("labels")
     if labels is not None and not isinstance(labels, dict):
         return reject("InvalidInput", "labels must be an object of strings")
@@ -108,10 +118,16 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
             return reject("InvalidInput", f"node {name}: a workflow node must pin a revision")
     em = Emitter(None, msg, ctx)
     em.emit(
-        "RunAccepted", definition_id=definition.id, revision=definition.revision,
-        bundle_hash=pinned.bundle.hash, bundle=pinned.json, input=run_input, parent=parent,
-        budgets=limits, labels=dict(labels or {}),
-    )  # fmt: skip
+        "RunAccepted",
+        definition_id=definition.id,
+        revision=definition.revision,
+        bundle_hash=pinned.bundle.hash,
+        bundle=pinned.json,
+        input=run_input,
+        parent=parent,
+        budgets=limits,
+        labels=dict(labels or {}),
+    )
     em.emit("RunStarted", superstep=1)
     plan_superstep(em)
     progress(em)

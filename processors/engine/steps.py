@@ -88,7 +88,11 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         for lineage, item in instances:
             old = steps.get(instance_key(name, lineage))
             current = old is not None and old["superstep"] == superstep
-            if current and old is not None and (not reactivate or old["status"] not in NOT_SCHEDULED_STATUSES):
+            if (
+                current
+                and old is not None
+                and (not reactivate or old["status"] not in NOT_SCHEDULED_STATUSES)
+            ):
                 continue
             if not current:
                 fresh_steps += 1
@@ -100,8 +104,12 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         return True
     for name, problem, old in unscheduled:
         attempt = _next_attempt(old)
-        ident = {"node": name, "lineage": "", "attempt": attempt,
-                 "dispatch_id": dispatch_id(em.run_id, name, "", attempt)}  # fmt: skip
+        ident = {
+            "node": name,
+            "lineage": "",
+            "attempt": attempt,
+            "dispatch_id": dispatch_id(em.run_id, name, "", attempt),
+        }
         if problem is None:  # an empty array: the node's value is []
             em.emit("StepSucceeded", **ident, output=[], usage=dict(ZERO_USAGE))
         else:
@@ -117,8 +125,6 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         if node.kind == "state" or node.kind == "wait":
             _settle_instantly(em, name, node, lineage)
     return True
-
-
 
 
 def _free_slots(em: Emitter) -> int:
@@ -182,11 +188,17 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
                 {"op": m.op, "target": m.target, "value": resolve(m.value, scope)} for m in node.mutations
             ]
     except RefError as exc:
-        em.emit("StepFailed", node=name, lineage=lineage, attempt=attempt,
-                dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
-                failure=failure("UnknownReference", f"input of {name}: {exc.message}", node=name,
-                                lineage=lineage),
-                usage=dict(ZERO_USAGE))  # fmt: skip
+        em.emit(
+            "StepFailed",
+            node=name,
+            lineage=lineage,
+            attempt=attempt,
+            dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+            failure=failure(
+                "UnknownReference", f"input of {name}: {exc.message}", node=name, lineage=lineage
+            ),
+            usage=dict(ZERO_USAGE),
+        )
         return
     schedule(em, name, node, lineage, attempt, node_input)
 
@@ -201,11 +213,18 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
     else:
         deadline = em.ts + node.timeout_ms if node.timeout_ms else None
     em.emit(
-        "StepScheduled", node=name, lineage=lineage, attempt=attempt,
-        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt), kind=kind,
-        queue=node.queue if kind in ("action", "agent") else None, input=node_input,
-        input_hash=_input_hash(em.state, node_input), deadline_ms=deadline, superstep=em.state["superstep"],
-    )  # fmt: skip
+        "StepScheduled",
+        node=name,
+        lineage=lineage,
+        attempt=attempt,
+        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+        kind=kind,
+        queue=node.queue if kind in ("action", "agent") else None,
+        input=node_input,
+        input_hash=_input_hash(em.state, node_input),
+        deadline_ms=deadline,
+        superstep=em.state["superstep"],
+    )
 
 
 def _input_hash(state: dict[str, Any], node_input: Any) -> str:
@@ -257,8 +276,13 @@ def fail_attempt(em: Emitter, step: dict[str, Any], problem: Failure, usage: Usa
         else:
             em.emit_step("StepFailed", step, failure=problem, usage=usage)
             due = em.ts + policy.delay_ms(attempts)
-            em.emit_step("StepRetryScheduled", step, next_attempt=step["attempt"] + 1, due_ms=due,
-                         timer_id=step_timer_id("retry_backoff", step["dispatch_id"]))  # fmt: skip
+            em.emit_step(
+                "StepRetryScheduled",
+                step,
+                next_attempt=step["attempt"] + 1,
+                due_ms=due,
+                timer_id=step_timer_id("retry_backoff", step["dispatch_id"]),
+            )
             return
     em.emit_step("StepFailed", step, failure=problem, usage=usage)
 
@@ -283,9 +307,10 @@ def open_steps(em: Emitter) -> list[dict[str, Any]]:
     """Open instances of the current superstep, in deterministic order."""
     superstep = em.state["superstep"]
     found = [
-        step for step in em.state["steps"].values()
+        step
+        for step in em.state["steps"].values()
         if step["superstep"] == superstep and step["status"] in OPEN_STEP_STATUSES
-    ]  # fmt: skip
+    ]
     return sorted(found, key=lambda step: order_key(step["node"], step["lineage"]))
 
 
@@ -329,8 +354,12 @@ def node_failure(em: Emitter, name: str, hint: int = 0) -> Failure | bool | None
     details = "; ".join(
         f"[{item['lineage']}] {item['failure']['code']}: {item['failure']['message']}" for item in failed
     )
-    return failure(codes.pop() if len(codes) == 1 else "ExecutionFailed",
-                   f"{len(failed)} of {count} map items of {name} failed: {details}", node=name, lineage="")  # fmt: skip
+    return failure(
+        codes.pop() if len(codes) == 1 else "ExecutionFailed",
+        f"{len(failed)} of {count} map items of {name} failed: {details}",
+        node=name,
+        lineage="",
+    )
 
 
 def _held_back_items(em: Emitter, name: str, node: Node, count: int) -> bool:

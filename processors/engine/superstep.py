@@ -84,8 +84,7 @@ def commit_superstep(em: Emitter) -> None:
             problem = node_failure(em, name)
             if problem is False or (isinstance(problem, dict) and node.on_failure == "fail_fast"):
                 # unreachable: progress() fails the run first; never commit over an open or failed node
-                fail_run(em, problem or failure("State", f"barrier with {name} still open"),
-                         "run failed")  # fmt: skip
+                fail_run(em, problem or failure("State", f"barrier with {name} still open"), "run failed")
                 return
             if isinstance(problem, dict) and node.on_failure == "skip_dependents":
                 blocked[name] = problem
@@ -127,12 +126,16 @@ def commit_superstep(em: Emitter) -> None:
         where = too_deep(value, depth, f"state.{key}")
         if where is not None:
             name = f"{writer}[{lineage}]" if lineage else writer
-            fail_run(em, failure("State", nesting_reason(f"the value {name} writes", where, depth)), "run failed")
+            fail_run(
+                em, failure("State", nesting_reason(f"the value {name} writes", where, depth)), "run failed"
+            )
             return
     for _op, target, value in mutations:
         where = too_deep(value, depth, f"state.{target}")
         if where is not None:
-            fail_run(em, failure("State", nesting_reason("a state node's mutation", where, depth)), "run failed")
+            fail_run(
+                em, failure("State", nesting_reason("a state node's mutation", where, depth)), "run failed"
+            )
             return
     try:
         merged = apply_writes(base, writes, definition.reducers)
@@ -152,7 +155,9 @@ def commit_superstep(em: Emitter) -> None:
     for name, node_value in values.items():
         try:
             targets.update(
-                select_routes(definition.routes.get(name, ()), state=merged, input=run_input, output=node_value)
+                select_routes(
+                    definition.routes.get(name, ()), state=merged, input=run_input, output=node_value
+                )
             )
         except ConditionError as exc:
             problem = failure("Evaluation", f"routes of {name}: {exc.message}", node=name, lineage="")
@@ -183,16 +188,21 @@ def finish_run(em: Emitter) -> None:
     definition = pinned.root
     skipped_failures = sorted(
         (
-            step for step in state["steps"].values()
+            step
+            for step in state["steps"].values()
             if step["status"] == "failed" and pinned.node(step["node"]).on_failure == "skip_dependents"
         ),
         key=lambda step: order_key(step["node"], step["lineage"]),
-    )  # fmt: skip
+    )
     if skipped_failures:
         first = skipped_failures[0]
         # seed 003: a skip_dependents failure propagates as DependencySkipped
-        problem = failure("DependencySkipped", f"{first['failure']['message']} (dependents skipped)",
-                          node=first["node"], lineage=first["lineage"])  # fmt: skip
+        problem = failure(
+            "DependencySkipped",
+            f"{first['failure']['message']} (dependents skipped)",
+            node=first["node"],
+            lineage=first["lineage"],
+        )
         em.emit("RunFailed", failure=problem, usage=em.usage())
         return
     for key in definition.required:

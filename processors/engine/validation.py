@@ -274,7 +274,9 @@ def _check_conditions(defn: Definition, issues: list[Issue]) -> None:
                 continue
             try:
                 compile_condition(route.when)
-            except ConditionError as exc:  # a ConditionLimit names its rule (condition_length, _depth, _nesting)
+            except (
+                ConditionError
+            ) as exc:  # a ConditionLimit names its rule (condition_length, _depth, _nesting)
                 rule = exc.rule if isinstance(exc, ConditionLimit) else "condition"
                 issues.append(Issue(f"routes.{source}[{index}].when", exc.message, rule=rule))
 

@@ -16,9 +16,16 @@ from typing import Any, Final, TypedDict
 COMMANDS: Final = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 # Receipts settle or touch an attempt; TimerFired comes back from the processor's own timers.
 RECEIPTS: Final = frozenset(
-    {"ActivationAccepted", "ActivationHeartbeat", "ActivationCompleted", "ActivationFailed",
-     "ActivationCancelled", "ChildRunFinished", "TimerFired"}
-)  # fmt: skip
+    {
+        "ActivationAccepted",
+        "ActivationHeartbeat",
+        "ActivationCompleted",
+        "ActivationFailed",
+        "ActivationCancelled",
+        "ChildRunFinished",
+        "TimerFired",
+    }
+)
 # The receipts that carry an attempt's outcome (the first one wins).
 TERMINAL_RECEIPTS: Final = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
 
@@ -43,8 +50,15 @@ RUN_STATUSES: Final = ("queued", "running", "waiting", "paused", "succeeded", "f
 # A finished run: terminal until an explicit resume (a failed run only).
 TERMINAL_STATUSES: Final = frozenset(TERMINAL_EVENTS.values())
 STEP_STATUSES: Final = (
-    "scheduled", "running", "waiting", "retry_wait", "succeeded", "failed", "cancelled", "skipped"
-)  # fmt: skip
+    "scheduled",
+    "running",
+    "waiting",
+    "retry_wait",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "skipped",
+)
 # Step statuses in which an attempt is outstanding (the superstep cannot commit yet).
 OPEN_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting", "retry_wait"})
 # Step statuses in which an activation may be in flight at an executor or child run.
@@ -66,11 +80,24 @@ DISPATCHED_KINDS: Final = frozenset({"action", "agent", "workflow"})
 
 FAILURE_CODES: Final = frozenset(
     {
-        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation", "State",
-        "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped", "Cancelled", "ChildFailed",
-        "Conflict", "NotFound", "PermissionDenied", "Limit",
+        "InvalidInput",
+        "InvalidOutput",
+        "UnknownReference",
+        "ExecutionFailed",
+        "Evaluation",
+        "State",
+        "Timeout",
+        "BudgetExceeded",
+        "RetryExhausted",
+        "DependencySkipped",
+        "Cancelled",
+        "ChildFailed",
+        "Conflict",
+        "NotFound",
+        "PermissionDenied",
+        "Limit",
     }
-)  # fmt: skip
+)
 
 
 class Failure(TypedDict):

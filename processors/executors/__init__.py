@@ -7,6 +7,17 @@ from processors.executors.secrets import SecretStore
 from processors.executors.settings import AgentsConfig, ProviderConfig, WorkerSettings
 
 __all__ = [
-    "ActionContext", "ActionError", "ActionRegistry", "AgentsConfig", "Cancelled", "NonRetryableError",
-    "ProviderConfig", "RetryableError", "SecretStore", "Worker", "WorkerSettings", "action", "registry",
+    "ActionContext",
+    "ActionError",
+    "ActionRegistry",
+    "AgentsConfig",
+    "Cancelled",
+    "NonRetryableError",
+    "ProviderConfig",
+    "RetryableError",
+    "SecretStore",
+    "Worker",
+    "WorkerSettings",
+    "action",
+    "registry",
 ]

@@ -39,7 +39,7 @@ async def sleep(ctx: ActionContext, input: Any) -> Any:
     """`{"ms": 1500}`: waits, cancellable; returns `{"slept_ms": ms}`."""
     ms = input.get("ms") if isinstance(input, dict) else input
     if not isinstance(ms, int | float) or isinstance(ms, bool) or ms < 0:
-        raise NonRetryableError("sleep needs input {\"ms\": <non-negative number>}", code="InvalidInput")
+        raise NonRetryableError('sleep needs input {"ms": <non-negative number>}', code="InvalidInput")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(ctx.wait_cancelled(), timeout=ms / 1000)
     ctx.check_cancelled()
@@ -82,7 +82,9 @@ class HttpRequestAction:
 
     def _parse(self, input: Any) -> tuple[httpx.URL, str, float | None]:
         if not isinstance(input, dict) or not isinstance(input.get("url"), str):
-            raise _invalid('needs input {"url": "<string>", "method": ...} (the url is never a secret handle)')
+            raise _invalid(
+                'needs input {"url": "<string>", "method": ...} (the url is never a secret handle)'
+            )
         unknown = sorted(str(k) for k in input if k not in _KEYS)
         if unknown:
             raise _invalid(f"unknown input keys {unknown[:5]} (takes {sorted(_KEYS)})")
@@ -94,10 +96,13 @@ class HttpRequestAction:
             raise _invalid("only http and https URLs with a host")
         method = input.get("method", "GET")
         if not isinstance(method, str) or method.upper() not in METHODS:
-            raise _invalid(f"method must be one of {', '.join(METHODS)} (a plain string, never a secret handle)")
+            raise _invalid(
+                f"method must be one of {', '.join(METHODS)} (a plain string, never a secret handle)"
+            )
         timeout_ms = input.get("timeout_ms")
-        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)
-                                       or timeout_ms <= 0):
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float) or timeout_ms <= 0
+        ):
             raise _invalid("timeout_ms must be a positive number")
         for key in ("headers", "params"):
             if input.get(key) is not None and (not isinstance(input[key], dict) or SECRET_KEY in input[key]):
@@ -107,8 +112,10 @@ class HttpRequestAction:
     async def call(self, ctx: ActionContext, input: Any) -> Any:
         url, method, timeout_s = self._parse(input)
         if first_match(self._allowed, url) is None:
-            raise ActionError("PermissionDenied", f"http.request: {origin_text(*url_origin(url))} is not in this "
-                              "worker's http_allowed_hosts")
+            raise ActionError(
+                "PermissionDenied",
+                f"http.request: {origin_text(*url_origin(url))} is not in this worker's http_allowed_hosts",
+            )
         headers = ctx.secrets.resolve(input.get("headers") or {})
         params = ctx.secrets.resolve(input.get("params"))
         ctx.secrets.check_destination(url)  # before the body: a refused request resolves no more
@@ -157,8 +164,9 @@ class HttpRequestAction:
         self, method: str, url: httpx.URL, timeout_s: float, kwargs: dict[str, Any]
     ) -> tuple[bytes, int, str]:
         if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False,
-                                             transport=GuardedTransport(self._guard))
+            self._client = httpx.AsyncClient(
+                follow_redirects=False, trust_env=False, transport=GuardedTransport(self._guard)
+            )
         async with self._client.stream(method, url, timeout=timeout_s, **kwargs) as response:
             chunks: list[bytes] = []
             size = 0
@@ -184,4 +192,13 @@ def builtin_registry(settings: WorkerSettings) -> ActionRegistry:
     return reg
 
 
-__all__ = ["METHODS", "Cancelled", "HttpRequestAction", "builtin_registry", "echo", "host_allowed", "noop", "sleep"]
+__all__ = [
+    "METHODS",
+    "Cancelled",
+    "HttpRequestAction",
+    "builtin_registry",
+    "echo",
+    "host_allowed",
+    "noop",
+    "sleep",
+]

@@ -69,16 +69,25 @@ def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
         return None
     parent, node, lineage = m["parent"], m["node"], m["lineage"] or ""
     attempt = int(m["attempt"] or 1)
-    return {"run_id": parent, "node": node, "lineage": lineage, "attempt": attempt,
-            "dispatch_id": dispatch_id(parent, node, lineage, attempt)}
+    return {
+        "run_id": parent,
+        "node": node,
+        "lineage": lineage,
+        "attempt": attempt,
+        "dispatch_id": dispatch_id(parent, node, lineage, attempt),
+    }
 
 
 def parent_step_from_ref(child_run_id: str, parent: dict[str, Any]) -> dict[str, Any]:
     derived = parent_step_from_id(child_run_id)
     attempt = derived["attempt"] if derived else 1
-    return {"run_id": parent["parent_run_id"], "node": parent["parent_node"],
-            "lineage": parent.get("parent_lineage") or "", "attempt": attempt,
-            "dispatch_id": parent["parent_dispatch_id"]}
+    return {
+        "run_id": parent["parent_run_id"],
+        "node": parent["parent_node"],
+        "lineage": parent.get("parent_lineage") or "",
+        "attempt": attempt,
+        "dispatch_id": parent["parent_dispatch_id"],
+    }
 
 
 def expired(act: dict[str, Any], now_ms: int) -> bool:
@@ -89,18 +98,35 @@ def expired(act: dict[str, Any], now_ms: int) -> bool:
 
 def start_command(act: dict[str, Any], ts_ms: int) -> dict[str, Any]:
     child = act["child_run_id"]
-    return {"type": "StartRun", "run_id": child, "ts_ms": ts_ms, "record_id": f"start:{child}",
-            "definition_id": act["definition_id"], "revision": act.get("revision"), "input": act.get("input"),
-            "parent": act["parent"], "bundle": act.get("bundle"), "budgets": None, "labels": {}}
+    return {
+        "type": "StartRun",
+        "run_id": child,
+        "ts_ms": ts_ms,
+        "record_id": f"start:{child}",
+        "definition_id": act["definition_id"],
+        "revision": act.get("revision"),
+        "input": act.get("input"),
+        "parent": act["parent"],
+        "bundle": act.get("bundle"),
+        "budgets": None,
+        "labels": {},
+    }
 
 
 def cancel_command(cancel: dict[str, Any], ts_ms: int) -> dict[str, Any]:
     child = cancel["child_run_id"]
-    return {"type": "CancelRun", "run_id": child, "ts_ms": ts_ms,
-            "record_id": f"cancel:{child}:{cancel['dispatch_id']}", "reason": cancel.get("reason") or "parent cancelled"}
+    return {
+        "type": "CancelRun",
+        "run_id": child,
+        "ts_ms": ts_ms,
+        "record_id": f"cancel:{child}:{cancel['dispatch_id']}",
+        "reason": cancel.get("reason") or "parent cancelled",
+    }
 
 
-def finished_receipt(step: dict[str, Any], child_run_id: str, event: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+def finished_receipt(
+    step: dict[str, Any], child_run_id: str, event: dict[str, Any], ts_ms: int
+) -> dict[str, Any]:
     """ChildRunFinished for a terminal (or rejected-start) event of the child."""
     kind = event["type"]
     output = failure = None
@@ -110,23 +136,49 @@ def finished_receipt(step: dict[str, Any], child_run_id: str, event: dict[str, A
         status, failure = "failed", event.get("failure")
     elif kind == "RunCancelled":
         status = "cancelled"
-        failure = {"code": "Cancelled", "message": event.get("reason") or "child run cancelled", "retryable": False,
-                   "node": None, "lineage": None}
+        failure = {
+            "code": "Cancelled",
+            "message": event.get("reason") or "child run cancelled",
+            "retryable": False,
+            "node": None,
+            "lineage": None,
+        }
     else:  # RunRejected of the child's StartRun
         status = "failed"
-        failure = {"code": event.get("code") or "InvalidInput", "message": event.get("reason") or "child rejected",
-                   "retryable": False, "node": None, "lineage": None}
-    return {"type": "ChildRunFinished", "run_id": step["run_id"], "ts_ms": ts_ms,
-            "record_id": f"finished:{child_run_id}:{event.get('sequence', 0)}",
-            "node": step["node"], "lineage": step["lineage"], "attempt": step["attempt"],
-            "dispatch_id": step["dispatch_id"], "child_run_id": child_run_id, "status": status,
-            "output": output, "failure": failure, "usage": event.get("usage") or dict(ZERO_USAGE)}
+        failure = {
+            "code": event.get("code") or "InvalidInput",
+            "message": event.get("reason") or "child rejected",
+            "retryable": False,
+            "node": None,
+            "lineage": None,
+        }
+    return {
+        "type": "ChildRunFinished",
+        "run_id": step["run_id"],
+        "ts_ms": ts_ms,
+        "record_id": f"finished:{child_run_id}:{event.get('sequence', 0)}",
+        "node": step["node"],
+        "lineage": step["lineage"],
+        "attempt": step["attempt"],
+        "dispatch_id": step["dispatch_id"],
+        "child_run_id": child_run_id,
+        "status": status,
+        "output": output,
+        "failure": failure,
+        "usage": event.get("usage") or dict(ZERO_USAGE),
+    }
 
 
 class ChildExecutor:
-    def __init__(self, kafka: KafkaSettings | None = None, topic_prefix: str | None = None,
-                 instance_id: str = "0", batch: int = 500, metrics_port: int | None = None,
-                 metrics_host: str = LOOPBACK) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings | None = None,
+        topic_prefix: str | None = None,
+        instance_id: str = "0",
+        batch: int = 500,
+        metrics_port: int | None = None,
+        metrics_host: str = LOOPBACK,
+    ) -> None:
         self.kafka = kafka or load_settings()
         prefix = topic_prefix or self.kafka.topic_prefix
         self.names = TopicNames(prefix)
@@ -136,15 +188,28 @@ class ChildExecutor:
         # go with it (their children's ends are read by the partition's next owner)
         self.parents: dict[int, dict[str, dict[str, Any]]] = {}
         self._stop = threading.Event()
-        self.counts = {"started": 0, "expired": 0, "cancelled": 0, "finished": 0, "dead_letters": 0, "aborts": 0}
+        self.counts = {
+            "started": 0,
+            "expired": 0,
+            "cancelled": 0,
+            "finished": 0,
+            "dead_letters": 0,
+            "aborts": 0,
+        }
         self.metrics = ChildExecutorMetrics()
         self._metrics_at = (metrics_port, metrics_host)
         self.metrics_port: int | None = None  # bound /metrics port once serving
         self._tally = ChildBatchTally()  # the open transaction's work
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
-        self.producer = Producer({**transactional_producer_config(
-            self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2), "error_cb": self._on_producer_error})
+        self.producer = Producer(
+            {
+                **transactional_producer_config(
+                    self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2
+                ),
+                "error_cb": self._on_producer_error,
+            }
+        )
         self._calls = CallThread("runfold-child-txn-call")
 
     @property
@@ -173,13 +238,26 @@ class ChildExecutor:
                 err = exc.args[0]
                 if err.code() not in KEEP_WAITING or cluster_answers(self.consumer, 5.0):
                     raise
-                log.error("child executor stopped: %s", cannot_reach(
-                    self.kafka.bootstrap_servers, f"init_transactions: {err.str()}, after {TXN_TIMEOUT_S:g} s"))
+                log.error(
+                    "child executor stopped: %s",
+                    cannot_reach(
+                        self.kafka.bootstrap_servers,
+                        f"init_transactions: {err.str()}, after {TXN_TIMEOUT_S:g} s",
+                    ),
+                )
                 return 1
-            self.consumer.subscribe([self.names.child_activations, self.names.run_events],
-                                    on_assign=self._own, on_revoke=self._forget_parents, on_lost=self._forget_parents)
-            log.info("child executor consuming %s, %s (metrics port %s)", self.names.child_activations,
-                     self.names.run_events, self.metrics_port)
+            self.consumer.subscribe(
+                [self.names.child_activations, self.names.run_events],
+                on_assign=self._own,
+                on_revoke=self._forget_parents,
+                on_lost=self._forget_parents,
+            )
+            log.info(
+                "child executor consuming %s, %s (metrics port %s)",
+                self.names.child_activations,
+                self.names.run_events,
+                self.metrics_port,
+            )
             while not self.stopping:
                 msgs = first_then_buffered(self.consumer, self.batch, 0.1)
                 if msgs:
@@ -191,7 +269,10 @@ class ChildExecutor:
             log.error("child executor stopped: %s", exc)
             return 1
         except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it
-            log.error("child executor stopped: send_offsets_to_transaction: %s; exiting so that it is restarted", exc)
+            log.error(
+                "child executor stopped: send_offsets_to_transaction: %s; exiting so that it is restarted",
+                exc,
+            )
             return 1
         finally:
             self.consumer.close()
@@ -223,8 +304,9 @@ class ChildExecutor:
             positions = self._positions(msgs)
             committing = time.perf_counter()
             group = self.consumer.consumer_group_metadata()
-            send_offsets_flushing(self._calls, self.producer, positions, group, TXN_TIMEOUT_S,
-                                  TXN_TIMEOUT_S + ABANDON_AFTER_S)
+            send_offsets_flushing(
+                self._calls, self.producer, positions, group, TXN_TIMEOUT_S, TXN_TIMEOUT_S + ABANDON_AFTER_S
+            )
             self.producer.commit_transaction(TXN_TIMEOUT_S)
         except KafkaException as exc:
             err = exc.args[0]
@@ -273,15 +355,20 @@ class ChildExecutor:
         try:
             record = self.codec.decode(kind, msg.value())
         except DecodeError as exc:
-            if kind == "child_activations":  # run-events are the processor's; a foreign record is not ours to judge
+            if (
+                kind == "child_activations"
+            ):  # run-events are the processor's; a foreign record is not ours to judge
                 self._dead_letter(msg, str(exc))
             return
         now = int(time.time() * 1000)
         rtype = record["type"]
         if rtype == "ChildRunActivation":
             if expired(record, now):
-                log.info("child %s not started: its parent step's deadline passed %d ms ago",
-                         record["child_run_id"], now - record["deadline_ms"])
+                log.info(
+                    "child %s not started: its parent step's deadline passed %d ms ago",
+                    record["child_run_id"],
+                    now - record["deadline_ms"],
+                )
                 self.counts["expired"] += 1
                 self._tally.expired += 1
                 return
@@ -296,8 +383,11 @@ class ChildExecutor:
             children = self.parents.get(msg.partition())
             if children is not None:  # else fetched before its partition was revoked in this batch's consume
                 children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
-        elif rtype in TERMINAL_STATUS or (rtype == "RunRejected" and record.get("command_type") == "StartRun"
-                                          and record.get("code") != "Conflict"):
+        elif rtype in TERMINAL_STATUS or (
+            rtype == "RunRejected"
+            and record.get("command_type") == "StartRun"
+            and record.get("code") != "Conflict"
+        ):
             child = record["run_id"]
             step = self.parents.get(msg.partition(), {}).get(child) or parent_step_from_id(child)
             if step is None:
@@ -311,9 +401,24 @@ class ChildExecutor:
     def _dead_letter(self, msg: Message, error: str) -> None:
         self.counts["dead_letters"] += 1
         self._tally.dead_letters += 1
-        log.error("undecodable child activation at %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), error)
-        self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", {
-            "record_id": f"{msg.topic()}:{msg.partition()}:{msg.offset()}", "ts_ms": int(time.time() * 1000),
-            "source_topic": msg.topic(), "source_partition": msg.partition(), "source_offset": msg.offset(),
-            "key": msg.key(), "error": error[:2000], "original": msg.value() or b"", "producer": "child-executor",
-        }), key=msg.key())
+        log.error(
+            "undecodable child activation at %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), error
+        )
+        self.producer.produce(
+            self.names.dead_letters,
+            self.codec.encode(
+                "dead_letters",
+                {
+                    "record_id": f"{msg.topic()}:{msg.partition()}:{msg.offset()}",
+                    "ts_ms": int(time.time() * 1000),
+                    "source_topic": msg.topic(),
+                    "source_partition": msg.partition(),
+                    "source_offset": msg.offset(),
+                    "key": msg.key(),
+                    "error": error[:2000],
+                    "original": msg.value() or b"",
+                    "producer": "child-executor",
+                },
+            ),
+            key=msg.key(),
+        )

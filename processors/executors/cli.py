@@ -45,22 +45,45 @@ def _logging(level: str) -> None:
 
 
 def worker_command(
-    module: Annotated[list[str], typer.Option("--module", "-m", help="module (or .py file) with actions; repeatable")] = [],  # noqa: B006
-    queue: Annotated[list[str], typer.Option("--queue", "-q", help="activation queue to serve; repeatable")] = [],  # noqa: B006
+    module: Annotated[
+        list[str], typer.Option("--module", "-m", help="module (or .py file) with actions; repeatable")
+    ] = [],  # noqa: B006
+    queue: Annotated[
+        list[str], typer.Option("--queue", "-q", help="activation queue to serve; repeatable")
+    ] = [],  # noqa: B006
     name: Annotated[str | None, typer.Option(help="worker name (in worker ids)")] = None,
     concurrency: Annotated[int | None, typer.Option(help="handlers running at once")] = None,
-    allow_host: Annotated[list[str], typer.Option("--allow-host", help="where http.request may call: [scheme://]host[:port], "
-                                                  "https and its port unless given; repeatable")] = [],  # noqa: B006
-    config: Annotated[str | None, typer.Option(help="YAML file with WorkerSettings (agents, hosts, ...)")] = None,
-    topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
-    metrics_port: Annotated[int | None, typer.Option(
-        help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_WORKER_METRICS_PORT, else off)")] = None,
+    allow_host: Annotated[
+        list[str],
+        typer.Option(
+            "--allow-host",
+            help="where http.request may call: [scheme://]host[:port], "
+            "https and its port unless given; repeatable",
+        ),
+    ] = [],  # noqa: B006
+    config: Annotated[
+        str | None, typer.Option(help="YAML file with WorkerSettings (agents, hosts, ...)")
+    ] = None,
+    topic_prefix: Annotated[
+        str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_WORKER_METRICS_PORT, else off)"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
 ) -> None:
     """Run an action worker: consume activations, run handlers, send receipts. SIGTERM drains."""
     _logging(log_level)
-    overrides: dict[str, Any] = {"name": name, "concurrency": concurrency, "queues": list(queue) or None,
-                                 "http_allowed_hosts": list(allow_host) or None, "metrics_port": metrics_port}
+    overrides: dict[str, Any] = {
+        "name": name,
+        "concurrency": concurrency,
+        "queues": list(queue) or None,
+        "http_allowed_hosts": list(allow_host) or None,
+        "metrics_port": metrics_port,
+    }
     settings = WorkerSettings.load(config, **overrides)
     modules = [load_module(m) for m in module]
     worker = Worker(settings=settings)
@@ -76,12 +99,22 @@ def worker_command(
 
 
 def child_executor_command(
-    instance_id: Annotated[str | None, typer.Option(
-        help="stable id of this instance (transactional id suffix; default: RUNFOLD_CHILD_EXECUTOR_INSTANCE_ID, "
-             "else 0)")] = None,
-    topic_prefix: Annotated[str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")] = None,
-    metrics_port: Annotated[int | None, typer.Option(
-        help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_CHILD_EXECUTOR_METRICS_PORT, else off)")] = None,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            help="stable id of this instance (transactional id suffix; default: RUNFOLD_CHILD_EXECUTOR_INSTANCE_ID, "
+            "else 0)"
+        ),
+    ] = None,
+    topic_prefix: Annotated[
+        str | None, typer.Option(help="topic prefix (default: RUNFOLD_TOPIC_PREFIX)")
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Prometheus /metrics port (0 = ephemeral; default: RUNFOLD_CHILD_EXECUTOR_METRICS_PORT, else off)"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
 ) -> None:
     """Run the child-run executor: child activations -> StartRun/CancelRun, child outcomes -> receipts."""
@@ -90,8 +123,13 @@ def child_executor_command(
     _logging(log_level)
     overrides: dict[str, Any] = {"instance_id": instance_id, "metrics_port": metrics_port}
     s = ChildExecutorSettings.load(**overrides)
-    code = ChildExecutor(topic_prefix=topic_prefix, instance_id=s.instance_id, batch=s.batch,
-                         metrics_port=s.metrics_port, metrics_host=s.metrics_host).run()
+    code = ChildExecutor(
+        topic_prefix=topic_prefix,
+        instance_id=s.instance_id,
+        batch=s.batch,
+        metrics_port=s.metrics_port,
+        metrics_host=s.metrics_host,
+    ).run()
     # A producer left inside a call that never returned must not be destroyed (that can block).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,9 +16,22 @@ from processors.executors.redaction import Redactor, redactor_for
 
 FAILURE_CODES = frozenset(
     {
-        "InvalidInput", "InvalidOutput", "UnknownReference", "ExecutionFailed", "Evaluation",
-        "State", "Timeout", "BudgetExceeded", "RetryExhausted", "DependencySkipped",
-        "Cancelled", "ChildFailed", "Conflict", "NotFound", "PermissionDenied", "Limit",
+        "InvalidInput",
+        "InvalidOutput",
+        "UnknownReference",
+        "ExecutionFailed",
+        "Evaluation",
+        "State",
+        "Timeout",
+        "BudgetExceeded",
+        "RetryExhausted",
+        "DependencySkipped",
+        "Cancelled",
+        "ChildFailed",
+        "Conflict",
+        "NotFound",
+        "PermissionDenied",
+        "Limit",
     }
 )
 MAX_MESSAGE_CHARS = 2000

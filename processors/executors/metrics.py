@@ -18,8 +18,11 @@ from processors.metrics_endpoint import MetricsEndpoint
 
 _HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-OUTCOME_BY_RECEIPT = {"ActivationCompleted": "completed", "ActivationFailed": "failed",
-                      "ActivationCancelled": "cancelled"}
+OUTCOME_BY_RECEIPT = {
+    "ActivationCompleted": "completed",
+    "ActivationFailed": "failed",
+    "ActivationCancelled": "cancelled",
+}
 
 
 def _bump(tally: dict[Any, int], key: Any, n: int = 1) -> None:
@@ -29,41 +32,75 @@ def _bump(tally: dict[Any, int], key: Any, n: int = 1) -> None:
 class WorkerMetrics(MetricsEndpoint):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = self._new_registry(registry)
-        self.activations = Counter("runfold_worker_activations", "Activations received (first delivery)",
-                                   ["queue", "action"], registry=r)
-        self.outcomes = Counter("runfold_worker_outcomes",
-                                "Terminal receipts sent: completed, failed (by code) or cancelled",
-                                ["action", "outcome", "code"], registry=r)
-        self.handler_seconds = Histogram("runfold_worker_handler_seconds", "Handler run time (start to return)",
-                                         ["action"], buckets=_HANDLER_BUCKETS, registry=r)
+        self.activations = Counter(
+            "runfold_worker_activations",
+            "Activations received (first delivery)",
+            ["queue", "action"],
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "runfold_worker_outcomes",
+            "Terminal receipts sent: completed, failed (by code) or cancelled",
+            ["action", "outcome", "code"],
+            registry=r,
+        )
+        self.handler_seconds = Histogram(
+            "runfold_worker_handler_seconds",
+            "Handler run time (start to return)",
+            ["action"],
+            buckets=_HANDLER_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("runfold_worker_in_flight", "Handlers running now", registry=r)
-        self.backlog = Gauge("runfold_worker_backlog", "Activations read, waiting for a handler slot", registry=r)
-        self.paused = Gauge("runfold_worker_paused", "1 while the assigned partitions are paused (backpressure)",
-                            registry=r)
-        self.receipts = Counter("runfold_worker_receipts", "Receipts handed to the producer, by type", ["type"],
-                                registry=r)
-        self.receipt_errors = Counter("runfold_worker_receipt_errors",
-                                      "Terminal receipts whose delivery failed: retried, or lost after 3 attempts",
-                                      ["outcome"], registry=r)
-        self.redeliveries = Counter("runfold_worker_redeliveries",
-                                    "Activations delivered again while running/waiting or after settling",
-                                    ["state"], registry=r)
-        self.cancel_signals = Counter("runfold_worker_cancel_signals",
-                                      "Handlers told to stop: cancel notice, deadline or worker shutdown",
-                                      ["kind"], registry=r)
-        self.leases_abandoned = Counter("runfold_worker_leases_abandoned",
-                                        "Handlers still running past deadline + cancel grace: heartbeats stop, "
-                                        "the processor's lease expires", registry=r)
-        self.dead_letters = Counter("runfold_worker_dead_letters", "Undecodable activations sent to dead letters",
-                                    registry=r)
-        self.consumer_replacements = Counter("runfold_worker_consumer_replacements",
-                                             "Consumers replaced by the stall watchdog", registry=r)
-        self.offset_commits = Counter("runfold_worker_offset_commits",
-                                      "Offset commits: requested (async during the loop), failed to request, "
-                                      "and the coordinator's answer (committed, rejected)",
-                                      ["outcome"], registry=r)
-        self.offsets_committed = Counter("runfold_worker_offsets_committed",
-                                         "Partition offsets in the commit requests", registry=r)
+        self.backlog = Gauge(
+            "runfold_worker_backlog", "Activations read, waiting for a handler slot", registry=r
+        )
+        self.paused = Gauge(
+            "runfold_worker_paused", "1 while the assigned partitions are paused (backpressure)", registry=r
+        )
+        self.receipts = Counter(
+            "runfold_worker_receipts", "Receipts handed to the producer, by type", ["type"], registry=r
+        )
+        self.receipt_errors = Counter(
+            "runfold_worker_receipt_errors",
+            "Terminal receipts whose delivery failed: retried, or lost after 3 attempts",
+            ["outcome"],
+            registry=r,
+        )
+        self.redeliveries = Counter(
+            "runfold_worker_redeliveries",
+            "Activations delivered again while running/waiting or after settling",
+            ["state"],
+            registry=r,
+        )
+        self.cancel_signals = Counter(
+            "runfold_worker_cancel_signals",
+            "Handlers told to stop: cancel notice, deadline or worker shutdown",
+            ["kind"],
+            registry=r,
+        )
+        self.leases_abandoned = Counter(
+            "runfold_worker_leases_abandoned",
+            "Handlers still running past deadline + cancel grace: heartbeats stop, "
+            "the processor's lease expires",
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "runfold_worker_dead_letters", "Undecodable activations sent to dead letters", registry=r
+        )
+        self.consumer_replacements = Counter(
+            "runfold_worker_consumer_replacements", "Consumers replaced by the stall watchdog", registry=r
+        )
+        self.offset_commits = Counter(
+            "runfold_worker_offset_commits",
+            "Offset commits: requested (async during the loop), failed to request, "
+            "and the coordinator's answer (committed, rejected)",
+            ["outcome"],
+            registry=r,
+        )
+        self.offsets_committed = Counter(
+            "runfold_worker_offsets_committed", "Partition offsets in the commit requests", registry=r
+        )
         self._activations: dict[tuple[str, str], int] = {}
         self._outcomes: dict[tuple[str, str, str], int] = {}
         self._durations: list[tuple[str, float]] = []
@@ -135,27 +172,49 @@ class ChildBatchTally:
 class ChildExecutorMetrics(MetricsEndpoint):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = self._new_registry(registry)
-        self.activations = Counter("runfold_child_executor_activations", "ChildRunActivation records handled",
-                                   registry=r)
-        self.expired = Counter("runfold_child_executor_expired",
-                               "ChildRunActivation records past their deadline: the child was not started",
-                               registry=r)
+        self.activations = Counter(
+            "runfold_child_executor_activations", "ChildRunActivation records handled", registry=r
+        )
+        self.expired = Counter(
+            "runfold_child_executor_expired",
+            "ChildRunActivation records past their deadline: the child was not started",
+            registry=r,
+        )
         self.cancels = Counter("runfold_child_executor_cancels", "ChildRunCancel records handled", registry=r)
-        self.commands = Counter("runfold_child_executor_commands", "Commands produced (committed), by type",
-                                ["type"], registry=r)
-        self.receipts = Counter("runfold_child_executor_receipts",
-                                "ChildRunFinished receipts produced (committed), by status", ["status"], registry=r)
-        self.dead_letters = Counter("runfold_child_executor_dead_letters",
-                                    "Undecodable child activations sent to dead letters", registry=r)
-        self.transactions = Counter("runfold_child_executor_transactions", "Kafka transactions, by outcome",
-                                    ["outcome"], registry=r)
-        self.commit_seconds = Histogram("runfold_child_executor_commit_seconds",
-                                        "send_offsets + commit_transaction time", buckets=_COMMIT_BUCKETS,
-                                        registry=r)
-        self.batch_records = Histogram("runfold_child_executor_batch_records", "Input records per transaction",
-                                       buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500), registry=r)
-        self.children_tracked = Gauge("runfold_child_executor_children_tracked",
-                                      "Running children whose parent step is held in memory", registry=r)
+        self.commands = Counter(
+            "runfold_child_executor_commands", "Commands produced (committed), by type", ["type"], registry=r
+        )
+        self.receipts = Counter(
+            "runfold_child_executor_receipts",
+            "ChildRunFinished receipts produced (committed), by status",
+            ["status"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "runfold_child_executor_dead_letters",
+            "Undecodable child activations sent to dead letters",
+            registry=r,
+        )
+        self.transactions = Counter(
+            "runfold_child_executor_transactions", "Kafka transactions, by outcome", ["outcome"], registry=r
+        )
+        self.commit_seconds = Histogram(
+            "runfold_child_executor_commit_seconds",
+            "send_offsets + commit_transaction time",
+            buckets=_COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.batch_records = Histogram(
+            "runfold_child_executor_batch_records",
+            "Input records per transaction",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+            registry=r,
+        )
+        self.children_tracked = Gauge(
+            "runfold_child_executor_children_tracked",
+            "Running children whose parent step is held in memory",
+            registry=r,
+        )
 
     def committed(self, tally: ChildBatchTally, records: int, commit_seconds: float, tracked: int) -> None:
         if tally.activations:

@@ -27,8 +27,14 @@ log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
 # A terminal receipt the broker refused as such (not for an outage). Sent again once (the broker
 # refuses whole batches, so a small receipt can share the fate of a large one), then replaced.
-_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
-                      KafkaError.RECORD_LIST_TOO_LARGE})
+_REFUSED = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+    }
+)
 
 
 def now_ms() -> int:
@@ -53,8 +59,13 @@ class ReceiptDelivery:
     _receipt_limit: int
     _last_commit_ms: int
 
-    def _produce(self, activation: dict[str, Any], receipt: dict[str, Any], on_delivery: Any = None,
-                 payload: bytes | None = None) -> None:
+    def _produce(
+        self,
+        activation: dict[str, Any],
+        receipt: dict[str, Any],
+        on_delivery: Any = None,
+        payload: bytes | None = None,
+    ) -> None:
         if payload is None:
             payload = self.encode_receipt(receipt)
         key = activation["run_id"].encode()
@@ -74,13 +85,18 @@ class ReceiptDelivery:
             encoded = self.encode_receipt(receipt)
             if len(encoded) > self._receipt_limit:
                 receipt = self._substitute(
-                    entry, receipt, f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt")
+                    entry,
+                    receipt,
+                    f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt",
+                )
             else:
                 payload = encoded
         except Exception as exc:  # not encodable (e.g. a lone surrogate in a message, a usage over 64 bits)
             receipt = self._substitute(entry, receipt, f"not encodable: {exc}")
         kind = receipt["type"]
-        self.counts[{"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")] += 1
+        self.counts[
+            {"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")
+        ] += 1
         self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
         self._produce_terminal(entry, receipt, payload)
 
@@ -96,12 +112,18 @@ class ReceiptDelivery:
 
     def _substitute(self, entry: Entry, receipt: dict[str, Any], why: str) -> dict[str, Any]:
         entry.substituted = True
-        log.error("receipt %s for %s cannot be sent (%s): sending a failure instead", receipt["type"],
-                  receipt["dispatch_id"], why)
+        log.error(
+            "receipt %s for %s cannot be sent (%s): sending a failure instead",
+            receipt["type"],
+            receipt["dispatch_id"],
+            why,
+        )
         self.metrics.count("receipt_errors", "substituted")
         return receipts.undeliverable(entry.activation, self.worker_id, receipt["type"], why)
 
-    def _terminal_delivered(self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message) -> None:
+    def _terminal_delivered(
+        self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message
+    ) -> None:
         self.unacked -= 1
         if err is not None:
             self._undelivered(entry, receipt, err)
@@ -118,17 +140,26 @@ class ReceiptDelivery:
             if entry.delivery_attempts < 2:  # maybe refused with a large neighbour in its batch
                 self._produce_terminal(entry, receipt)
             else:
-                self._produce_terminal(entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}"))
+                self._produce_terminal(
+                    entry, self._substitute(entry, receipt, f"refused by the broker: {err.str()}")
+                )
             return
         if err.code() == KafkaError._MSG_TIMED_OUT or (err.retriable() and entry.delivery_attempts < 3):
-            log.warning("receipt %s not delivered (%s, attempt %d); sending it again", receipt["type"], err,
-                        entry.delivery_attempts)
+            log.warning(
+                "receipt %s not delivered (%s, attempt %d); sending it again",
+                receipt["type"],
+                err,
+                entry.delivery_attempts,
+            )
             self.metrics.count("receipt_errors", "retried")
             self._produce_terminal(entry, receipt)
             return
         self.metrics.count("receipt_errors", "lost")
         self.running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
-        self.failed = self.failed or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
+        self.failed = (
+            self.failed
+            or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
+        )
         self.stopping = True
 
     def _settle(self, entry: Entry) -> None:

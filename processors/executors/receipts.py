@@ -51,7 +51,11 @@ def heartbeat(activation: dict[str, Any], worker_id: str, seq: int) -> dict[str,
 
 
 def failed(
-    activation: dict[str, Any], worker_id: str, code: str, message: str, retryable: bool,
+    activation: dict[str, Any],
+    worker_id: str,
+    code: str,
+    message: str,
+    retryable: bool,
     usage: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     msg = _base(activation, "ActivationFailed", worker_id, "failed")
@@ -72,13 +76,17 @@ def cancelled(activation: dict[str, Any], worker_id: str, reason: str) -> dict[s
     return msg
 
 
-def completed(activation: dict[str, Any], worker_id: str, output: Any, usage: dict[str, int]) -> dict[str, Any]:
+def completed(
+    activation: dict[str, Any], worker_id: str, output: Any, usage: dict[str, int]
+) -> dict[str, Any]:
     msg = _base(activation, "ActivationCompleted", worker_id, "completed")
     msg.update(output=output, usage=usage)
     return msg
 
 
-def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseException | None = None) -> dict[str, Any]:
+def terminal_receipt(
+    ctx: ActionContext, output: Any = None, error: BaseException | None = None
+) -> dict[str, Any]:
     """The receipt that settles an activation once its handler has returned or raised."""
     activation, worker_id, secrets = ctx.activation, ctx.worker_id, ctx.secrets.redactor
     usage = ctx.usage_record()
@@ -89,18 +97,35 @@ def terminal_receipt(ctx: ActionContext, output: Any = None, error: BaseExceptio
     if ctx.cancel_kind == "deadline":
         return failed(activation, worker_id, "Timeout", "activation deadline passed", True, usage)
     if ctx.cancel_kind == "shutdown" and error is not None:
-        return failed(activation, worker_id, "Cancelled", "worker shut down before the handler finished", True, usage)
+        return failed(
+            activation, worker_id, "Cancelled", "worker shut down before the handler finished", True, usage
+        )
     if error is not None:
         code, message, retryable = classify(error, secrets)
         return failed(activation, worker_id, code, message, retryable, usage)
     try:
         orjson.dumps(output)
     except TypeError as exc:
-        return failed(activation, worker_id, "InvalidOutput", f"output is not JSON: {redact(str(exc), secrets)}", False, usage)
+        return failed(
+            activation,
+            worker_id,
+            "InvalidOutput",
+            f"output is not JSON: {redact(str(exc), secrets)}",
+            False,
+            usage,
+        )
     if secrets.contains(output):
-        return failed(activation, worker_id, "InvalidOutput", "output contains a resolved secret", False, usage)
+        return failed(
+            activation, worker_id, "InvalidOutput", "output contains a resolved secret", False, usage
+        )
     literals = find_secret_literals(output)
     if literals:  # paths only: the values never leave the worker
-        return failed(activation, worker_id, "InvalidOutput",
-                      f"output holds secret-looking values at {', '.join(literals[:5])}", False, usage)
+        return failed(
+            activation,
+            worker_id,
+            "InvalidOutput",
+            f"output holds secret-looking values at {', '.join(literals[:5])}",
+            False,
+            usage,
+        )
     return completed(activation, worker_id, output, usage)

@@ -67,13 +67,23 @@ def _base64_cores(raw: bytes) -> list[str]:
 
 def _text_forms(secret: str) -> list[str]:
     forms = [
-        secret, secret.upper(), secret.lower(),
-        quote(secret, safe=""), quote(secret), quote_plus(secret, safe=""), quote(quote(secret, safe=""), safe=""),
-        json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"),
+        secret,
+        secret.upper(),
+        secret.lower(),
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret, safe=""),
+        quote(quote(secret, safe=""), safe=""),
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        json.dumps(secret)[1:-1].replace("/", "\\/"),
         json.dumps(json.dumps(secret)[1:-1])[1:-1],  # JSON text inside a JSON string
-        repr(secret)[1:-1], repr(secret.encode())[2:-1], secret.encode("unicode_escape").decode("ascii"),
-        html.escape(secret), secret.encode().hex(),
-    ]  # fmt: skip
+        repr(secret)[1:-1],
+        repr(secret.encode())[2:-1],
+        secret.encode("unicode_escape").decode("ascii"),
+        html.escape(secret),
+        secret.encode().hex(),
+    ]
     return [_lower(f) for f in forms]
 
 

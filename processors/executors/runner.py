@@ -90,7 +90,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
     """One worker. Its parts: the consumer in its group (worker_group.py), receipts out and
     offsets committed (receipt_delivery.py); admission, handlers, leases and drain are here."""
 
-    def __init__(self, worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> None:
+    def __init__(
+        self, worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
+    ) -> None:
         self.worker = worker
         self.settings = worker.settings
         self.kafka = kafka or load_settings()
@@ -151,17 +153,27 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         try:
             if self.settings.metrics_port is not None:
                 try:
-                    self.metrics_port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+                    self.metrics_port = self.metrics.serve(
+                        self.settings.metrics_port, self.settings.metrics_host
+                    )
                 except CannotServe as e:
                     log.error("worker %s stopped: %s", self.worker_id, e)
                     return 1
             await self._fit_receipts_topic()
             if self.stopping:  # asked to stop while the cluster was not answering yet
                 return 0
-            connect_first(self.producer, self.names.receipts)  # the first receipt does not wait for a producer id
+            connect_first(
+                self.producer, self.names.receipts
+            )  # the first receipt does not wait for a producer id
             self._subscribe()
-            log.info("worker %s serving %s (group %s, actions %s, metrics port %s)", self.worker_id, self.topics,
-                     self.group_id, self.worker.action_names(), self.metrics_port)
+            log.info(
+                "worker %s serving %s (group %s, actions %s, metrics port %s)",
+                self.worker_id,
+                self.topics,
+                self.group_id,
+                self.worker.action_names(),
+                self.metrics_port,
+            )
             while not self.stopping:
                 busy = self._poll()
                 self._check_consumer()
@@ -183,7 +195,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
                 else:
                     # Handlers running, nothing to read or send: back off to 4 ms (a poll is ~20 us
                     # of CPU; a longer sleep is added to the latency of the next activation).
-                    await asyncio.sleep(0.001 * (2 ** idle))
+                    await asyncio.sleep(0.001 * (2**idle))
             await self._drain()
         finally:
             await self._close()
@@ -224,8 +236,12 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id, batch_size=fitted))
         self._batch_bytes = fitted
         self._receipt_limit = min(self._receipt_limit, fitted)
-        log.info("receipts topic %s takes batches of at most %d bytes: receipts limited to %d bytes",
-                 self.names.receipts, limit, fitted)
+        log.info(
+            "receipts topic %s takes batches of at most %d bytes: receipts limited to %d bytes",
+            self.names.receipts,
+            limit,
+            fitted,
+        )
 
     def request_stop(self) -> None:
         if not self.stopping:
@@ -241,8 +257,11 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             self._commit(force=False)
             await asyncio.sleep(0.01)
         if self.running:
-            log.warning("worker %s: %d handlers still running after the drain timeout; stopping them",
-                        self.worker_id, len(self.running))
+            log.warning(
+                "worker %s: %d handlers still running after the drain timeout; stopping them",
+                self.worker_id,
+                len(self.running),
+            )
             for entry in list(self.running.values()):
                 self._signal(entry, "worker shutting down", "shutdown")
             deadline = time.monotonic() + (self.settings.cancel_grace_ms + 2000) / 1000
@@ -349,7 +368,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         waiting = self.backlog.pop(dispatch, None)
         if waiting is not None:
             self.running[dispatch] = waiting  # holds a slot until its receipt is acknowledged
-            self._send_terminal(waiting, receipts.cancelled(waiting.activation, self.worker_id, f"before start: {reason}"))
+            self._send_terminal(
+                waiting, receipts.cancelled(waiting.activation, self.worker_id, f"before start: {reason}")
+            )
             return
         entry = self.running.get(dispatch)
         if entry is not None:
@@ -360,18 +381,27 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.metrics.count("dead_letters")
         log.error("undecodable activation at %s[%d]@%d: %s", tp[0], tp[1], offset, error)
         body = {
-            "record_id": f"{tp[0]}:{tp[1]}:{offset}", "ts_ms": now_ms(), "source_topic": tp[0],
-            "source_partition": tp[1], "source_offset": offset, "key": msg.key(), "error": error[:2000],
-            "original": msg.value() or b"", "producer": self.worker_id,
+            "record_id": f"{tp[0]}:{tp[1]}:{offset}",
+            "ts_ms": now_ms(),
+            "source_topic": tp[0],
+            "source_partition": tp[1],
+            "source_offset": offset,
+            "key": msg.key(),
+            "error": error[:2000],
+            "original": msg.value() or b"",
+            "producer": self.worker_id,
         }
         if len(body["original"]) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
             body["error"] = f"{body['error']} (original of {len(body['original'])} bytes not kept)"[:2000]
             body["original"] = b""
         done = functools.partial(self._dead_letter_delivered, tp, offset)
-        self.producer.produce(self.names.dead_letters, self.codec.encode("dead_letters", body),
-                              key=msg.key(), on_delivery=done)
+        self.producer.produce(
+            self.names.dead_letters, self.codec.encode("dead_letters", body), key=msg.key(), on_delivery=done
+        )
 
-    def _dead_letter_delivered(self, tp: tuple[str, int], offset: int, err: KafkaError | None, _msg: Message) -> None:
+    def _dead_letter_delivered(
+        self, tp: tuple[str, int], offset: int, err: KafkaError | None, _msg: Message
+    ) -> None:
         if err is not None:
             log.error("dead letter for %s[%d]@%d not delivered: %s", tp[0], tp[1], offset, err)
         self.tracker.done(tp, offset)
@@ -392,29 +422,50 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         dispatch = act["dispatch_id"]
         # The queue is the topic's it came from (not what the record says): the policy's queue rules
         # bind to the worker pool that serves the topic.
-        resolver = SecretResolver(self.worker.secrets, act.get("capabilities") or (), self.policy,
-                                  act.get("definition_id") or "", self._queue_of.get(entry.tp[0], ""))
-        ctx = ActionContext(act, resolver, self.worker_id, functools.partial(self._request_heartbeat, dispatch))
+        resolver = SecretResolver(
+            self.worker.secrets,
+            act.get("capabilities") or (),
+            self.policy,
+            act.get("definition_id") or "",
+            self._queue_of.get(entry.tp[0], ""),
+        )
+        ctx = ActionContext(
+            act, resolver, self.worker_id, functools.partial(self._request_heartbeat, dispatch)
+        )
         entry.ctx = ctx
         action: Action | None = None
         if act.get("kind") == "agent":
             if not act.get("agent"):
-                self._send_terminal(entry, receipts.failed(act, self.worker_id, "InvalidInput",
-                                                           "agent activation without an agent spec", False))
+                self._send_terminal(
+                    entry,
+                    receipts.failed(
+                        act, self.worker_id, "InvalidInput", "agent activation without an agent spec", False
+                    ),
+                )
                 return
         else:
             action = self.worker.lookup(act.get("action") or "")
             if action is None:
-                self._send_terminal(entry, receipts.failed(
-                    act, self.worker_id, "UnknownReference",
-                    f"action {act.get('action')!r} is not registered on workers of queues {self.settings.queues}",
-                    False))
+                self._send_terminal(
+                    entry,
+                    receipts.failed(
+                        act,
+                        self.worker_id,
+                        "UnknownReference",
+                        f"action {act.get('action')!r} is not registered on workers of queues {self.settings.queues}",
+                        False,
+                    ),
+                )
                 return
             entry.is_async = action.is_async
         deadline = act.get("deadline_ms")
         if deadline is not None and now_ms() >= deadline:
-            self._send_terminal(entry, receipts.failed(act, self.worker_id, "Timeout",
-                                                       "activation deadline passed before start", True))
+            self._send_terminal(
+                entry,
+                receipts.failed(
+                    act, self.worker_id, "Timeout", "activation deadline passed before start", True
+                ),
+            )
             return
         self._produce(act, receipts.accepted(act, self.worker_id))
         entry.next_heartbeat_ms = now_ms() + int(act.get("heartbeat_ms") or 5000)
@@ -432,10 +483,14 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             elif action.is_async:
                 output = await action.fn(ctx, entry.activation.get("input"))
             else:
-                output = await self._loop.run_in_executor(self.pool, action.fn, ctx, entry.activation.get("input"))
+                output = await self._loop.run_in_executor(
+                    self.pool, action.fn, ctx, entry.activation.get("input")
+                )
             receipt = receipts.terminal_receipt(ctx, output=output)
         except asyncio.CancelledError:  # our hard cancel after the grace period
-            receipt = receipts.terminal_receipt(ctx, error=ActionError("Cancelled", "handler task cancelled", True))
+            receipt = receipts.terminal_receipt(
+                ctx, error=ActionError("Cancelled", "handler task cancelled", True)
+            )
         except Exception as exc:
             receipt = receipts.terminal_receipt(ctx, error=exc)
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
@@ -463,7 +518,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
 
     def _heartbeat(self, entry: Entry, now: int) -> None:
         entry.heartbeat_seq += 1
-        self._produce(entry.activation, receipts.heartbeat(entry.activation, self.worker_id, entry.heartbeat_seq))
+        self._produce(
+            entry.activation, receipts.heartbeat(entry.activation, self.worker_id, entry.heartbeat_seq)
+        )
         entry.next_heartbeat_ms = now + int(entry.activation.get("heartbeat_ms") or 5000)
 
     def _tick(self) -> None:

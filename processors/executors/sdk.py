@@ -49,7 +49,8 @@ class ActionRegistry:
         if name in self._actions and self._actions[name].fn is not fn:
             raise ValueError(f"action {name!r} is already registered")
         params = [
-            p for p in inspect.signature(fn).parameters.values()
+            p
+            for p in inspect.signature(fn).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         if len(params) < 2:

@@ -99,7 +99,9 @@ class WorkerSettings(BaseSettings):
     http_timeout_s: float = Field(default=30.0, gt=0)
     http_max_response_bytes: int = Field(default=1_000_000, ge=1)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
-    metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65_535
+    )  # Prometheus /metrics; None = off, 0 = ephemeral
     metrics_host: str = LOOPBACK  # "0.0.0.0" (or an interface's address) exposes it beyond this machine
     # secret name -> who may resolve it and where it may be sent. No rule: the secret never
     # resolves on this worker (PermissionDenied), whatever an activation's capabilities say.
@@ -114,8 +116,10 @@ class WorkerSettings(BaseSettings):
             try:
                 ipaddress.ip_network(net.strip(), strict=False)
             except ValueError:
-                raise ValueError(f"http_allowed_networks entry {net!r} is not an address or network "
-                                 "(e.g. 10.0.0.0/8, fd00::/8)") from None
+                raise ValueError(
+                    f"http_allowed_networks entry {net!r} is not an address or network "
+                    "(e.g. 10.0.0.0/8, fd00::/8)"
+                ) from None
         return [n.strip() for n in v]
 
     def group_id(self, prefix: str) -> str:
@@ -128,8 +132,9 @@ class WorkerSettings(BaseSettings):
         RUNFOLD_WORKER_* variables. Invalid settings raise SettingsInvalid naming each problem."""
         data = read_config_file(path=path, what=f"worker config file {path}") if path is not None else {}
         data.update({k: v for k, v in overrides.items() if v is not None})
-        return build_settings(cls, "set by options, RUNFOLD_WORKER_<FIELD> environment variables or --config",
-                              **data)
+        return build_settings(
+            cls, "set by options, RUNFOLD_WORKER_<FIELD> environment variables or --config", **data
+        )
 
 
 class ChildExecutorSettings(BaseSettings):
@@ -139,10 +144,15 @@ class ChildExecutorSettings(BaseSettings):
 
     instance_id: str = "0"  # stable per instance: the suffix of its transactional id
     batch: int = Field(default=500, ge=1)  # records per poll, i.e. per transaction at most
-    metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # Prometheus /metrics; None = off, 0 = ephemeral
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65_535
+    )  # Prometheus /metrics; None = off, 0 = ephemeral
     metrics_host: str = LOOPBACK
 
     @classmethod
     def load(cls, **overrides: Any) -> ChildExecutorSettings:
-        return build_settings(cls, "set by options or RUNFOLD_CHILD_EXECUTOR_<FIELD> environment variables",
-                              **{k: v for k, v in overrides.items() if v is not None})
+        return build_settings(
+            cls,
+            "set by options or RUNFOLD_CHILD_EXECUTOR_<FIELD> environment variables",
+            **{k: v for k, v in overrides.items() if v is not None},
+        )

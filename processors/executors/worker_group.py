@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runfold.worker")
 PAUSE_AFTER_S = 0.5
-UNASSIGNED_LIMIT_S = 30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
+UNASSIGNED_LIMIT_S = (
+    30.0  # no assignment this long after subscribing or losing partitions: replace the consumer
+)
 REPLACE_SPACING_S = 5.0  # at most one consumer replacement per this many seconds
 
 
@@ -46,11 +48,13 @@ class WorkerGroup:
     _replaced_at: float
 
     if TYPE_CHECKING:
+
         def _load(self) -> int: ...
 
     def _new_consumer(self) -> Consumer:
-        return Consumer({**consumer_config(self.kafka, self.group_id, read_committed=True),
-                         "on_commit": self._on_commit})
+        return Consumer(
+            {**consumer_config(self.kafka, self.group_id, read_committed=True), "on_commit": self._on_commit}
+        )
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The group coordinator's answer to a commit request (served by poll): a rebalance in
@@ -59,15 +63,22 @@ class WorkerGroup:
         self.metrics.count("offset_commits", "rejected" if rejected else "committed")
 
     def _subscribe(self) -> None:
-        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
         self._unassigned_since = time.monotonic()
 
     def _check_consumer(self) -> None:
         """Replace a consumer that failed or sits outside the group (see docs/executors.md "Stalls")."""
         since = self._unassigned_since
-        if self._consumer_failed is None and since is not None and time.monotonic() - since > UNASSIGNED_LIMIT_S:
-            self._consumer_failed = f"no partition assignment {UNASSIGNED_LIMIT_S:.0f} s after joining the group"
+        if (
+            self._consumer_failed is None
+            and since is not None
+            and time.monotonic() - since > UNASSIGNED_LIMIT_S
+        ):
+            self._consumer_failed = (
+                f"no partition assignment {UNASSIGNED_LIMIT_S:.0f} s after joining the group"
+            )
         if self._consumer_failed is not None and time.monotonic() - self._replaced_at >= REPLACE_SPACING_S:
             self._replace_consumer(self._consumer_failed)
 
@@ -92,8 +103,9 @@ class WorkerGroup:
         self._subscribe()
         # Closing a failed consumer can block until its group requests time out: close it aside.
         # Its rebalance callbacks are ignored (they name a consumer that is no longer ours).
-        threading.Thread(target=self._close_quietly, args=(old,), name="close-failed-consumer",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._close_quietly, args=(old,), name="close-failed-consumer", daemon=True
+        ).start()
 
     @staticmethod
     def _close_quietly(consumer: Consumer) -> None:
@@ -101,7 +113,6 @@ class WorkerGroup:
             consumer.close()
         except Exception as exc:
             log.warning("closing the failed consumer failed: %s", exc)
-
 
     def _backpressure(self) -> None:
         """Pause the partitions after admission has been full for PAUSE_AFTER_S; resume below it.
@@ -137,8 +148,9 @@ class WorkerGroup:
         commits = self.tracker.take_commits(only=revoked)
         if commits:
             with contextlib.suppress(Exception):
-                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()],
-                                asynchronous=False)
+                consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()], asynchronous=False
+                )
         self.tracker.forget(revoked)
         # Not started and not committed: the partitions' next owner runs them, so must not we.
         gone = set(revoked)

@@ -49,24 +49,43 @@ class RebuildReport:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": True, "store_root": self.store_root, "events": self.events, "undecodable": self.undecodable,
-                "runs_before_log_start": sorted(self.runs_before_log_start),
-                "seconds": round(self.seconds, 3), "events_per_s": round(self.events_per_s, 1),
-                "partitions": {str(p): v for p, v in sorted(self.partitions.items())}}
+        return {
+            "ok": True,
+            "store_root": self.store_root,
+            "events": self.events,
+            "undecodable": self.undecodable,
+            "runs_before_log_start": sorted(self.runs_before_log_start),
+            "seconds": round(self.seconds, 3),
+            "events_per_s": round(self.events_per_s, 1),
+            "partitions": {str(p): v for p, v in sorted(self.partitions.items())},
+        }
 
 
 def _noop(*_: Any, **__: Any) -> None:
     return None
 
 
-def rebuild(settings: ProcessorSettings, *, replace: bool = False, partitions: list[int] | None = None,
-            codec: Codec | None = None, progress: Progress | None = None) -> RebuildReport:
+def rebuild(
+    settings: ProcessorSettings,
+    *,
+    replace: bool = False,
+    partitions: list[int] | None = None,
+    codec: Codec | None = None,
+    progress: Progress | None = None,
+) -> RebuildReport:
     """Rebuild the stores under `settings.store_root()` (one per run-events partition)."""
     codec = codec or Codec.default()
     topics = settings.topics
     root = settings.store_root()
-    folder = Folder(EngineContext(catalog=Catalog()), codec, topics, _noop, _noop, lambda: 0,
-                    settings.finished_retention_ms)  # the same purge times the processor's restore sets
+    folder = Folder(
+        EngineContext(catalog=Catalog()),
+        codec,
+        topics,
+        _noop,
+        _noop,
+        lambda: 0,
+        settings.finished_retention_ms,
+    )  # the same purge times the processor's restore sets
     report = RebuildReport(store_root=str(root))
     started = time.monotonic()
     reader = PartitionReader(settings, timeout_s=30.0)
@@ -77,8 +96,10 @@ def rebuild(settings: ProcessorSettings, *, replace: bool = False, partitions: l
             path = root / f"p{p}"
             if path.exists() and any(path.iterdir()):
                 if not replace:
-                    raise RebuildError(f"{path} already holds a store; pass --replace to rebuild it "
-                                       "(stop the processor that uses it first)")
+                    raise RebuildError(
+                        f"{path} already holds a store; pass --replace to rebuild it "
+                        "(stop the processor that uses it first)"
+                    )
                 PartitionStore.destroy(path)
         total = sum(reader.end_offset(topics.run_events, p) for p in wanted)
         _rebuild_partitions(reader, folder, root, wanted, topics.run_events, report, progress, total)
@@ -109,8 +130,16 @@ class _Target:
         self.pending = 0
 
 
-def _rebuild_partitions(reader: PartitionReader, folder: Folder, root: Path, wanted: list[int], topic: str,
-                        report: RebuildReport, progress: Progress | None, total: int) -> None:
+def _rebuild_partitions(
+    reader: PartitionReader,
+    folder: Folder,
+    root: Path,
+    wanted: list[int],
+    topic: str,
+    report: RebuildReport,
+    progress: Progress | None,
+    total: int,
+) -> None:
     """One pass over every wanted partition at once (their fetches overlap), a chunked write per
     partition every _CHUNK records, so memory stays bounded."""
     targets: dict[int, _Target] = {}
@@ -141,8 +170,12 @@ def _rebuild_partitions(reader: PartitionReader, folder: Folder, root: Path, wan
         for p, t in targets.items():
             t.flush()
             report.events += t.events
-            report.partitions[p] = {"events": t.events, "records": t.records, "runs": len(t.runs),
-                                    "applied_offset": t.store.applied_offset}
+            report.partitions[p] = {
+                "events": t.events,
+                "records": t.records,
+                "runs": len(t.runs),
+                "applied_offset": t.store.applied_offset,
+            }
         if progress is not None:
             progress(done, max(total, done))
     finally:

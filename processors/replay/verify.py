@@ -70,11 +70,20 @@ class VerifyReport:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "runs": self.runs, "runs_checked": self.runs_checked, "events": self.events,
-                "rejected": self.rejected, "snapshots": self.snapshots, "purged": self.purged, "expired": self.expired,
-                "undecodable": self.undecodable,
-                "seconds": round(self.seconds, 3), "events_per_s": round(self.events_per_s, 1),
-                "differences": [asdict(d) for d in self.differences]}
+        return {
+            "ok": self.ok,
+            "runs": self.runs,
+            "runs_checked": self.runs_checked,
+            "events": self.events,
+            "rejected": self.rejected,
+            "snapshots": self.snapshots,
+            "purged": self.purged,
+            "expired": self.expired,
+            "undecodable": self.undecodable,
+            "seconds": round(self.seconds, 3),
+            "events_per_s": round(self.events_per_s, 1),
+            "differences": [asdict(d) for d in self.differences],
+        }
 
 
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
@@ -92,9 +101,15 @@ def _end_total(reader: PartitionReader, topic: str) -> int:
     return sum(reader.end_offset(topic, p) for p in range(reader.partition_count(topic)))
 
 
-def read_snapshots(reader: PartitionReader, codec: Codec, topic: str, report: VerifyReport,
-                   progress: Progress | None = None, deadline: float | None = None,
-                   tombstoned: set[str] | None = None) -> dict[str, _Snap]:
+def read_snapshots(
+    reader: PartitionReader,
+    codec: Codec,
+    topic: str,
+    report: VerifyReport,
+    progress: Progress | None = None,
+    deadline: float | None = None,
+    tombstoned: set[str] | None = None,
+) -> dict[str, _Snap]:
     """The latest snapshot per run; runs whose latest record is a tombstone (purged after
     their retention) go to `tombstoned`."""
     decode = codec.decoder("run_state")
@@ -128,8 +143,14 @@ def read_snapshots(reader: PartitionReader, codec: Codec, topic: str, report: Ve
     return latest
 
 
-def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: float = 600.0,
-           progress: Progress | None = None, snapshot_progress: Progress | None = None) -> VerifyReport:
+def verify(
+    settings: KafkaSettings,
+    *,
+    codec: Codec | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+    snapshot_progress: Progress | None = None,
+) -> VerifyReport:
     """Fold every committed run event and compare each run with its latest snapshot."""
     codec = codec or Codec.default()
     topics = topic_names(settings)
@@ -139,7 +160,9 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
     reader = PartitionReader(settings, timeout_s=30.0)
     try:
         tombstoned: set[str] = set()
-        snaps = read_snapshots(reader, codec, topics.run_state, report, snapshot_progress, deadline, tombstoned)
+        snaps = read_snapshots(
+            reader, codec, topics.run_state, report, snapshot_progress, deadline, tombstoned
+        )
         decode = codec.decoder("run_events")
         states: dict[str, Any] = {}
         last_seq: dict[str, int] = {}
@@ -179,8 +202,12 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
                 last_seq[run_id] = seq
                 continue
             elif run_id not in failed and seq != last_seq.get(run_id, 0) + 1:
-                differ(run_id, "sequence_gap", folded_sequence=last_seq.get(run_id, 0),
-                       detail=f"event sequence {seq} follows {last_seq.get(run_id, 0)} (offset {msg.offset()})")
+                differ(
+                    run_id,
+                    "sequence_gap",
+                    folded_sequence=last_seq.get(run_id, 0),
+                    detail=f"event sequence {seq} follows {last_seq.get(run_id, 0)} (offset {msg.offset()})",
+                )
             if seq:
                 last_seq[run_id] = seq
             state = evolve(states.get(run_id), ev)
@@ -193,16 +220,34 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
                 checked.add(run_id)
                 actual = state_digest(state)
                 if snap.own_digest and snap.own_digest != snap.digest:
-                    differ(run_id, "snapshot_corrupt", expected_digest=snap.digest, actual_digest=actual,
-                           snapshot_sequence=snap.sequence, folded_sequence=seq,
-                           detail="the snapshot's state does not hash to its state_digest")
+                    differ(
+                        run_id,
+                        "snapshot_corrupt",
+                        expected_digest=snap.digest,
+                        actual_digest=actual,
+                        snapshot_sequence=snap.sequence,
+                        folded_sequence=seq,
+                        detail="the snapshot's state does not hash to its state_digest",
+                    )
                 elif actual != snap.digest:
-                    differ(run_id, "digest_mismatch", expected_digest=snap.digest, actual_digest=actual,
-                           snapshot_sequence=snap.sequence, folded_sequence=seq)
+                    differ(
+                        run_id,
+                        "digest_mismatch",
+                        expected_digest=snap.digest,
+                        actual_digest=actual,
+                        snapshot_sequence=snap.sequence,
+                        folded_sequence=seq,
+                    )
                 elif run_status(state) != snap.status:
-                    differ(run_id, "status_mismatch", expected_digest=snap.digest, actual_digest=actual,
-                           snapshot_sequence=snap.sequence, folded_sequence=seq,
-                           detail=f"snapshot says {snap.status}, fold says {run_status(state)}")
+                    differ(
+                        run_id,
+                        "status_mismatch",
+                        expected_digest=snap.digest,
+                        actual_digest=actual,
+                        snapshot_sequence=snap.sequence,
+                        folded_sequence=seq,
+                        detail=f"snapshot says {snap.status}, fold says {run_status(state)}",
+                    )
         if progress is not None:
             progress(n, max(total, n))
         for run_id, first in lost.items():
@@ -210,22 +255,39 @@ def verify(settings: KafkaSettings, *, codec: Codec | None = None, timeout_s: fl
             if snap is None or snap.status in _FINISHED:
                 report.expired += 1  # finished (or purged) before its events expired: nothing lost
             else:
-                differ(run_id, "beginning_not_in_log", snapshot_sequence=snap.sequence, folded_sequence=0, detail=(
-                    f"a {snap.status} run whose first event in the log is {first}: run-events retention "
-                    "deleted its beginning, so it cannot be verified nor restored"))
+                differ(
+                    run_id,
+                    "beginning_not_in_log",
+                    snapshot_sequence=snap.sequence,
+                    folded_sequence=0,
+                    detail=(
+                        f"a {snap.status} run whose first event in the log is {first}: run-events retention "
+                        "deleted its beginning, so it cannot be verified nor restored"
+                    ),
+                )
         for run_id, snap in snaps.items():
             if run_id in checked or run_id in failed:
                 continue
-            differ(run_id, "events_missing", expected_digest=snap.digest, snapshot_sequence=snap.sequence,
-                   folded_sequence=last_seq.get(run_id, 0),
-                   detail="the snapshot is beyond the run's last committed event")
+            differ(
+                run_id,
+                "events_missing",
+                expected_digest=snap.digest,
+                snapshot_sequence=snap.sequence,
+                folded_sequence=last_seq.get(run_id, 0),
+                detail="the snapshot is beyond the run's last committed event",
+            )
         for run_id in states:
             if run_id not in snaps and run_id not in failed:
                 if run_id in tombstoned and run_status(states[run_id]) in _FINISHED:
                     report.purged += 1  # retention ended: the table forgot it, the events remain
                     continue
-                differ(run_id, "no_snapshot", actual_digest=state_digest(states[run_id]),
-                       folded_sequence=last_seq.get(run_id, 0), detail="events but no run-state snapshot")
+                differ(
+                    run_id,
+                    "no_snapshot",
+                    actual_digest=state_digest(states[run_id]),
+                    folded_sequence=last_seq.get(run_id, 0),
+                    detail="events but no run-state snapshot",
+                )
         report.runs = len(states)
         report.runs_checked = len(checked)
     finally:

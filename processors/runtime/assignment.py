@@ -66,17 +66,24 @@ def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
     rate = r.events / elapsed if elapsed > 0 else 0.0
     read_from = r.first_offset if r.first_offset != NO_OFFSET else max(r.start_offset, 0)
     offset_rate = (position - read_from) / elapsed if elapsed > 0 else 0.0  # markers too, like `left`
-    return {"partition": r.partition, "restored_events": r.events, "next_offset": position, "log_end": log_end,
-            "offsets_left": left, "events_per_s": round(rate),
-            "eta_s": round(left / offset_rate) if left and offset_rate else None}
+    return {
+        "partition": r.partition,
+        "restored_events": r.events,
+        "next_offset": position,
+        "log_end": log_end,
+        "offsets_left": left,
+        "events_per_s": round(rate),
+        "eta_s": round(left / offset_rate) if left and offset_rate else None,
+    }
 
 
 class Partitions:
     """The stores of the owned partitions and their restore state. The loop thread
     mutates; the query server reads `store(p)` under the lock."""
 
-    def __init__(self, settings: ProcessorSettings, folder: Folder, metrics: ProcessorMetrics,
-                 log: Logger) -> None:
+    def __init__(
+        self, settings: ProcessorSettings, folder: Folder, metrics: ProcessorMetrics, log: Logger
+    ) -> None:
         self._settings = settings
         self._folder = folder
         self._metrics = metrics
@@ -94,21 +101,29 @@ class Partitions:
     def _new_readers(self) -> tuple[Consumer, Consumer]:
         reader = Consumer(self._settings.side_consumer_config("restore"))
         # read_uncommitted watermark = log end; compared with the committed end (LSO)
-        log_end = Consumer({**self._settings.side_consumer_config("watermarks"), "isolation.level": "read_uncommitted"})
+        log_end = Consumer(
+            {**self._settings.side_consumer_config("watermarks"), "isolation.level": "read_uncommitted"}
+        )
         return reader, log_end
 
     def _renew_readers(self) -> None:
         """After a broker fenced itself, a side client was seen answering "Unknown partition" from
         its metadata cache for good (a metadata refresh did not help): new clients resume every
         restore from what its store has applied."""
-        self._log.warning("restore clients keep failing; replacing them", extra={"restoring": sorted(self.restoring)})
+        self._log.warning(
+            "restore clients keep failing; replacing them", extra={"restoring": sorted(self.restoring)}
+        )
         old = (self._reader, self._log_end)
         self._reader, self._log_end = self._new_readers()
         self._readers_renewed_at = time.monotonic()
         resume = []
         for p, r in self.restoring.items():
             applied = self._stores[p].applied_offset
-            resume.append(TopicPartition(self._events_topic, p, applied + 1 if applied != NO_OFFSET else OFFSET_BEGINNING))
+            resume.append(
+                TopicPartition(
+                    self._events_topic, p, applied + 1 if applied != NO_OFFSET else OFFSET_BEGINNING
+                )
+            )
             r.end_seen, r.recheck_at, r.failing_since = None, 0.0, None
         if resume:
             self._reader.incremental_assign(resume)
@@ -167,17 +182,27 @@ class Partitions:
             return store
         try:
             _low, log_end = self._log_end.get_watermark_offsets(
-                TopicPartition(self._events_topic, p), timeout=10, cached=False)
+                TopicPartition(self._events_topic, p), timeout=10, cached=False
+            )
         except KafkaException as e:  # inside on_assign: raising would stop the processor
-            self._log.warning("could not compare the store with run-events (broker unavailable); keeping it",
-                              extra={"partition": p, "error": e.args[0].str()})
+            self._log.warning(
+                "could not compare the store with run-events (broker unavailable); keeping it",
+                extra={"partition": p, "error": e.args[0].str()},
+            )
             return store
         if store.applied_offset < log_end:
             return store
         # The store reflects events the log does not have (topic recreated, wrong cluster):
         # it cannot be trusted. Rebuild it from the log.
-        self._log.error("store is ahead of run-events; rebuilding it from the log", extra={
-            "partition": p, "store_offset": store.applied_offset, "log_end": log_end, "path": str(path)})
+        self._log.error(
+            "store is ahead of run-events; rebuilding it from the log",
+            extra={
+                "partition": p,
+                "store_offset": store.applied_offset,
+                "log_end": log_end,
+                "path": str(path),
+            },
+        )
         store.close()
         PartitionStore.destroy(path)
         return PartitionStore(path, p, self._settings.state_cache_runs)
@@ -224,8 +249,10 @@ class Partitions:
                 self._folder.fold_committed(ov, msg.value())
             except DecodeError as e:
                 # Our own output: never expected. Say so loudly and keep the partition alive.
-                self._log.error("undecodable run event skipped during restore",
-                                extra={"partition": p, "offset": msg.offset(), "error": e.reason})
+                self._log.error(
+                    "undecodable run event skipped during restore",
+                    extra={"partition": p, "offset": msg.offset(), "error": e.reason},
+                )
             except EventBeforeStart as e:
                 # The log starts after this run's RunAccepted (run_events_retention_ms shorter than
                 # the run): it cannot be rebuilt. Skip its events rather than stop for good: every
@@ -257,7 +284,9 @@ class Partitions:
         self._progress_at = now + _PROGRESS_EVERY_S
         for p, r in sorted(self.restoring.items()):
             try:  # the high watermark of the reader's last fetch: no request
-                _low, log_end = self._reader.get_watermark_offsets(TopicPartition(self._events_topic, p), cached=True)
+                _low, log_end = self._reader.get_watermark_offsets(
+                    TopicPartition(self._events_topic, p), cached=True
+                )
             except KafkaException:
                 log_end = -1
             self._log.info("restoring", extra=restore_progress(r, log_end, now))
@@ -279,9 +308,15 @@ class Partitions:
             r = self.restoring.pop(p)
             self._reader.incremental_unassign([TopicPartition(self._events_topic, p)])
             resume_now(consumer, self._inputs_of(p))
-            self._log.info("partition ready", extra={
-                "partition": p, "restored_events": r.events, "from_offset": r.start_offset,
-                "restore_ms": round((time.monotonic() - r.started) * 1000, 1)})
+            self._log.info(
+                "partition ready",
+                extra={
+                    "partition": p,
+                    "restored_events": r.events,
+                    "from_offset": r.start_offset,
+                    "restore_ms": round((time.monotonic() - r.started) * 1000, 1),
+                },
+            )
             if r.before_start:
                 # Mostly runs long finished (and purged): harmless. A run still live is lost, which
                 # its snapshot (not terminal) shows; the processor cannot tell the two apart here.
@@ -290,7 +325,8 @@ class Partitions:
                     "deleted their RunAccepted); their ids stay taken, their receipts are dropped as stale "
                     "and their state snapshots stay as they were. Finished runs lose nothing; keep "
                     "run_events_retention_ms longer than any run lives",
-                    extra={"partition": p, "runs": len(r.before_start), "some": sorted(r.before_start)[:5]})
+                    extra={"partition": p, "runs": len(r.before_start), "some": sorted(r.before_start)[:5]},
+                )
         if done:
             self._metrics.partitions_restoring.set(len(self.restoring))
         return done
@@ -307,14 +343,19 @@ class Partitions:
             # from its cache until refreshed: refresh it.
             if e.args[0].str() != r.offsets_error:
                 r.offsets_error = e.args[0].str()
-                self._log.warning("restore: run-events end offsets unavailable; retrying", extra={
-                    "partition": p, "error": r.offsets_error})
+                self._log.warning(
+                    "restore: run-events end offsets unavailable; retrying",
+                    extra={"partition": p, "error": r.offsets_error},
+                )
             for client in (self._reader, self._log_end):
                 with contextlib.suppress(KafkaException):
                     client.list_topics(self._events_topic, timeout=2)
             now = time.monotonic()
             r.failing_since = r.failing_since or now
-            if now - r.failing_since > _RENEW_READERS_AFTER_S and now - self._readers_renewed_at > _RENEW_READERS_AFTER_S:
+            if (
+                now - r.failing_since > _RENEW_READERS_AFTER_S
+                and now - self._readers_renewed_at > _RENEW_READERS_AFTER_S
+            ):
                 self._renew_readers()
             return False
         r.failing_since = None
@@ -324,8 +365,10 @@ class Partitions:
             position = pos if pos >= 0 else r.start_offset
         if committed_end < log_end:
             if r.recheck_at == 0.0:
-                self._log.warning("waiting for an open transaction on run-events before resuming", extra={
-                    "partition": p, "committed_end": committed_end, "log_end": log_end})
+                self._log.warning(
+                    "waiting for an open transaction on run-events before resuming",
+                    extra={"partition": p, "committed_end": committed_end, "log_end": log_end},
+                )
             return False
         return bool(position >= committed_end)
 

@@ -22,19 +22,27 @@ from processors.runtime import logs
 
 
 def processor(
-    bootstrap_servers: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (else settings/env).")] = None,
+    bootstrap_servers: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers (else settings/env).")
+    ] = None,
     topic_prefix: Annotated[str | None, typer.Option(help="Topic prefix (RUNFOLD_TOPIC_PREFIX).")] = None,
-    instance_id: Annotated[str | None, typer.Option(
-        help="Stable, unique id of this processor: names its transactional producer (fencing).")] = None,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(help="Stable, unique id of this processor: names its transactional producer (fencing)."),
+    ] = None,
     group_id: Annotated[str | None, typer.Option(help="Consumer group (default <prefix>-processor).")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="Root of the RocksDB stores.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Max input records per transaction.")] = None,
     commit_interval_ms: Annotated[int | None, typer.Option(help="Max time a transaction stays open.")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0 = ephemeral).")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus /metrics port (0 = ephemeral).")
+    ] = None,
     query_port: Annotated[int | None, typer.Option(help="Run query HTTP port (0 = ephemeral).")] = None,
     log_level: Annotated[str | None, typer.Option(help="Log level (INFO, DEBUG, ...).")] = None,
-    finished_retention_ms: Annotated[int | None, typer.Option(
-        help="How long a finished run stays in the local store (0 = forever; default 7 days).")] = None,
+    finished_retention_ms: Annotated[
+        int | None,
+        typer.Option(help="How long a finished run stays in the local store (0 = forever; default 7 days)."),
+    ] = None,
 ) -> None:
     """Run the run processor: fold commands and receipts into run state, exactly once."""
     stop = threading.Event()
@@ -50,15 +58,25 @@ def processor(
     from processors.runtime.settings import load_processor_settings
 
     settings = load_processor_settings(
-        bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, instance_id=instance_id,
-        group_id=group_id, state_dir=state_dir, batch_size=batch_size, commit_interval_ms=commit_interval_ms,
-        metrics_port=metrics_port, query_port=query_port, log_level=log_level,
-        finished_retention_ms=finished_retention_ms)
+        bootstrap_servers=bootstrap_servers,
+        topic_prefix=topic_prefix,
+        instance_id=instance_id,
+        group_id=group_id,
+        state_dir=state_dir,
+        batch_size=batch_size,
+        commit_interval_ms=commit_interval_ms,
+        metrics_port=metrics_port,
+        query_port=query_port,
+        log_level=log_level,
+        finished_retention_ms=finished_retention_ms,
+    )
     logs.configure(settings.log_level)
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
     code = processor.run()
-    if processor.producers.stuck_calls():  # clients left inside calls that never returned: destroying them could hang
+    if (
+        processor.producers.stuck_calls()
+    ):  # clients left inside calls that never returned: destroying them could hang
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

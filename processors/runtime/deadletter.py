@@ -17,8 +17,9 @@ OUTPUT_TOO_LARGE = "output_too_large"  # folding it produced a record the broker
 UNSERIALIZABLE = "unserializable"  # folding it produced a value the encoders cannot write
 
 
-def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                error: str, now_ms: int) -> dict[str, Any]:
+def dead_letter(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, error: str, now_ms: int
+) -> dict[str, Any]:
     """The DeadLetter record (docs/messages.md) for one source record."""
     return {
         "record_id": f"dl:{topic}:{partition}:{offset}",

@@ -21,13 +21,26 @@ from processors.runtime.fetch import first_then_buffered
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
 
-_LEADERLESS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+_LEADERLESS = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
 
 
 class DefinitionsReader:
-    def __init__(self, consumer_config: dict[str, Any], topic: str, catalog: Catalog, codec: Codec,
-                 metrics: ProcessorMetrics, log: Logger) -> None:
+    def __init__(
+        self,
+        consumer_config: dict[str, Any],
+        topic: str,
+        catalog: Catalog,
+        codec: Codec,
+        metrics: ProcessorMetrics,
+        log: Logger,
+    ) -> None:
         self.topic = topic
         self.catalog = catalog
         self._decode = codec.decoder("definitions")
@@ -43,8 +56,10 @@ class DefinitionsReader:
         meta = until_stopped(lambda t: self._consumer.list_topics(self.topic, timeout=t), stop, timeout_s)
         tmeta = meta.topics.get(self.topic)
         if tmeta is None or tmeta.error is not None:
-            raise RuntimeError(f"definitions topic {self.topic} is missing ({tmeta.error if tmeta else 'absent'}); "
-                               "create the topology first (runfold topology create)")
+            raise RuntimeError(
+                f"definitions topic {self.topic} is missing ({tmeta.error if tmeta else 'absent'}); "
+                "create the topology first (runfold topology create)"
+            )
         parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
         self._consumer.assign(parts)
         deadline = time.monotonic() + timeout_s
@@ -57,8 +72,10 @@ class DefinitionsReader:
             if stop.is_set():
                 raise StopRequested
             if time.monotonic() > deadline:
-                raise TimeoutError(f"definitions topic {self.topic}: not caught up after {timeout_s}s "
-                                   f"(partitions {sorted(pending)} behind)")
+                raise TimeoutError(
+                    f"definitions topic {self.topic}: not caught up after {timeout_s}s "
+                    f"(partitions {sorted(pending)} behind)"
+                )
             for msg in first_then_buffered(self._consumer, 500, 0.2):
                 err = msg.error()
                 if err is not None:
@@ -75,9 +92,11 @@ class DefinitionsReader:
             if stop.is_set():
                 raise StopRequested
             try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                                 timeout=max(0.1, min(1.0, deadline - time.monotonic())),
-                                                                 cached=False)
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition),
+                    timeout=max(0.1, min(1.0, deadline - time.monotonic())),
+                    cached=False,
+                )
                 return int(low), int(high)
             except KafkaException as e:
                 err = e.args[0]
@@ -108,8 +127,10 @@ class DefinitionsReader:
             # is a foreign or conflicting record: count it, name it, keep going.
             self.errors += 1
             self._metrics.definition_errors.inc()
-            self._log.warning("definition record rejected",
-                              extra={"key": (key or b"").decode(errors="replace"), "error": str(e)[:500]})
+            self._log.warning(
+                "definition record rejected",
+                extra={"key": (key or b"").decode(errors="replace"), "error": str(e)[:500]},
+            )
 
     def close(self) -> None:
         self._consumer.close()

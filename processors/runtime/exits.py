@@ -18,8 +18,15 @@ EXIT_FENCED = 3  # another instance took this instance id: do not restart in a l
 EXIT_STALLED = 4  # stuck inside a Kafka client call (watchdog): restart
 
 # Errors that mean another instance with our transactional id or static member id runs.
-FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                          KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.FENCED_INSTANCE_ID})
+FENCED_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.FENCED_INSTANCE_ID,
+    }
+)
 
 
 class ProcessorStopped(Exception):
@@ -37,8 +44,15 @@ class StopRequested(Exception):
 # A start-up call waits this long at most before the stop request is looked at again. The
 # signal handler itself only runs between two calls: librdkafka holds the main thread meanwhile.
 _SLICE_S = 1.0
-KEEP_WAITING = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                           KafkaError._WAIT_COORD, KafkaError.COORDINATOR_NOT_AVAILABLE})
+KEEP_WAITING = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
 
 
 def until_stopped(call: Callable[[float], T], stop: threading.Event, timeout_s: float) -> T:

@@ -27,8 +27,9 @@ def resume_now(consumer: Any, partitions: list[TopicPartition]) -> None:
     consumer.resume(partitions)
     try:
         for tp in _one_per_leader(consumer, partitions) if len(partitions) > 2 else partitions:
-            consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=_WAKE_TIMEOUT_S,
-                                           cached=False)
+            consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=_WAKE_TIMEOUT_S, cached=False
+            )
     except KafkaException:
         return
 

@@ -51,8 +51,15 @@ class TxnCounters:
     retimed: dict[str, int] = field(default_factory=dict)  # receipts folded at their record timestamp
 
     def clear(self) -> None:
-        for d in (self.records_in, self.records_out, self.dead, self.dropped, self.rejected, self.misrouted,
-                  self.retimed):
+        for d in (
+            self.records_in,
+            self.records_out,
+            self.dead,
+            self.dropped,
+            self.rejected,
+            self.misrouted,
+            self.retimed,
+        ):
             d.clear()
         self.purged = 0
 
@@ -92,12 +99,26 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
 # for a command (its RunRejected), for a terminal receipt (a non-retryable failure of the
 # attempt) and for any other input (FailRun), and what the reason says happened.
 _CAUSES: dict[str, tuple[str, str, str, str]] = {
-    deadletter.OUTPUT_TOO_LARGE: ("Limit", "InvalidOutput", "Limit", "the outputs of this {what} are larger than the "
-                                  "broker accepts ({error})"),
-    deadletter.UNSERIALIZABLE: ("Limit", "InvalidOutput", "Limit", "folding this {what} gives a value the processor "
-                                "cannot store ({error}: a JSON value nested too deeply or an integer beyond 64 bits)"),
-    deadletter.PROCESSING_ERROR: ("State", "State", "State", "the processor failed to fold this {what} ({error})"),
-}  # fmt: skip
+    deadletter.OUTPUT_TOO_LARGE: (
+        "Limit",
+        "InvalidOutput",
+        "Limit",
+        "the outputs of this {what} are larger than the broker accepts ({error})",
+    ),
+    deadletter.UNSERIALIZABLE: (
+        "Limit",
+        "InvalidOutput",
+        "Limit",
+        "folding this {what} gives a value the processor "
+        "cannot store ({error}: a JSON value nested too deeply or an integer beyond 64 bits)",
+    ),
+    deadletter.PROCESSING_ERROR: (
+        "State",
+        "State",
+        "State",
+        "the processor failed to fold this {what} ({error})",
+    ),
+}
 _APPLIED = "; it is in the dead letters, its effects were not applied"
 
 
@@ -122,19 +143,42 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
     for good (a sleep that never wakes, a retry never dispatched)."""
     command_code, attempt_code, run_code, text = _CAUSES[cause]
     mtype = msg.get("type")
-    what = "receipt" if mtype in _TERMINAL_RECEIPTS else "command" if mtype in _COMMANDS else (
-        "timer" if mtype == "TimerFired" else f"{mtype} receipt")
+    what = (
+        "receipt"
+        if mtype in _TERMINAL_RECEIPTS
+        else "command"
+        if mtype in _COMMANDS
+        else ("timer" if mtype == "TimerFired" else f"{mtype} receipt")
+    )
     reason = text.format(what=what, error=error[:500]) + _APPLIED
     if mtype in ("ActivationCompleted", "ActivationFailed"):
-        return {**msg, "type": "ActivationFailed", "code": attempt_code, "message": reason, "retryable": False,
-                "output": None, "usage": None}
+        return {
+            **msg,
+            "type": "ActivationFailed",
+            "code": attempt_code,
+            "message": reason,
+            "retryable": False,
+            "output": None,
+            "usage": None,
+        }
     if mtype == "ChildRunFinished":
-        return {**msg, "status": "failed", "output": None, "usage": None,
-                "failure": {"code": attempt_code, "message": reason}}
+        return {
+            **msg,
+            "status": "failed",
+            "output": None,
+            "usage": None,
+            "failure": {"code": attempt_code, "message": reason},
+        }
     if mtype in _COMMANDS:
         return rejection(msg, command_code, reason)
-    return {"type": "FailRun", "run_id": msg["run_id"], "ts_ms": msg["ts_ms"], "record_id": msg.get("record_id"),
-            "code": run_code, "message": reason}
+    return {
+        "type": "FailRun",
+        "run_id": msg["run_id"],
+        "ts_ms": msg["ts_ms"],
+        "record_id": msg.get("record_id"),
+        "code": run_code,
+        "message": reason,
+    }
 
 
 def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
@@ -144,21 +188,38 @@ def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
 # A record's outputs, computed before any is produced: (state before, state after, the last
 # event's ts_ms, (sequence, Avro bytes) per event, (topic, bytes) per message, timer id -> its
 # (body, JSON) or None to clear, the state's dump_state bytes or None)
-Outputs = tuple[Any, Any, int, list[tuple[int, bytes]], list[tuple[str, bytes]],
-                dict[str, tuple[dict[str, Any], bytes] | None], bytes | None]  # fmt: skip
+Outputs = tuple[
+    Any,
+    Any,
+    int,
+    list[tuple[int, bytes]],
+    list[tuple[str, bytes]],
+    dict[str, tuple[dict[str, Any], bytes] | None],
+    bytes | None,
+]
 
 
 class Folder:
-    def __init__(self, ctx: EngineContext, codec: Codec, topics: TopicNames, produce: Produce,
-                 on_event_delivery: Callable[[Any, Any], None], now_ms: Callable[[], int],
-                 finished_retention_ms: int = 0) -> None:
+    def __init__(
+        self,
+        ctx: EngineContext,
+        codec: Codec,
+        topics: TopicNames,
+        produce: Produce,
+        on_event_delivery: Callable[[Any, Any], None],
+        now_ms: Callable[[], int],
+        finished_retention_ms: int = 0,
+    ) -> None:
         self.ctx = ctx
         self.finished_retention_ms = finished_retention_ms
         self.topics = topics
         self._produce = produce
         self._on_event_delivery = on_event_delivery
         self._now_ms = now_ms
-        self._decode = {topics.commands: codec.decoder("commands"), topics.receipts: codec.decoder("receipts")}
+        self._decode = {
+            topics.commands: codec.decoder("commands"),
+            topics.receipts: codec.decoder("receipts"),
+        }
         self._decode_event = codec.decoder("run_events")
         self._enc_event = codec.encoder("run_events")
         self._enc_activation = codec.encoder("activations")
@@ -185,9 +246,18 @@ class Folder:
         return t
 
     # ---- the hot path ----------------------------------------------------------------------
-    def fold_input(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int,
-                   offset: int, key: bytes | None, value: bytes | None, timestamp: int = -1,
-                   headers: Callable[[], Any] | None = None) -> None:
+    def fold_input(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp: int = -1,
+        headers: Callable[[], Any] | None = None,
+    ) -> None:
         """Fold one input record. `timestamp`: the record's Kafka timestamp (ms; <= 0: none);
         `headers`: the record's `headers` method (called only to forward it). Whatever goes
         wrong for the record alone (bytes the codec refuses, an engine exception, a value the
@@ -196,8 +266,16 @@ class Folder:
         (`RecordTooLarge`, `ProduceFailed`) leave here: the loop owns the transaction."""
         _inc(counters.records_in, topic)
         if value is None:
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.NULL_VALUE,
-                             "record has no value (null)")
+            self.dead_letter(
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                deadletter.NULL_VALUE,
+                "record has no value (null)",
+            )
             return
         bad_json = None
         try:
@@ -205,26 +283,52 @@ class Folder:
         except InvalidJsonField as e:  # the envelope decoded: its run hears why (below)
             msg, bad_json = e.message, e.fields
         except DecodeError as e:
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
-                             f"cannot decode {topic}: {e.reason}")
+            self.dead_letter(
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                deadletter.UNDECODABLE,
+                f"cannot decode {topic}: {e.reason}",
+            )
             return
         except Exception as e:  # a codec defect on these bytes: the same verdict, never a crash
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.UNDECODABLE,
-                             f"cannot decode {topic}: {type(e).__name__}: {e}")
+            self.dead_letter(
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                deadletter.UNDECODABLE,
+                f"cannot decode {topic}: {type(e).__name__}: {e}",
+            )
             return
         run_id: str = msg["run_id"]
         if key is None or key != run_id.encode():
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.KEY_MISMATCH,
-                             f"record key {admission.key_text(key)} is not the run_id "
-                             f"{admission.key_text(run_id.encode())} of its value")
+            self.dead_letter(
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                deadletter.KEY_MISMATCH,
+                f"record key {admission.key_text(key)} is not the run_id "
+                f"{admission.key_text(run_id.encode())} of its value",
+            )
             return
         owner = self._owner
         if owner is not None and (home := owner(key)) != partition:
             self._forward(counters, topic, partition, offset, key, value, timestamp, headers, home)
             return
         # the bounds inline (admission.implausible_time words them): one comparison per input
-        if bad_json is not None or (timestamp > 0 and not (
-                timestamp - self.ts_past_ms <= msg["ts_ms"] <= timestamp + self.ts_future_ms)):
+        if bad_json is not None or (
+            timestamp > 0
+            and not (timestamp - self.ts_past_ms <= msg["ts_ms"] <= timestamp + self.ts_future_ms)
+        ):
             admitted = self._admit(overlay, counters, topic, partition, key, msg, bad_json, timestamp)
             if admitted is None:
                 return
@@ -234,24 +338,51 @@ class Folder:
             if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
                 status = overlay.store.purged_status(run_id)
                 if status is not None:  # the engine would see a new run: the id would be reused
-                    why = ("began before the start of the run-events log (its retention deleted the beginning), "
-                           "so the processor could not restore it" if status == LOST_STATUS.decode() else
-                           f"already ran ({status}) and was purged from the processor's store after its retention")
-                    outputs: Outputs | None = self._rejection(overlay, counters, run_id, rejection(
-                        msg, "Conflict", f"run {run_id} {why}; run ids are not reused"))
+                    why = (
+                        "began before the start of the run-events log (its retention deleted the beginning), "
+                        "so the processor could not restore it"
+                        if status == LOST_STATUS.decode()
+                        else f"already ran ({status}) and was purged from the processor's store after its retention"
+                    )
+                    outputs: Outputs | None = self._rejection(
+                        overlay,
+                        counters,
+                        run_id,
+                        rejection(msg, "Conflict", f"run {run_id} {why}; run ids are not reused"),
+                    )
                 else:
                     outputs = self._decide(overlay, counters, msg, run_id)
             else:
                 outputs = self._decide(overlay, counters, msg, run_id)
         except Unserializable as e:
-            self._charge(overlay, counters, topic, partition, offset, key, value, msg, deadletter.UNSERIALIZABLE,
-                         str(e))
+            self._charge(
+                overlay,
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                msg,
+                deadletter.UNSERIALIZABLE,
+                str(e),
+            )
             return
         except Exception as e:  # an engine defect must not stop the partition: charge the record
             # orjson's refusals inside the engine (its own size checks) are a value, not a defect
             cause = deadletter.UNSERIALIZABLE if _refused_value(e) else deadletter.PROCESSING_ERROR
-            self._charge(overlay, counters, topic, partition, offset, key, value, msg, cause,
-                         f"{type(e).__name__} while folding {msg.get('type')}: {e}")
+            self._charge(
+                overlay,
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                msg,
+                cause,
+                f"{type(e).__name__} while folding {msg.get('type')}: {e}",
+            )
             return
         if msg["type"] == "TimerFired":
             # The timer came back as input: it is done whatever the decision (no refire).
@@ -259,33 +390,72 @@ class Folder:
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
 
-    def _forward(self, counters: TxnCounters, topic: str, partition: int, offset: int, key: bytes, value: bytes,
-                 timestamp: int, headers: Callable[[], Any] | None, owner: int) -> None:
+    def _forward(
+        self,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes,
+        value: bytes,
+        timestamp: int,
+        headers: Callable[[], Any] | None,
+        owner: int,
+    ) -> None:
         """A record on a partition that does not own its run goes, in this transaction, to the
         one that does, as it was (value, key, headers, timestamp) plus where it landed."""
         hdrs = list((headers() if headers is not None else None) or ())
         if admission.forwarded_from(hdrs) is not None:  # forwarded once already: partition counts disagree
-            self.dead_letter(counters, topic, partition, offset, key, value, deadletter.MISROUTED,
-                             f"record was forwarded here from {admission.forwarded_from(hdrs)} but partition "
-                             f"{owner} owns run {admission.key_text(key)}: processors disagree on the partition "
-                             "count")
+            self.dead_letter(
+                counters,
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                deadletter.MISROUTED,
+                f"record was forwarded here from {admission.forwarded_from(hdrs)} but partition "
+                f"{owner} owns run {admission.key_text(key)}: processors disagree on the partition "
+                "count",
+            )
             return
         hdrs.append((admission.FORWARDED_HEADER, f"{topic}:{partition}:{offset}".encode()))
-        self._produce(topic, value, key, partition=owner, headers=hdrs,
-                      **({"timestamp": timestamp} if timestamp > 0 else {}))
+        self._produce(
+            topic,
+            value,
+            key,
+            partition=owner,
+            headers=hdrs,
+            **({"timestamp": timestamp} if timestamp > 0 else {}),
+        )
         _inc(counters.misrouted, topic)
         _inc(counters.records_out, topic)
 
-    def _admit(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, key: bytes,
-               msg: dict[str, Any], bad_json: list[tuple[str, str]] | None, timestamp: int) -> dict[str, Any] | None:
+    def _admit(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        key: bytes,
+        msg: dict[str, Any],
+        bad_json: list[tuple[str, str]] | None,
+        timestamp: int,
+    ) -> dict[str, Any] | None:
         """An input with json that is not JSON or an implausible ts_ms (admission.py): what to
         fold instead, or None when it is answered here (a command's RunRejected)."""
         mtype = msg["type"]
         why = admission.implausible_time(msg["ts_ms"], timestamp, self.ts_past_ms, self.ts_future_ms)
         if why is not None:
             if mtype in _COMMANDS:
-                self._reject(overlay, counters, partition, key, msg["run_id"],
-                             rejection({**msg, "ts_ms": timestamp}, "InvalidInput", why))
+                self._reject(
+                    overlay,
+                    counters,
+                    partition,
+                    key,
+                    msg["run_id"],
+                    rejection({**msg, "ts_ms": timestamp}, "InvalidInput", why),
+                )
                 return None
             msg = {**msg, "ts_ms": timestamp}
             _inc(counters.retimed, topic)
@@ -293,12 +463,15 @@ class Folder:
             return msg
         reason = admission.json_problem(bad_json, mtype)
         if mtype in _COMMANDS:
-            self._reject(overlay, counters, partition, key, msg["run_id"], rejection(msg, "InvalidInput", reason))
+            self._reject(
+                overlay, counters, partition, key, msg["run_id"], rejection(msg, "InvalidInput", reason)
+            )
             return None
         return admission.failed_instead(msg, reason) or msg
 
-    def _decide(self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any],
-                run_id: str) -> Outputs | None:
+    def _decide(
+        self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any], run_id: str
+    ) -> Outputs | None:
         """Everything a record produces, encoded, before anything is produced: the engine's
         decision, the states after its events, their effects, every output's bytes, the timers' JSON and
         the new state's `dump_state` bytes (the snapshot and the store value), so that no
@@ -362,10 +535,21 @@ class Folder:
             return self.child_activations, self._enc_child(m)
         raise ValueError(f"engine effect of unknown type {kind!r}")
 
-    def _emit(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
-              run_id: str, before: Any, state: Any, ts_ms: int, events: list[tuple[int, bytes]],
-              messages: list[tuple[str, bytes]], timers: dict[str, tuple[dict[str, Any], bytes] | None],
-              raw: bytes | None) -> None:  # fmt: skip
+    def _emit(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        partition: int,
+        key: bytes,
+        run_id: str,
+        before: Any,
+        state: Any,
+        ts_ms: int,
+        events: list[tuple[int, bytes]],
+        messages: list[tuple[str, bytes]],
+        timers: dict[str, tuple[dict[str, Any], bytes] | None],
+        raw: bytes | None,
+    ) -> None:
         produce = self._produce
         topic = self.run_events
         # Only the record's last event reports its delivery: one producer writes a partition's
@@ -392,15 +576,34 @@ class Folder:
             else:
                 overlay.dumped.pop(run_id, None)
 
-    def _charge(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, offset: int,
-                key: bytes, value: bytes, msg: dict[str, Any], cause: str, error: str) -> None:
+    def _charge(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes,
+        value: bytes,
+        msg: dict[str, Any],
+        cause: str,
+        error: str,
+    ) -> None:
         """A decoded record that cannot be folded (`cause`): to the dead letters, and its run
         hears why (`_instead`), as for an input whose outputs the broker refuses."""
         self.dead_letter(counters, topic, partition, offset, key, value, cause, error)
         self._fold_instead(overlay, counters, partition, key, msg, cause, error)
 
-    def _fold_instead(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes,
-                      msg: dict[str, Any], cause: str, error: str) -> None:
+    def _fold_instead(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        partition: int,
+        key: bytes,
+        msg: dict[str, Any],
+        cause: str,
+        error: str,
+    ) -> None:
         run_id = msg["run_id"]
         if msg["type"] == "TimerFired":  # as fold_input does: the timer is done (no refire)
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
@@ -415,9 +618,19 @@ class Folder:
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, *outputs)
 
-    def park(self, overlay: PartitionOverlay, counters: TxnCounters, topic: str, partition: int, offset: int,
-             key: bytes | None, value: bytes | None, error: str, level: int,
-             cause: str = deadletter.OUTPUT_TOO_LARGE) -> None:  # fmt: skip
+    def park(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        error: str,
+        level: int,
+        cause: str = deadletter.OUTPUT_TOO_LARGE,
+    ) -> None:
         """Instead of folding: an input the loop found to fail its transaction (`cause`: its
         outputs refused by the broker as too large, or a failure at commit traced to it) goes to
         the dead letters, and its run hears why (`_instead`) so no step or client waits for what
@@ -426,8 +639,9 @@ class Folder:
         outputs, e.g. the run's snapshot, may be what is too large)."""
         _inc(counters.records_in, topic)
         prefix = "output too large: " if cause == deadletter.OUTPUT_TOO_LARGE else ""
-        self.dead_letter(counters, topic, partition, offset, key, value if level == 0 else None, cause,
-                         prefix + error)
+        self.dead_letter(
+            counters, topic, partition, offset, key, value if level == 0 else None, cause, prefix + error
+        )
         if value is None or key is None:
             return
         try:
@@ -445,13 +659,23 @@ class Folder:
 
     park_too_large = park
 
-    def _reject(self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str,
-                event: dict[str, Any]) -> None:
+    def _reject(
+        self,
+        overlay: PartitionOverlay,
+        counters: TxnCounters,
+        partition: int,
+        key: bytes,
+        run_id: str,
+        event: dict[str, Any],
+    ) -> None:
         """A RunRejected the runtime decides, produced at once (admission's answers)."""
-        self._emit(overlay, counters, partition, key, run_id, *self._rejection(overlay, counters, run_id, event))
+        self._emit(
+            overlay, counters, partition, key, run_id, *self._rejection(overlay, counters, run_id, event)
+        )
 
-    def _rejection(self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str,
-                   event: dict[str, Any]) -> Outputs:  # fmt: skip
+    def _rejection(
+        self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str, event: dict[str, Any]
+    ) -> Outputs:
         """The outputs of a RunRejected the runtime decides (the engine cannot see why): no
         state changes."""
         state = overlay.state(run_id, load_state)
@@ -462,8 +686,17 @@ class Folder:
         _inc(counters.rejected, event["code"])
         return state, state, event["ts_ms"], [(0, raw)], [], {}, dumped
 
-    def dead_letter(self, counters: TxnCounters, topic: str, partition: int, offset: int,
-                    key: bytes | None, value: bytes | None, reason: str, error: str) -> None:
+    def dead_letter(
+        self,
+        counters: TxnCounters,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        reason: str,
+        error: str,
+    ) -> None:
         record = deadletter.dead_letter(topic, partition, offset, key, value, error, self._now_ms())
         self._produce(self.dead_letters, self._enc_dead(record), key)
         _inc(counters.dead, reason)

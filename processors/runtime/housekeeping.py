@@ -33,6 +33,7 @@ class Housekeeping:
     _purge_turn: int  # where the next purge pass starts (an index into the ready partitions)
 
     if TYPE_CHECKING:
+
         def _begin(self) -> None: ...
         def _commit(self) -> None: ...
         def _overlay(self, partition: int, store: Any) -> PartitionOverlay: ...
@@ -101,14 +102,19 @@ class Housekeeping:
         self._next_lag = time.monotonic() + _LAG_EVERY_S
         consumer = self._consumer
         assert consumer is not None and self.partitions is not None
-        tps = [TopicPartition(t, p) for p in self.partitions.owned()
-               for t in (self.topics.commands, self.topics.receipts)]
+        tps = [
+            TopicPartition(t, p)
+            for p in self.partitions.owned()
+            for t in (self.topics.commands, self.topics.receipts)
+        ]
         if not tps:
             return
         try:
             for tp in consumer.position(tps):
                 _low, high = consumer.get_watermark_offsets(tp, cached=True)
                 if tp.offset >= 0 and high >= 0:
-                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
+                        max(0, high - tp.offset)
+                    )
         except KafkaException:
             pass

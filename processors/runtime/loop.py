@@ -59,9 +59,14 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
     when a transaction fails (txn_failures.py), purging and lag between transactions
     (housekeeping.py); the loop itself, start-up and shutdown are here."""
 
-    def __init__(self, settings: ProcessorSettings, stop: threading.Event | None = None,
-                 ceilings: Ceilings | None = None, codec: Codec | None = None,
-                 exit_on_stall: bool = False) -> None:
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        stop: threading.Event | None = None,
+        ceilings: Ceilings | None = None,
+        codec: Codec | None = None,
+        exit_on_stall: bool = False,
+    ) -> None:
         """`exit_on_stall`: a loop stuck for `stall_timeout_ms` ends the process (the CLI's
         choice: its supervisor restarts it); otherwise the stall is only logged."""
         self.settings = settings
@@ -71,8 +76,11 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         self.codec = codec or Codec.default()
         self.topics = settings.topics
         self.catalog = Catalog(ceilings)
-        self.ctx = EngineContext(catalog=self.catalog, ceilings=ceilings or Ceilings(),
-                                 queues=frozenset(settings.activation_queues))
+        self.ctx = EngineContext(
+            catalog=self.catalog,
+            ceilings=ceilings or Ceilings(),
+            queues=frozenset(settings.activation_queues),
+        )
         self.txn = Txn()
         self._fatal: ProcessorStopped | None = None
         self._aborts_in_a_row = 0
@@ -105,16 +113,27 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         self._purge_more = False  # the last purge pass left due runs behind (a full page)
         self._purge_turn = 0  # where the next purge pass starts (an index into the ready partitions)
         self.purge_page = PURGE_PAGE  # finished runs purged per partition and transaction
-        self.folder = Folder(self.ctx, self.codec, self.topics, self._produce, self._on_event_delivery, now_ms,
-                             settings.finished_retention_ms)
-        self.timers = TimerFirer(self.codec, self.topics.receipts, self._produce, self.metrics,
-                                 settings.timers_per_transaction)
+        self.folder = Folder(
+            self.ctx,
+            self.codec,
+            self.topics,
+            self._produce,
+            self._on_event_delivery,
+            now_ms,
+            settings.finished_retention_ms,
+        )
+        self.timers = TimerFirer(
+            self.codec, self.topics.receipts, self._produce, self.metrics, settings.timers_per_transaction
+        )
         self._exit_on_stall = exit_on_stall
         # Offsets and commit get no longer than the transaction itself: the coordinator aborts
         # a transaction older than transaction_timeout_ms, so waiting longer gains nothing.
         self._txn_call_s = min(KAFKA_TIMEOUT_S, settings.transaction_timeout_ms / 1000.0)
-        self.watchdog = Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall) \
-            if settings.stall_timeout_ms else None
+        self.watchdog = (
+            Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall)
+            if settings.stall_timeout_ms
+            else None
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -158,8 +177,9 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
 
     def _start(self) -> None:
         s = self.settings
-        self.log.info("processor starting", extra={"settings": s.redacted(),
-                                                   "transactional_id": s.transactional_id})
+        self.log.info(
+            "processor starting", extra={"settings": s.redacted(), "transactional_id": s.transactional_id}
+        )
         check_state_dir(s)
         # The ports first: one in use stops this instance before it fences its predecessor.
         # (Run queries answer 503 "starting" and /health ready=false until the loop is up.)
@@ -174,17 +194,32 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         except CannotServe as e:  # a port in use: say which, not a traceback
             raise ProcessorStopped(EXIT_FATAL, str(e)) from e
         self._consumer = self._new_consumer()
-        partitions = self.partition_count = check_topology(self._consumer, s, KAFKA_TIMEOUT_S, self.stop_event)
+        partitions = self.partition_count = check_topology(
+            self._consumer, s, KAFKA_TIMEOUT_S, self.stop_event
+        )
         self.folder.set_partitions(partitions)
         self.producers.start(self.stop_event)
         self.partitions = Partitions(s, self.folder, self.metrics, self.log)
-        self._definitions = DefinitionsReader(s.side_consumer_config("definitions"), self.topics.definitions,
-                                              self.catalog, self.codec, self.metrics, self.log)
+        self._definitions = DefinitionsReader(
+            s.side_consumer_config("definitions"),
+            self.topics.definitions,
+            self.catalog,
+            self.codec,
+            self.metrics,
+            self.log,
+        )
         n = self._definitions.catch_up(KAFKA_TIMEOUT_S, self.stop_event)
         self._subscribe()
-        self.log.info("processor started", extra={
-            "definitions": n, "partitions": partitions, "group": s.group,
-            "metrics_port": self.metrics_port, "query_port": self.query_port})
+        self.log.info(
+            "processor started",
+            extra={
+                "definitions": n,
+                "partitions": partitions,
+                "group": s.group,
+                "metrics_port": self.metrics_port,
+                "query_port": self.query_port,
+            },
+        )
         self.ready.set()
 
     def _shutdown(self) -> None:
@@ -203,8 +238,10 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         if self._query is not None:
             self._query.close()
         self.metrics.close()
-        self.log.info("processor stopped cleanly" if self._fatal is None else "processor shut down",
-                      extra={"transactional_id": self.settings.transactional_id})
+        self.log.info(
+            "processor stopped cleanly" if self._fatal is None else "processor shut down",
+            extra={"transactional_id": self.settings.transactional_id},
+        )
 
     # ---- one iteration ---------------------------------------------------------------------
     def _iterate(self) -> None:
@@ -233,15 +270,22 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 try:
                     self.timers.fire_due(store, self._overlay(store.partition, store), now)
                 except (RecordTooLarge, ProduceFailed) as e:  # _STATE: an earlier delivery failed
-                    self._produce_failed(e.err if isinstance(e, ProduceFailed) else KafkaError(
-                        KafkaError.MSG_SIZE_TOO_LARGE, str(e)), "timers")
+                    self._produce_failed(
+                        e.err
+                        if isinstance(e, ProduceFailed)
+                        else KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, str(e)),
+                        "timers",
+                    )
                     break
         # the inputs of the transaction this iteration may commit (or of one a failed fold aborted)
         folded = max(txn.records if txn.open else 0, len(msgs))
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
             self._commit()
-        if not txn.open and self.settings.finished_retention_ms > 0 and (
-                self._purge_more or time.monotonic() >= self._next_purge):
+        if (
+            not txn.open
+            and self.settings.finished_retention_ms > 0
+            and (self._purge_more or time.monotonic() >= self._next_purge)
+        ):
             self._purge_finished(folded)
         if time.monotonic() >= self._next_lag:
             self._report_lag()
@@ -302,12 +346,15 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             except (RecordTooLarge, ProduceFailed) as e:
                 # Nothing produced in this transaction can be taken back: abort, and rewind the
                 # records of this batch not folded yet too (their partitions may be new to it).
-                for rest in msgs[i + 1:]:
+                for rest in msgs[i + 1 :]:
                     if rest.error() is None:
                         txn.start.setdefault((rest.topic(), rest.partition()), rest.offset())
                 if isinstance(e, RecordTooLarge):  # the first reason stays: the dead letter's
-                    self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2), parked[2]) if parked else (
-                        str(e), 0, deadletter.OUTPUT_TOO_LARGE)
+                    self._poison[(topic, p, off)] = (
+                        (parked[0], min(parked[1] + 1, 2), parked[2])
+                        if parked
+                        else (str(e), 0, deadletter.OUTPUT_TOO_LARGE)
+                    )
                     self._abort(f"output too large: {e}")
                 else:
                     self._produce_failed(e.err, "produce")
@@ -340,7 +387,9 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         except KafkaException as e:
             err: KafkaError = e.args[0]
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                raise RecordTooLarge(f"{topic} record of {len(value or b'')} bytes refused: {err.str()}") from e
+                raise RecordTooLarge(
+                    f"{topic} record of {len(value or b'')} bytes refused: {err.str()}"
+                ) from e
             raise ProduceFailed(err) from e
 
     def _on_event_delivery(self, err: KafkaError | None, msg: Any) -> None:
@@ -383,8 +432,11 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             except (KafkaException, RecordTooLarge, ProduceFailed):
                 raise
             except Exception as e:  # no input is named (every state was serialized at its fold): find it
-                self._isolate(f"{type(e).__name__} while writing the run-state snapshots: {e}",
-                              deadletter.UNSERIALIZABLE, "a run-state snapshot could not be written")
+                self._isolate(
+                    f"{type(e).__name__} while writing the run-state snapshots: {e}",
+                    deadletter.UNSERIALIZABLE,
+                    "a run-state snapshot could not be written",
+                )
                 return
             if txn.next:
                 offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
@@ -416,8 +468,9 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             # Kafka has the transaction; the store is now behind and restore will catch it up.
             raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
         c = txn.counters
-        self.metrics.flush_batch(c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records,
-                                 c.misrouted, c.retimed)
+        self.metrics.flush_batch(
+            c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records, c.misrouted, c.retimed
+        )
         if c.purged:
             self.metrics.runs_purged.inc(c.purged)
         if txn.overlays:
@@ -430,7 +483,9 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         txn.reset()
         self.producers.advance()
 
-    def _bounded(self, call: str, timeout_s: float = KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+    def _bounded(
+        self, call: str, timeout_s: float = KAFKA_TIMEOUT_S
+    ) -> contextlib.AbstractContextManager[None]:
         """A transactional call, watched against its timeout (watchdog.py)."""
         return self.watchdog.call(call, timeout_s) if self.watchdog is not None else contextlib.nullcontext()
 
@@ -448,8 +503,10 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 err = e.args[0]
                 if not err.retriable() or err.txn_requires_abort() or err.fatal() or attempt == 4:
                     raise
-                self.log.warning("commit_transaction failed, resuming it", extra={
-                    "error": err.str(), "attempt": attempt + 1})
+                self.log.warning(
+                    "commit_transaction failed, resuming it",
+                    extra={"error": err.str(), "attempt": attempt + 1},
+                )
 
     def _txn_timed_out(self) -> bool:
         """The open transaction began longer than transaction_timeout_ms ago (this process was
@@ -463,9 +520,10 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
     def _on_stall(self, stalled_s: float, stack: str) -> None:
         """Watchdog thread: the loop has not begun an iteration for `stall_timeout_ms`."""
         self.metrics.loop_stalls.inc()
-        self.log.error("processor loop stalled" + ("; exiting so that it is restarted" if self._exit_on_stall
-                                                   else ""),
-                       extra={"stalled_s": round(stalled_s, 1), "exit_code": EXIT_STALLED, "stack": stack})
+        self.log.error(
+            "processor loop stalled" + ("; exiting so that it is restarted" if self._exit_on_stall else ""),
+            extra={"stalled_s": round(stalled_s, 1), "exit_code": EXIT_STALLED, "stack": stack},
+        )
         if self._exit_on_stall:
             logging.shutdown()  # flush the handlers: the loop thread holds no lock we need
             os._exit(EXIT_STALLED)  # the stuck call cannot be interrupted; uncommitted work is redone
@@ -473,9 +531,13 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
             if err.code() in FENCED_CODES and not self._txn_timed_out():
-                self._fatal = ProcessorStopped(EXIT_FENCED, (
-                    f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
-                    f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
+                self._fatal = ProcessorStopped(
+                    EXIT_FENCED,
+                    (
+                        f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
+                        f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"
+                    ),
+                )
                 self.stop_event.set()
             else:
                 # The failing call says so too: a transactional one replaces the producer once
@@ -484,5 +546,6 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         else:
             repeats = self._client_errors.admit(err.str(), time.monotonic())
             if repeats is not None:  # librdkafka repeats a down cluster many times a second
-                self.log.warning("kafka client error", extra={"error": err.str(), "repeats_suppressed": repeats})
-
+                self.log.warning(
+                    "kafka client error", extra={"error": err.str(), "repeats_suppressed": repeats}
+                )

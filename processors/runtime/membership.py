@@ -37,6 +37,7 @@ class GroupMembership:
     _unassigned_since: float | None  # subscribed or lost/revoked, no on_assign since
 
     if TYPE_CHECKING:
+
         def _commit(self) -> None: ...
         def _abort(self, reason: str) -> None: ...
         def _on_client_error(self, err: KafkaError) -> None: ...
@@ -46,10 +47,13 @@ class GroupMembership:
 
     def _subscribe(self) -> None:
         assert self._consumer is not None
-        self._consumer.subscribe([self.topics.commands, self.topics.receipts], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._consumer.subscribe(
+            [self.topics.commands, self.topics.receipts],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         self._unassigned_since = time.monotonic()
-
 
     # ---- rebalance callbacks (run inside consumer.poll/consume/close) -------------------------
     def _is_current(self, consumer: Consumer) -> bool:
@@ -68,14 +72,19 @@ class GroupMembership:
         consumer.assign(partitions)
         consumer.pause(partitions)
         if cmds != rcps:
-            self._fatal = ProcessorStopped(EXIT_FATAL, (
-                f"assignment does not co-locate commands {sorted(cmds)} and receipts {sorted(rcps)}: "
-                "the group must use partition.assignment.strategy=range and equal partition counts"))
+            self._fatal = ProcessorStopped(
+                EXIT_FATAL,
+                (
+                    f"assignment does not co-locate commands {sorted(cmds)} and receipts {sorted(rcps)}: "
+                    "the group must use partition.assignment.strategy=range and equal partition counts"
+                ),
+            )
             self.stop_event.set()
             return
         self.partitions.open(sorted(cmds))
-        self.log.info("partitions assigned", extra={"partitions": sorted(cmds),
-                                                    "owned": self.partitions.owned()})
+        self.log.info(
+            "partitions assigned", extra={"partitions": sorted(cmds), "owned": self.partitions.owned()}
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self.partitions is not None
@@ -123,8 +132,9 @@ class GroupMembership:
             # librdkafka neither retries nor fetches (confluentinc/librdkafka#5586). A new
             # consumer asks the new coordinator.
             self._consumer_failed = err
-        self.log.warning("consume error", extra={"error": err.str(), "topic": m.topic(),
-                                                 "partition": m.partition()})
+        self.log.warning(
+            "consume error", extra={"error": err.str(), "topic": m.topic(), "partition": m.partition()}
+        )
 
     def _replace_consumer(self, err: KafkaError) -> None:
         """After a session timeout librdkafka rejoins as a static member with a new member id
@@ -135,20 +145,29 @@ class GroupMembership:
         processor runs with our instance id, or the consumer failed for another reason: stop.
         A consumer whose committed offsets could not be fetched (librdkafka#5586) is replaced too."""
         self._consumer_failed = None
-        stuck = (not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID))
+        stuck = not err.fatal() and err.code() not in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
         if stuck:  # no offsets fetched, or no assignment
             # at most one replacement per _REPLACE_SPACING_S while the coordinator keeps moving
             self.stop_event.wait(max(0.0, self._consumer_replaced_at + _REPLACE_SPACING_S - time.monotonic()))
         elif not (self._session_lost_recently() or self._rejoin_stale):
             if "fenced" in err.str().lower():
-                raise ProcessorStopped(EXIT_FENCED, (
-                    f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
-                    f"joined the group; this one stops. Give each running processor its own "
-                    f"RUNFOLD_INSTANCE_ID. ({err.str()})"))
+                raise ProcessorStopped(
+                    EXIT_FENCED,
+                    (
+                        f"consumer fenced: another processor with instance id {self.settings.instance_id!r} "
+                        f"joined the group; this one stops. Give each running processor its own "
+                        f"RUNFOLD_INSTANCE_ID. ({err.str()})"
+                    ),
+                )
             raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
         assert self._consumer is not None and self.partitions is not None
-        self.log.warning("input consumer failed; replacing it", extra={
-            "error": err.str(), "seconds_since_session_lost": round(time.monotonic() - self._session_lost_at, 1)})
+        self.log.warning(
+            "input consumer failed; replacing it",
+            extra={
+                "error": err.str(),
+                "seconds_since_session_lost": round(time.monotonic() - self._session_lost_at, 1),
+            },
+        )
         if self.txn.open:
             self._abort(f"input consumer failed: {err.str()}")
         self.partitions.close(self.partitions.owned())  # restored again when reassigned
@@ -161,8 +180,9 @@ class GroupMembership:
         # Closing a failed consumer can block until its in-flight group requests time out (a
         # JoinGroup waits up to the rebalance timeout): close it aside; its rebalance callbacks
         # are ignored (they name a consumer that is no longer ours).
-        threading.Thread(target=self._close_failed, args=(old,), name="close-failed-consumer",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._close_failed, args=(old,), name="close-failed-consumer", daemon=True
+        ).start()
         self.log.info("input consumer replaced; rejoining the group", extra={"group": self.settings.group})
 
     def _session_lost_recently(self) -> bool:
@@ -178,8 +198,9 @@ class GroupMembership:
         since = self._unassigned_since
         bound = max(30.0, 3 * self.settings.session_timeout_ms / 1000.0)
         if since is not None and self._consumer_failed is None and time.monotonic() - since > bound:
-            self._consumer_failed = KafkaError(KafkaError._TIMED_OUT, f"no partition assignment {bound:.0f} s "
-                                               "after joining the group")
+            self._consumer_failed = KafkaError(
+                KafkaError._TIMED_OUT, f"no partition assignment {bound:.0f} s after joining the group"
+            )
 
     def _close_failed(self, consumer: Consumer) -> None:
         t0 = time.monotonic()

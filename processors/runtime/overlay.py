@@ -26,8 +26,22 @@ RunState = dict[str, Any]
 
 
 class PartitionOverlay:
-    __slots__ = ("absent", "dumped", "event_ts", "events", "lost", "min_new_due", "purged", "purges", "states",
-                 "stats", "store", "timer_dels", "timer_puts", "unpurges")
+    __slots__ = (
+        "absent",
+        "dumped",
+        "event_ts",
+        "events",
+        "lost",
+        "min_new_due",
+        "purged",
+        "purges",
+        "states",
+        "stats",
+        "store",
+        "timer_dels",
+        "timer_puts",
+        "unpurges",
+    )
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
@@ -41,7 +55,9 @@ class PartitionOverlay:
         self.timer_puts: dict[bytes, tuple[bytes, bytes]] = {}  # ref key -> (t-key, body)
         self.timer_dels: dict[bytes, bytes] = {}  # ref key -> stored t-key to delete
         self.min_new_due: int | None = None
-        self.purges: list[tuple[int, str, str, int]] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
+        self.purges: list[
+            tuple[int, str, str, int]
+        ] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
         self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
         self.lost: set[str] = set()  # runs whose beginning the log no longer holds: their ids stay taken
@@ -141,8 +157,17 @@ class PartitionOverlay:
 
     # ---- commit ----------------------------------------------------------------------------
     def is_empty(self) -> bool:
-        return not (self.states or self.events or self.timer_puts or self.timer_dels or self.stats
-                    or self.purges or self.purged or self.unpurges or self.lost)
+        return not (
+            self.states
+            or self.events
+            or self.timer_puts
+            or self.timer_dels
+            or self.stats
+            or self.purges
+            or self.purged
+            or self.unpurges
+            or self.lost
+        )
 
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -171,6 +196,14 @@ class PartitionOverlay:
         refs: dict[bytes, bytes | None] = dict.fromkeys(self.timer_dels)
         for rkey, (tkey, _) in self.timer_puts.items():
             refs[rkey] = tkey
-        self.store.write(self.to_batch(), states, self.min_new_due, bool(self.timer_dels),
-                         applied_offset, self.stats, min((p[0] for p in self.purges), default=None),
-                         self.purged, refs)
+        self.store.write(
+            self.to_batch(),
+            states,
+            self.min_new_due,
+            bool(self.timer_dels),
+            applied_offset,
+            self.stats,
+            min((p[0] for p in self.purges), default=None),
+            self.purged,
+            refs,
+        )

@@ -26,25 +26,41 @@ def check_state_dir(settings: ProcessorSettings) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ProcessorStopped(EXIT_FATAL, (
-            f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
-            "to a writable directory")) from e
+        raise ProcessorStopped(
+            EXIT_FATAL,
+            (
+                f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
+                "to a writable directory"
+            ),
+        ) from e
 
 
-def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: float, stop: threading.Event) -> int:
+def check_topology(
+    consumer: Consumer, settings: ProcessorSettings, timeout_s: float, stop: threading.Event
+) -> int:
     """Every topic the processor reads or writes exists; commands, receipts, run-events and
     run-state have one partition count (co-partitioned). Returns that count. A stop request
     while the cluster does not answer yet ends the wait (StopRequested)."""
     t = settings.topics
-    names = [t.commands, t.receipts, t.run_events, t.run_state, t.dead_letters, t.definitions,
-             t.child_activations, *(t.activations(q) for q in settings.activation_queues)]
+    names = [
+        t.commands,
+        t.receipts,
+        t.run_events,
+        t.run_state,
+        t.dead_letters,
+        t.definitions,
+        t.child_activations,
+        *(t.activations(q) for q in settings.activation_queues),
+    ]
     appear_by = time.monotonic() + _TOPICS_APPEAR_S
     while True:
         try:
             meta = until_stopped(lambda t: consumer.list_topics(timeout=t), stop, timeout_s)
         except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, cannot_reach(
-                settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s")) from e
+            raise ProcessorStopped(
+                EXIT_FATAL,
+                cannot_reach(settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s"),
+            ) from e
         missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
         if not missing or time.monotonic() >= appear_by:
             break
@@ -53,10 +69,16 @@ def check_topology(consumer: Consumer, settings: ProcessorSettings, timeout_s: f
         if stop.wait(0.25):
             raise StopRequested
     if missing:
-        raise ProcessorStopped(EXIT_FATAL, f"missing topics {missing}: run `runfold topology create` "
-                                           f"with topic prefix {settings.topic_prefix!r}")
+        raise ProcessorStopped(
+            EXIT_FATAL,
+            f"missing topics {missing}: run `runfold topology create` "
+            f"with topic prefix {settings.topic_prefix!r}",
+        )
     counts = {n: len(meta.topics[n].partitions) for n in (t.commands, t.receipts, t.run_events, t.run_state)}
     if len(set(counts.values())) != 1:
-        raise ProcessorStopped(EXIT_FATAL, f"topics are not co-partitioned (partition counts {counts}); "
-                                           "commands, receipts, run-events and run-state must match")
+        raise ProcessorStopped(
+            EXIT_FATAL,
+            f"topics are not co-partitioned (partition counts {counts}); "
+            "commands, receipts, run-events and run-state must match",
+        )
     return counts[t.commands]

@@ -43,8 +43,14 @@ Bounded = Callable[[str, float], contextlib.AbstractContextManager[None]]
 
 
 class TxnProducers:
-    def __init__(self, settings: ProcessorSettings, metrics: ProcessorMetrics, log: Logger, bounded: Bounded,
-                 on_client_error: Callable[[KafkaError], None]) -> None:
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        metrics: ProcessorMetrics,
+        log: Logger,
+        bounded: Bounded,
+        on_client_error: Callable[[KafkaError], None],
+    ) -> None:
         """`bounded(call, timeout)` watches a transactional call (the loop's watchdog);
         `on_client_error` gets every error callback after the producers' own bookkeeping."""
         self._settings = settings
@@ -95,8 +101,9 @@ class TxnProducers:
                 else:
                     until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
         except KafkaException as e:
-            raise ProcessorStopped(EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: "
-                                               f"{e.args[0].str()}") from e
+            raise ProcessorStopped(
+                EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: {e.args[0].str()}"
+            ) from e
         return producer
 
     def on_error(self, slot: int, err: KafkaError) -> None:
@@ -144,8 +151,10 @@ class TxnProducers:
     def replace(self, why: str, reason: str, **extra: Any) -> None:
         """A new producer for the current slot; the old one is purged and dropped."""
         slot = self.slot
-        self._log.warning(f"replacing the transactional producer: {why}", extra={
-            "transactional_id": self._settings.transactional_ids[slot], **extra})
+        self._log.warning(
+            f"replacing the transactional producer: {why}",
+            extra={"transactional_id": self._settings.transactional_ids[slot], **extra},
+        )
         old = self._producers[slot]
         self._producers[slot] = None
         if old is not None:
@@ -163,7 +172,9 @@ class TxnProducers:
         producer = self.current
         assert producer is not None
         with self._bounded("send_offsets_to_transaction", timeout_s):
-            send_offsets_flushing(self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S)
+            send_offsets_flushing(
+                self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S
+            )
 
     def abandon(self, call: str, e: CallAbandoned) -> None:
         """Leave the current producer inside `call`, never to be called nor destroyed while the
@@ -174,8 +185,11 @@ class TxnProducers:
         self._abandoned.append((producer, e.done))
         self._producers[self.slot] = None  # not purged nor dropped: its call may still be running
         if self.stuck_calls() > MAX_STUCK_CALLS:
-            raise ProcessorStopped(EXIT_STALLED, f"{self.stuck_calls()} {call} calls never returned; "
-                                                 "restart the process to free the clients left inside them")
+            raise ProcessorStopped(
+                EXIT_STALLED,
+                f"{self.stuck_calls()} {call} calls never returned; "
+                "restart the process to free the clients left inside them",
+            )
         self.replace(f"{call} did not return", "call_abandoned", error=str(e))
 
     def stuck_calls(self) -> int:

@@ -62,7 +62,9 @@ class _ProcessorFileSource(PydanticBaseSettingsSource):
 class ProcessorSettings(KafkaSettings):
     group_id: str = ""  # default "<topic_prefix>-processor"
     # No "~": it separates the instance's second transactional id (`transactional_ids`).
-    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200, pattern=r"^[^~]+$")
+    instance_id: str = Field(
+        default_factory=socket.gethostname, min_length=1, max_length=200, pattern=r"^[^~]+$"
+    )
     state_dir: Path = Path(".runfold/state")
     batch_size: int = Field(default=500, ge=1, le=100_000)
     # Longest a transaction stays open while input keeps arriving; it commits earlier
@@ -126,7 +128,8 @@ class ProcessorSettings(KafkaSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         base = super().settings_customise_sources(
-            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings)
+            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+        )
         return (*base[:-1], _ProcessorFileSource(settings_cls), base[-1])
 
     # ---- derived --------------------------------------------------------------------------
@@ -153,7 +156,8 @@ class ProcessorSettings(KafkaSettings):
 
     def input_consumer_config(self) -> dict[str, Any]:
         cfg = consumer_config(
-            self, self.group,
+            self,
+            self.group,
             client_id=self.transactional_id,
             # range co-locates partition N of commands and receipts (equal partition counts)
             partition_assignment_strategy="range",
@@ -168,7 +172,8 @@ class ProcessorSettings(KafkaSettings):
     def side_consumer_config(self, purpose: str) -> dict[str, Any]:
         """A group-less reader (restore, definitions): assigned partitions, no commits."""
         cfg = consumer_config(
-            self, f"{self.group}-{purpose}",
+            self,
+            f"{self.group}-{purpose}",
             client_id=f"{self.transactional_id}-{purpose}",
             enable_partition_eof=True,
         )
@@ -177,7 +182,8 @@ class ProcessorSettings(KafkaSettings):
 
     def producer_config(self, slot: int = 0) -> dict[str, Any]:
         return transactional_producer_config(
-            self, self.transactional_ids[slot],
+            self,
+            self.transactional_ids[slot],
             transaction_timeout_ms=self.transaction_timeout_ms,
             partitioner=PARTITIONER,
             # commit_transaction flushes, and a flush ignores linger (librdkafka#3489), so a
@@ -196,4 +202,6 @@ class ProcessorSettings(KafkaSettings):
 
 
 def load_processor_settings(**overrides: Any) -> ProcessorSettings:
-    return build_settings(ProcessorSettings, KAFKA_SOURCES, **{k: v for k, v in overrides.items() if v is not None})
+    return build_settings(
+        ProcessorSettings, KAFKA_SOURCES, **{k: v for k, v in overrides.items() if v is not None}
+    )

@@ -173,7 +173,9 @@ class PartitionStore:
                 it.next()
         return out
 
-    def events_chunk(self, run_id: str, since: int, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
+    def events_chunk(
+        self, run_id: str, since: int, max_events: int, max_bytes: int
+    ) -> list[tuple[int, bytes]]:
         """(sequence, bytes) of the stored events of `run_id` with sequence > since, in order: at
         most `max_events`, and none more once `max_bytes` are gathered (at least one). For
         readers on other threads (the query server), which page through a long log chunk by
@@ -324,10 +326,18 @@ class PartitionStore:
                 it.next()
         return out
 
-    def write(self, batch: WriteBatch, states: dict[str, Any], min_new_due: int | None,
-              timers_deleted: bool, applied_offset: int | None, stats: dict[str, int],
-              min_new_purge: int | None = None, purged: list[tuple[bytes, str, str | None]] | None = None,
-              timer_refs: dict[bytes, bytes | None] | None = None) -> None:
+    def write(
+        self,
+        batch: WriteBatch,
+        states: dict[str, Any],
+        min_new_due: int | None,
+        timers_deleted: bool,
+        applied_offset: int | None,
+        stats: dict[str, int],
+        min_new_purge: int | None = None,
+        purged: list[tuple[bytes, str, str | None]] | None = None,
+        timer_refs: dict[bytes, bytes | None] | None = None,
+    ) -> None:
         """Apply one committed transaction's changes (`batch` holds every key but the
         deletions of `purged` runs, added here; `timer_refs`: the timer references it puts,
         r-key -> t-key, or deletes, r-key -> None)."""

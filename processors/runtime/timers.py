@@ -27,8 +27,14 @@ from schemas import Codec
 
 
 class TimerFirer:
-    def __init__(self, codec: Codec, receipts_topic: str, produce: Callable[..., None],
-                 metrics: ProcessorMetrics, limit: int) -> None:
+    def __init__(
+        self,
+        codec: Codec,
+        receipts_topic: str,
+        produce: Callable[..., None],
+        metrics: ProcessorMetrics,
+        limit: int,
+    ) -> None:
         self._encode = codec.encoder("receipts")
         self._topic = receipts_topic
         self._produce = produce

@@ -39,13 +39,20 @@ class TxnFailures:
     _poison: dict[tuple[str, int, int], tuple[str, int, str]]
 
     if TYPE_CHECKING:
-        def _bounded(self, call: str, timeout_s: float = KAFKA_TIMEOUT_S) -> contextlib.AbstractContextManager[None]: ...
+
+        def _bounded(
+            self, call: str, timeout_s: float = KAFKA_TIMEOUT_S
+        ) -> contextlib.AbstractContextManager[None]: ...
         def _txn_timed_out(self) -> bool: ...
 
     def _txn_failed(self, e: KafkaException, stage: str) -> None:
         err: KafkaError = e.args[0]
-        if (err.code() == KafkaError.FENCED_INSTANCE_ID and not err.fatal() and stage != "abort"
-                and self._stale_refusals < _MAX_STALE_REFUSALS):
+        if (
+            err.code() == KafkaError.FENCED_INSTANCE_ID
+            and not err.fatal()
+            and stage != "abort"
+            and self._stale_refusals < _MAX_STALE_REFUSALS
+        ):
             # The offsets' group metadata names a member id the coordinator has replaced: our
             # consumer rejoined (after our own session loss, or a broker restart) and the id
             # sent is stale (librdkafka#3437), or another instance joined with our id. That one
@@ -53,17 +60,23 @@ class TxnFailures:
             # fenced and the abort fails right there and stops us (exit 3). Otherwise rejoin with
             # a new consumer. Refused again and again with no commit between: stop as fenced.
             self._stale_refusals += 1
-            self.log.warning("offsets refused: stale group membership; aborting and replacing the consumer",
-                             extra={"error": err.str(), "refusals": self._stale_refusals})
+            self.log.warning(
+                "offsets refused: stale group membership; aborting and replacing the consumer",
+                extra={"error": err.str(), "refusals": self._stale_refusals},
+            )
             self._abort(f"{stage}: {err.str()}")
             self._consumer_failed = err
             self._rejoin_stale = True
             return
         if err.code() in FENCED_CODES and (self.producers.renewed or not self._txn_timed_out()):
-            raise ProcessorStopped(EXIT_FENCED, (
-                f"fenced at {stage}: another processor with transactional.id "
-                f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
-                f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"))
+            raise ProcessorStopped(
+                EXIT_FENCED,
+                (
+                    f"fenced at {stage}: another processor with transactional.id "
+                    f"{self.settings.transactional_id!r} has started (same instance_id); this one stops. "
+                    f"Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"
+                ),
+            )
         if err.fatal():
             if self.producers.renewed:  # a second one in a row: not a one-off, stop
                 raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
@@ -93,8 +106,11 @@ class TxnFailures:
             except KafkaException as e:
                 self._txn_failed(e, stage)
                 return
-            raise ProcessorStopped(EXIT_FATAL, f"{stage}: produce failed ({err.str()}) yet the transaction "
-                                               "committed; restart to restore from the committed log")
+            raise ProcessorStopped(
+                EXIT_FATAL,
+                f"{stage}: produce failed ({err.str()}) yet the transaction "
+                "committed; restart to restore from the committed log",
+            )
         self._abort(f"{stage}: {err.str()}")
 
     def _txn_inputs(self) -> int:
@@ -115,14 +131,19 @@ class TxnFailures:
         if self._txn_inputs() == 1:
             (topic, p), off = next((tp, n - 1) for tp, n in txn.next.items() if n > txn.start[tp])
             parked = self._poison.get((topic, p, off))
-            self._poison[(topic, p, off)] = (parked[0], min(parked[1] + 1, 2), parked[2]) if parked else (
-                reason, 0, cause)
-            self.log.warning(what + ": dead-lettering it", extra={
-                "topic": topic, "partition": p, "offset": off, "reason": reason})
+            self._poison[(topic, p, off)] = (
+                (parked[0], min(parked[1] + 1, 2), parked[2]) if parked else (reason, 0, cause)
+            )
+            self.log.warning(
+                what + ": dead-lettering it",
+                extra={"topic": topic, "partition": p, "offset": off, "reason": reason},
+            )
         else:
             self._isolate_left = max(self._isolate_left, self._txn_inputs())
-            self.log.warning(what + ": replaying the batch one record per transaction", extra={
-                "records": self._isolate_left, "reason": reason})
+            self.log.warning(
+                what + ": replaying the batch one record per transaction",
+                extra={"records": self._isolate_left, "reason": reason},
+            )
         # Each such abort makes progress (an input marked, its level raised, or the batch split),
         # so it does not grow the back-off meant for what keeps failing (a broker down).
         self._aborts_in_a_row = 0
@@ -180,8 +201,10 @@ class TxnFailures:
                 consumer.seek(TopicPartition(t, p, off))
         self.metrics.transactions.labels("aborted").inc()
         self._aborts_in_a_row += 1
-        self.log.warning("transaction aborted", extra={
-            "reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row})
+        self.log.warning(
+            "transaction aborted",
+            extra={"reason": reason, "records": txn.records, "aborts_in_a_row": self._aborts_in_a_row},
+        )
         txn.reset()
         self.producers.advance()
         # Back off when something keeps failing (broker down, topic deleted): no tight loop.

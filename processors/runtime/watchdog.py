@@ -100,8 +100,9 @@ class CallThread:
             job.done.set()
 
 
-def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], group: Any,
-                          timeout_s: float, wait_s: float) -> None:
+def send_offsets_flushing(
+    calls: CallThread, producer: Any, offsets: list[Any], group: Any, timeout_s: float, wait_s: float
+) -> None:
     """`send_offsets_to_transaction` on `calls`' thread while this thread flushes the
     transaction's records. librdkafka sends one ProduceRequest per partition and the broker
     serves a connection's requests one at a time, so the flush is most of a commit; the
@@ -131,7 +132,9 @@ def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], 
         return cause if isinstance(cause, KafkaException) else flush_errors[0]
 
     try:
-        calls.run(lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush)
+        calls.run(
+            lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush
+        )
     except KafkaException as e:
         delivery = flush_error()
         if e.args[0].code() == KafkaError._STATE and isinstance(delivery, KafkaException):
@@ -143,8 +146,13 @@ def send_offsets_flushing(calls: CallThread, producer: Any, offsets: list[Any], 
 
 
 class Watchdog:
-    def __init__(self, limit_s: float, on_stall: Callable[[float, str], None],
-                 clock: Callable[[], float] = time.monotonic, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        limit_s: float,
+        on_stall: Callable[[float, str], None],
+        clock: Callable[[], float] = time.monotonic,
+        interval_s: float = 1.0,
+    ) -> None:
         self.limit_s = limit_s
         self._on_stall = on_stall
         self._clock = clock

@@ -61,8 +61,9 @@ def read_all(settings: KafkaSettings, topic: str, kind: str, timeout: float = 60
                 try:
                     rec = CODEC.decode(kind, m.value())
                 except DecodeError as e:
-                    raise AssertionError(f"undecodable record in {topic} [{m.partition()}]@{m.offset()}: "
-                                         f"{e.reason}") from None
+                    raise AssertionError(
+                        f"undecodable record in {topic} [{m.partition()}]@{m.offset()}: {e.reason}"
+                    ) from None
                 rec["_partition"], rec["_offset"] = m.partition(), m.offset()
                 out.append(rec)
         return out
@@ -90,25 +91,39 @@ class Proof:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
-        return (f"[chaos] {self.scenario}: started={self.runs_started} accepted={self.runs_accepted} "
-                f"terminal={self.runs_terminal} {self.terminal_by_type} events={self.events} "
-                f"step_succeeded={self.step_succeeded} retried_attempts={self.retried_attempts} "
-                f"garbage={self.garbage_sent}->dead_letters={self.dead_letters} "
-                f"bad={self.bad_commands}->rejected={self.rejections} replay_checked={self.replay_runs_checked} "
-                f"replay_differences={self.replay_differences} {self.extra or ''}")
+        return (
+            f"[chaos] {self.scenario}: started={self.runs_started} accepted={self.runs_accepted} "
+            f"terminal={self.runs_terminal} {self.terminal_by_type} events={self.events} "
+            f"step_succeeded={self.step_succeeded} retried_attempts={self.retried_attempts} "
+            f"garbage={self.garbage_sent}->dead_letters={self.dead_letters} "
+            f"bad={self.bad_commands}->rejected={self.rejections} replay_checked={self.replay_runs_checked} "
+            f"replay_differences={self.replay_differences} {self.extra or ''}"
+        )
 
 
 def _first(items: Any, n: int = 5) -> list[Any]:
     return list(items)[:n]
 
 
-def prove(scenario: str, settings: KafkaSettings, *, started: set[str], garbage: list[Coord] | None = None,
-          bad: dict[str, str | None] | None = None, extra: dict[str, Any] | None = None) -> Proof:
+def prove(
+    scenario: str,
+    settings: KafkaSettings,
+    *,
+    started: set[str],
+    garbage: list[Coord] | None = None,
+    bad: dict[str, str | None] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Proof:
     """`started`: run ids whose StartRun was valid; `bad`: run id -> expected rejection code (or None)."""
     t0 = time.monotonic()
     topics = settings.topic_prefix
-    proof = Proof(scenario, runs_started=len(started), garbage_sent=len(garbage or []), bad_commands=len(bad or {}),
-                  extra=dict(extra or {}))
+    proof = Proof(
+        scenario,
+        runs_started=len(started),
+        garbage_sent=len(garbage or []),
+        bad_commands=len(bad or {}),
+        extra=dict(extra or {}),
+    )
     events = read_all(settings, f"{topics}.run-events", "run_events")
     proof.events = len(events)
 
@@ -121,7 +136,9 @@ def prove(scenario: str, settings: KafkaSettings, *, started: set[str], garbage:
     proof.runs_terminal = len(terminal)
     proof.terminal_by_type = dict(Counter(e["type"] for e in events if e["type"] in TERMINAL))
     not_done = accepted - set(terminal)
-    assert not not_done, f"{len(not_done)} accepted runs without a terminal event, e.g. {_first(sorted(not_done))}"
+    assert not not_done, (
+        f"{len(not_done)} accepted runs without a terminal event, e.g. {_first(sorted(not_done))}"
+    )
     twice = {r: n for r, n in terminal.items() if n != 1}
     assert not twice, f"{len(twice)} runs with more than one terminal event: {_first(twice.items())}"
     strays = set(terminal) - accepted
@@ -160,19 +177,26 @@ def prove(scenario: str, settings: KafkaSettings, *, started: set[str], garbage:
             rs = rejected.get(run_id, [])
             if len(rs) != 1 or not rs[0]["reason"] or (code is not None and rs[0]["code"] != code):
                 wrong.append((run_id, code, [(r["code"], r["reason"]) for r in rs]))
-        others = {r: [(e["code"], e["reason"][:120]) for e in rs] for r, rs in rejected.items() if r not in bad}
+        others = {
+            r: [(e["code"], e["reason"][:120]) for e in rs] for r, rs in rejected.items() if r not in bad
+        }
         if others:
             proof.extra["other_rejections"] = dict(list(others.items())[:5])
         assert not (set(others) & started), f"valid starts rejected: {_first(set(others) & started)}"
-        assert not wrong, f"{len(wrong)} bad commands without exactly one RunRejected (run, expected code, got): " \
-                          f"{_first(wrong)}"
+        assert not wrong, (
+            f"{len(wrong)} bad commands without exactly one RunRejected (run, expected code, got): "
+            f"{_first(wrong)}"
+        )
 
     report = verify(settings, timeout_s=120)
     proof.replay_runs_checked = report.runs_checked
     proof.replay_differences = len(report.differences)
-    assert report.ok, f"replay --verify: {len(report.differences)} differences, e.g. {_first(report.differences, 3)}"
-    assert report.runs_checked == len(accepted), \
+    assert report.ok, (
+        f"replay --verify: {len(report.differences)} differences, e.g. {_first(report.differences, 3)}"
+    )
+    assert report.runs_checked == len(accepted), (
         f"replay --verify checked {report.runs_checked} of {len(accepted)} runs"
+    )
 
     proof.seconds = round(time.monotonic() - t0, 1)
     record(proof)

@@ -34,21 +34,48 @@ WF = "runfold.workflow/v1"
 
 def _noop_chain(wid: str, steps: int) -> dict[str, Any]:
     names = [chr(ord("a") + i) for i in range(steps)]
-    return {"schema": WF, "id": wid, "revision": 1, "state": {}, "entry": [names[0]],
-            "nodes": {n: {"kind": "action", "action": "noop"} for n in names},
-            "routes": {a: [b] for a, b in itertools.pairwise(names)}}
+    return {
+        "schema": WF,
+        "id": wid,
+        "revision": 1,
+        "state": {},
+        "entry": [names[0]],
+        "nodes": {n: {"kind": "action", "action": "noop"} for n in names},
+        "routes": {a: [b] for a, b in itertools.pairwise(names)},
+    }
 
 
 DEFINITIONS = [
     _noop_chain("noop3", 3),
     # two 300 ms sleeps on short leases: a killed worker's activation expires and is retried
-    {"schema": WF, "id": "slow2", "revision": 1, "state": {}, "entry": ["a"], "routes": {"a": ["b"]},
-     "nodes": {n: {"kind": "action", "action": "sleep", "input": {"from": "literal", "value": {"ms": 300}},
-                   "lease_ms": 1500, "heartbeat_ms": 300, "retry": {"max_attempts": 6, "backoff_ms": 100}}
-               for n in ("a", "b")}},
-    {"schema": WF, "id": "strict", "revision": 1, "state": {}, "entry": ["a"],
-     "input_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
-     "nodes": {"a": {"kind": "action", "action": "noop"}}},
+    {
+        "schema": WF,
+        "id": "slow2",
+        "revision": 1,
+        "state": {},
+        "entry": ["a"],
+        "routes": {"a": ["b"]},
+        "nodes": {
+            n: {
+                "kind": "action",
+                "action": "sleep",
+                "input": {"from": "literal", "value": {"ms": 300}},
+                "lease_ms": 1500,
+                "heartbeat_ms": 300,
+                "retry": {"max_attempts": 6, "backoff_ms": 100},
+            }
+            for n in ("a", "b")
+        },
+    },
+    {
+        "schema": WF,
+        "id": "strict",
+        "revision": 1,
+        "state": {},
+        "entry": ["a"],
+        "input_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
+        "nodes": {"a": {"kind": "action", "action": "noop"}},
+    },
 ]
 
 
@@ -57,8 +84,9 @@ def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kaf
     """A broker of the suite's own (free ports, temporary data dir): the broker-restart
     scenario restarts it; nothing here touches a shared broker."""
     port, cport = local_kafka.free_port_pair()
-    cfg = local_kafka.LocalKafkaConfig.from_env(port=port, controller_port=cport,
-                                                data_dir=tmp_path_factory.mktemp("chaos-kafka"))
+    cfg = local_kafka.LocalKafkaConfig.from_env(
+        port=port, controller_port=cport, data_dir=tmp_path_factory.mktemp("chaos-kafka")
+    )
     assert cfg.port != local_kafka.DEFAULT_PORT
     try:
         local_kafka.up(cfg, timeout=180)
@@ -72,8 +100,13 @@ def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kaf
 
 @pytest.fixture
 def chaos_settings(chaos_broker: local_kafka.LocalKafkaConfig, tmp_path: Path) -> Iterator[ProcessorSettings]:
-    s = make_settings(chaos_broker.bootstrap, f"c{uuid.uuid4().hex[:8]}", tmp_path / "state",
-                      commit_interval_ms=50, activation_queues=("default", "agents"))
+    s = make_settings(
+        chaos_broker.bootstrap,
+        f"c{uuid.uuid4().hex[:8]}",
+        tmp_path / "state",
+        commit_interval_ms=50,
+        activation_queues=("default", "agents"),
+    )
     setup_topology(s, DEFINITIONS)
     yield s
     try:
@@ -93,4 +126,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"StepSucceeded {r['step_succeeded']} (0 duplicated); retried attempts {r['retried_attempts']}; "
             f"garbage {r['garbage_sent']} -> dead letters {r['dead_letters']}; bad commands {r['bad_commands']} -> "
             f"RunRejected {r['rejections']}; replay --verify {r['replay_runs_checked']} runs, "
-            f"{r['replay_differences']} differences; {r['extra']}")
+            f"{r['replay_differences']} differences; {r['extra']}"
+        )

@@ -29,9 +29,16 @@ class Fleet:
         self.exits: list[tuple[str, int]] = []  # (name, code) of processes that ended by themselves
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_") and k != "KAFKA_BOOTSTRAP_SERVERS"}
-        return {**env, "KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-                "RUNFOLD_TOPIC_PREFIX": self.settings.topic_prefix}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RUNFOLD_") and k != "KAFKA_BOOTSTRAP_SERVERS"
+        }
+        return {
+            **env,
+            "KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+            "RUNFOLD_TOPIC_PREFIX": self.settings.topic_prefix,
+        }
 
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -44,13 +51,37 @@ class Fleet:
 
     def processor(self, name: str = "p1", instance_id: str | None = None) -> subprocess.Popen[bytes]:
         s = self.settings
-        return self._spawn(name, [
-            sys.executable, "-m", "processors.runtime", "--instance-id", instance_id or name,
-            "--state-dir", str(Path(s.state_dir) / name), "--commit-interval-ms", str(s.commit_interval_ms)])
+        return self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "processors.runtime",
+                "--instance-id",
+                instance_id or name,
+                "--state-dir",
+                str(Path(s.state_dir) / name),
+                "--commit-interval-ms",
+                str(s.commit_interval_ms),
+            ],
+        )
 
     def worker(self, name: str = "w1", concurrency: int = 64) -> subprocess.Popen[bytes]:
-        return self._spawn(name, [sys.executable, "-m", "processors.executors.cli", "worker", "--queue", "default",
-                                  "--concurrency", str(concurrency), "--log-level", "WARNING"])
+        return self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "processors.executors.cli",
+                "worker",
+                "--queue",
+                "default",
+                "--concurrency",
+                str(concurrency),
+                "--log-level",
+                "WARNING",
+            ],
+        )
 
     def kill9(self, name: str) -> None:
         proc = self.procs[name]
@@ -85,8 +116,10 @@ class Fleet:
             except Exception:
                 pass
             time.sleep(0.3)
-        raise AssertionError(f"processor group {group} not stable with {processors} member(s) in {timeout}s; "
-                             f"logs: {self.tails()}")
+        raise AssertionError(
+            f"processor group {group} not stable with {processors} member(s) in {timeout}s; "
+            f"logs: {self.tails()}"
+        )
 
     def tails(self, n: int = 1200) -> dict[str, str]:
         out = {}

@@ -38,14 +38,21 @@ def _terminal(reader: Reader) -> set[str]:
     return {r["run_id"] for r in reader.records if r["type"] in TERMINAL}
 
 
-def wait_terminal(reader: Reader, runs: set[str], timeout: float, fleet: Fleet,
-                  supervise: bool = False, tick: Callable[[], None] | None = None) -> None:
+def wait_terminal(
+    reader: Reader,
+    runs: set[str],
+    timeout: float,
+    fleet: Fleet,
+    supervise: bool = False,
+    tick: Callable[[], None] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while not runs <= _terminal(reader):
         if time.monotonic() > deadline:
             left = sorted(runs - _terminal(reader))
-            raise AssertionError(f"{len(left)} runs not terminal after {timeout:.0f}s, e.g. {left[:5]}; "
-                                 f"logs: {fleet.tails()}")
+            raise AssertionError(
+                f"{len(left)} runs not terminal after {timeout:.0f}s, e.g. {left[:5]}; logs: {fleet.tails()}"
+            )
         reader.poll(0.2)
         if supervise:
             fleet.supervise()
@@ -55,6 +62,7 @@ def wait_terminal(reader: Reader, runs: set[str], timeout: float, fleet: Fleet,
 
 def send_spread(cmd: Commands, runs: list[str], definition: str, seconds: float) -> threading.Thread:
     """Start `runs` evenly over `seconds` from a thread (the load the faults land in)."""
+
     def _go() -> None:
         t0 = time.monotonic()
         for i, r in enumerate(runs):
@@ -93,8 +101,12 @@ def test_processor_kill_9_at_random_moments(chaos_settings: ProcessorSettings, t
         events.close()
     assert fleet.kills["p1"] == KILLS
     assert codes["p1"] == 0, fleet.tails()
-    proof = prove(f"processor kill -9 x{KILLS} during {RUNS} runs", s, started=set(runs),
-                  extra={"kills": KILLS, "seed": SEED})
+    proof = prove(
+        f"processor kill -9 x{KILLS} during {RUNS} runs",
+        s,
+        started=set(runs),
+        extra={"kills": KILLS, "seed": SEED},
+    )
     assert proof.terminal_by_type == {"RunSucceeded": RUNS}
 
 
@@ -123,8 +135,12 @@ def test_worker_kill_9_during_actions(chaos_settings: ProcessorSettings, tmp_pat
     finally:
         fleet.stop()
         events.close()
-    proof = prove("worker kill -9 x3 during 60 runs of 2 sleeping actions", s, started=set(runs),
-                  extra={"worker_kills": 3, "seed": SEED})
+    proof = prove(
+        "worker kill -9 x3 during 60 runs of 2 sleeping actions",
+        s,
+        started=set(runs),
+        extra={"worker_kills": 3, "seed": SEED},
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
     assert proof.retried_attempts > 0, "no activation was retried: the kills hit no running action"
 
@@ -152,10 +168,22 @@ class _Raw:
         assert not self.failed, self.failed[:3]
 
 
-def garbage_records(rng: random.Random, n: int, topics: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
+def garbage_records(
+    rng: random.Random, n: int, topics: list[str]
+) -> list[tuple[str, bytes | None, bytes | None]]:
     """Undecodable input of every shape the processor must dead-letter, never choke on."""
-    valid = CODEC.encode("commands", {"type": "StartRun", "run_id": "g-owner", "ts_ms": now_ms(), "record_id": "x",
-                                      "definition_id": "noop3", "revision": None, "input": {}})
+    valid = CODEC.encode(
+        "commands",
+        {
+            "type": "StartRun",
+            "run_id": "g-owner",
+            "ts_ms": now_ms(),
+            "record_id": "x",
+            "definition_id": "noop3",
+            "revision": None,
+            "input": {},
+        },
+    )
     out: list[tuple[str, bytes | None, bytes | None]] = []
     for i in range(n):
         topic = topics[i % len(topics)]
@@ -210,7 +238,11 @@ def test_garbage_records_and_bad_commands(chaos_settings: ProcessorSettings, tmp
                 run, code = good[50 + j], "Conflict"
                 body = {"type": "StartRun", "definition_id": "noop3", "revision": None, "input": {"other": j}}
             elif kind == "signal":
-                run, code, body = f"bad-signal-{j}", "NotFound", {"type": "SignalRun", "signal": "go", "payload": {}}
+                run, code, body = (
+                    f"bad-signal-{j}",
+                    "NotFound",
+                    {"type": "SignalRun", "signal": "go", "payload": {}},
+                )
             else:
                 run = f"bad-{kind}-{j}"
                 definition, code, input_ = {
@@ -231,22 +263,29 @@ def test_garbage_records_and_bad_commands(chaos_settings: ProcessorSettings, tmp
             cmd.send("commands", run, body)
         cmd.flush()
         wait_terminal(events, set(good), 120, fleet)
-        events.wait_for(lambda recs: len({e["run_id"] for e in recs if e["type"] == "RunRejected"}) >= len(bad),
-                        90, "every bad command rejected")
+        events.wait_for(
+            lambda recs: len({e["run_id"] for e in recs if e["type"] == "RunRejected"}) >= len(bad),
+            90,
+            "every bad command rejected",
+        )
     finally:
         codes = fleet.stop()
         events.close()
     assert codes["p1"] == 0, fleet.tails()
     assert len(bad) == 200 and len(raw.coords) == 1000
-    proof = prove("1,000 garbage records + 200 bad commands", s, started=set(good), garbage=raw.coords, bad=bad)
+    proof = prove(
+        "1,000 garbage records + 200 bad commands", s, started=set(good), garbage=raw.coords, bad=bad
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(good)}
-    assert b"sk-live-0123456789abcdef" not in orjson.dumps(events.records), \
+    assert b"sk-live-0123456789abcdef" not in orjson.dumps(events.records), (
         "a secret from a rejected input reached the run events"
+    )
 
 
 @pytest.mark.timeout(240)
-def test_zombie_processor_with_the_same_instance_id_is_fenced(chaos_settings: ProcessorSettings,
-                                                              tmp_path: Path) -> None:
+def test_zombie_processor_with_the_same_instance_id_is_fenced(
+    chaos_settings: ProcessorSettings, tmp_path: Path
+) -> None:
     s = chaos_settings
     fleet = Fleet(s, tmp_path)
     fleet.processor("p1")
@@ -268,14 +307,19 @@ def test_zombie_processor_with_the_same_instance_id_is_fenced(chaos_settings: Pr
     assert zombie_code == 3, f"the zombie exited with {zombie_code}, not 3 (fenced): {fleet.tails()}"
     assert "fenced" in fleet.log("p1").read_text()
     assert codes["p1-twin"] == 0
-    proof = prove("zombie processor (same instance id) fenced under 200 runs", s, started=set(runs),
-                  extra={"zombie_exit_code": zombie_code})
+    proof = prove(
+        "zombie processor (same instance id) fenced under 200 runs",
+        s,
+        started=set(runs),
+        extra={"zombie_exit_code": zombie_code},
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
 
 
 @pytest.mark.timeout(360)
-def test_broker_restart_in_the_middle_of_the_load(chaos_settings: ProcessorSettings, tmp_path: Path,
-                                                  chaos_broker: local_kafka.LocalKafkaConfig) -> None:
+def test_broker_restart_in_the_middle_of_the_load(
+    chaos_settings: ProcessorSettings, tmp_path: Path, chaos_broker: local_kafka.LocalKafkaConfig
+) -> None:
     s = chaos_settings
     assert chaos_broker.port != local_kafka.DEFAULT_PORT and s.bootstrap_servers == chaos_broker.bootstrap
     fleet = Fleet(s, tmp_path)
@@ -307,8 +351,16 @@ def test_broker_restart_in_the_middle_of_the_load(chaos_settings: ProcessorSetti
     # the producers that saw the cluster unreachable were replaced before their next transaction,
     # unless the process had to be restarted first (a call in flight when the broker stopped)
     replaced = fleet.log("p1").read_text(errors="replace").count("saw the whole cluster unreachable")
-    proof = prove("broker restart under 300 runs", s, started=set(runs),
-                  extra={"self_exits_restarted": exits, "producers_replaced": replaced, "commands_resent": cmd.resent,
-                         "id": uuid.uuid4().hex[:6]})
+    proof = prove(
+        "broker restart under 300 runs",
+        s,
+        started=set(runs),
+        extra={
+            "self_exits_restarted": exits,
+            "producers_replaced": replaced,
+            "commands_resent": cmd.resent,
+            "id": uuid.uuid4().hex[:6],
+        },
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
     assert replaced >= 1 or exits, fleet.tails()

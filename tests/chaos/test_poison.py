@@ -50,21 +50,63 @@ NESTED_EXISTS = "input.a.exists(x, input.b.exists(y, x == y))"
 OVER_LIMITS = "[1,2,3]" + ".map(a, [1,2,3]" * 3 + ".map(b, b))" * 3 + ".size() > 0"
 
 EXTRA = [
-    {"schema": WF, "id": "agentq", "revision": 1, "state": {"out": None}, "entry": ["a"],
-     "nodes": {"a": {"kind": "action", "action": "poison", "queue": "agents", "writes": {"out": {"from": "output"}}}}},
-    {"schema": WF, "id": "waitsig", "revision": 1, "state": {"p": None}, "entry": ["w"],
-     "nodes": {"w": {"kind": "wait", "signal": "go", "writes": {"p": {"from": "signal"}}}}},
-    {"schema": WF, "id": "sum2", "revision": 1, "state": {"t": 0}, "reducers": {"t": "sum"}, "entry": ["a", "b"],
-     "nodes": {n: {"kind": "action", "action": "poison", "queue": "agents", "writes": {"t": {"from": "output"}}}
-               for n in "ab"}},
-    {"schema": WF, "id": "cel-limit", "revision": 1, "state": {}, "entry": ["a"],
-     "nodes": {"a": {"kind": "action", "action": "poison", "queue": "agents"},
-               "b": {"kind": "action", "action": "poison", "queue": "agents"}},
-     "routes": {"a": [{"to": "b", "when": NESTED_EXISTS}]}},
-]  # fmt: skip
-OVER = {"schema": WF, "id": "cel-over", "revision": 1, "state": {}, "entry": ["a"],
-        "nodes": {"a": {"kind": "action", "action": "noop"}, "b": {"kind": "action", "action": "noop"}},
-        "routes": {"a": [{"to": "b", "when": OVER_LIMITS}]}}  # fmt: skip
+    {
+        "schema": WF,
+        "id": "agentq",
+        "revision": 1,
+        "state": {"out": None},
+        "entry": ["a"],
+        "nodes": {
+            "a": {
+                "kind": "action",
+                "action": "poison",
+                "queue": "agents",
+                "writes": {"out": {"from": "output"}},
+            }
+        },
+    },
+    {
+        "schema": WF,
+        "id": "waitsig",
+        "revision": 1,
+        "state": {"p": None},
+        "entry": ["w"],
+        "nodes": {"w": {"kind": "wait", "signal": "go", "writes": {"p": {"from": "signal"}}}},
+    },
+    {
+        "schema": WF,
+        "id": "sum2",
+        "revision": 1,
+        "state": {"t": 0},
+        "reducers": {"t": "sum"},
+        "entry": ["a", "b"],
+        "nodes": {
+            n: {"kind": "action", "action": "poison", "queue": "agents", "writes": {"t": {"from": "output"}}}
+            for n in "ab"
+        },
+    },
+    {
+        "schema": WF,
+        "id": "cel-limit",
+        "revision": 1,
+        "state": {},
+        "entry": ["a"],
+        "nodes": {
+            "a": {"kind": "action", "action": "poison", "queue": "agents"},
+            "b": {"kind": "action", "action": "poison", "queue": "agents"},
+        },
+        "routes": {"a": [{"to": "b", "when": NESTED_EXISTS}]},
+    },
+]
+OVER = {
+    "schema": WF,
+    "id": "cel-over",
+    "revision": 1,
+    "state": {},
+    "entry": ["a"],
+    "nodes": {"a": {"kind": "action", "action": "noop"}, "b": {"kind": "action", "action": "noop"}},
+    "routes": {"a": [{"to": "b", "when": OVER_LIMITS}]},
+}
 
 
 # what a refusal of deep JSON says: the runtime's ("cannot store ... nested too deeply") or the engine's
@@ -99,8 +141,12 @@ class Located:
 
     def complete(self, label: str, act: dict[str, Any], output: Any) -> None:
         ident = {k: act[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
-        self.send(label, "receipts", act["run_id"], {"type": "ActivationCompleted", **ident, "worker_id": "poison",
-                                                     "output": output, "usage": ZERO})  # fmt: skip
+        self.send(
+            label,
+            "receipts",
+            act["run_id"],
+            {"type": "ActivationCompleted", **ident, "worker_id": "poison", "output": output, "usage": ZERO},
+        )
 
 
 def publish(settings: ProcessorSettings, raws: list[dict[str, Any]], validate: bool = True) -> None:
@@ -108,10 +154,18 @@ def publish(settings: ProcessorSettings, raws: list[dict[str, Any]], validate: b
     catalog = Catalog()
     for raw in raws:
         digest = content_hash(catalog.register(raw)) if validate else "0" * 64
-        record = {"definition_id": raw["id"], "revision": raw["revision"], "content_hash": digest,
-                  "definition": raw, "registered_ms": now_ms()}  # fmt: skip
-        producer.produce(settings.topics.definitions, CODEC.encode("definitions", record),
-                         f"{raw['id']}@{raw['revision']}".encode())  # fmt: skip
+        record = {
+            "definition_id": raw["id"],
+            "revision": raw["revision"],
+            "content_hash": digest,
+            "definition": raw,
+            "registered_ms": now_ms(),
+        }
+        producer.produce(
+            settings.topics.definitions,
+            CODEC.encode("definitions", record),
+            f"{raw['id']}@{raw['revision']}".encode(),
+        )
     assert producer.flush(10) == 0
 
 
@@ -126,8 +180,19 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
     publish(s, [OVER], validate=False)  # published anyway: every processor refuses it on reading
     t0 = time.monotonic()
     fleet = Fleet(s, tmp_path)
-    fleet._spawn("p1", [sys.executable, ENTRY, "--instance-id", "p1", "--state-dir", str(Path(s.state_dir) / "p1"),
-                        "--commit-interval-ms", str(s.commit_interval_ms)])  # fmt: skip
+    fleet._spawn(
+        "p1",
+        [
+            sys.executable,
+            ENTRY,
+            "--instance-id",
+            "p1",
+            "--state-dir",
+            str(Path(s.state_dir) / "p1"),
+            "--commit-interval-ms",
+            str(s.commit_interval_ms),
+        ],
+    )
     fleet.worker("w1")
     fleet.ready()
     events = Reader(s, [s.topics.run_events], "run_events")
@@ -140,10 +205,18 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
             cmd.start(run, "noop3", {"i": i})
         cmd.flush()
         # poisoned starts, between the good ones
-        bad.send("deep-input", "commands", "p-deep-input", {"type": "StartRun", "definition_id": "noop3",
-                                                             "revision": None, "input": deep(DEPTH)})  # fmt: skip
-        bad.send("cel-over", "commands", "p-cel-over", {"type": "StartRun", "definition_id": "cel-over",
-                                                         "revision": None, "input": {}})  # fmt: skip
+        bad.send(
+            "deep-input",
+            "commands",
+            "p-deep-input",
+            {"type": "StartRun", "definition_id": "noop3", "revision": None, "input": deep(DEPTH)},
+        )
+        bad.send(
+            "cel-over",
+            "commands",
+            "p-cel-over",
+            {"type": "StartRun", "definition_id": "cel-over", "revision": None, "input": {}},
+        )
         bad.send(
             "raise-start",
             "commands",
@@ -156,18 +229,27 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
             "p-commit",
             {"type": "StartRun", "definition_id": "noop3", "revision": None, "input": {"poison": "commit"}},
         )
-        for run, definition, run_input in [("p-deep-output", "agentq", {}), ("p-raise-receipt", "agentq", {}),
-                                           ("p-deep-signal", "waitsig", {}), ("p-sum", "sum2", {}),
-                                           ("p-cel-limit", "cel-limit", big)]:  # fmt: skip
+        for run, definition, run_input in [
+            ("p-deep-output", "agentq", {}),
+            ("p-raise-receipt", "agentq", {}),
+            ("p-deep-signal", "waitsig", {}),
+            ("p-sum", "sum2", {}),
+            ("p-cel-limit", "cel-limit", big),
+        ]:
             cmd.start(run, definition, run_input)
         cmd.flush()
         for i, run in enumerate(good[100:], 100):
             cmd.start(run, "noop3", {"i": i})
         cmd.flush()
         # the test is the executor of the `agents` queue: it answers with the poison
-        acts = agents.wait_for(lambda recs: {r["run_id"] for r in recs} >= {"p-deep-output", "p-raise-receipt",
-                               "p-sum", "p-cel-limit"} and len([r for r in recs if r["run_id"] == "p-sum"]) == 2,
-                               60, "the poisoned runs' activations")  # fmt: skip
+        acts = agents.wait_for(
+            lambda recs: (
+                {r["run_id"] for r in recs} >= {"p-deep-output", "p-raise-receipt", "p-sum", "p-cel-limit"}
+                and len([r for r in recs if r["run_id"] == "p-sum"]) == 2
+            ),
+            60,
+            "the poisoned runs' activations",
+        )
         by_run: dict[str, list[dict[str, Any]]] = {}
         for act in acts:
             by_run.setdefault(act["run_id"], []).append(act)
@@ -176,12 +258,22 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
         for n, act in enumerate(by_run["p-sum"]):
             bad.complete(f"sum-{n}", act, 2**64 - 1)
         bad.complete("cel-limit", by_run["p-cel-limit"][0], {"ok": True})
-        events.wait_for(lambda recs: any(e["run_id"] == "p-deep-signal" and e["type"] == "RunStarted" for e in recs),
-                        60, "p-deep-signal started")  # fmt: skip
-        bad.send("deep-signal", "commands", "p-deep-signal", {"type": "SignalRun", "signal": "go",
-                                                               "payload": deep(DEPTH)})  # fmt: skip
-        events.wait_for(lambda recs: any(e["run_id"] == "p-deep-signal" and e["type"] == "RunRejected" for e in recs),
-                        60, "the deep signal rejected")  # fmt: skip
+        events.wait_for(
+            lambda recs: any(e["run_id"] == "p-deep-signal" and e["type"] == "RunStarted" for e in recs),
+            60,
+            "p-deep-signal started",
+        )
+        bad.send(
+            "deep-signal",
+            "commands",
+            "p-deep-signal",
+            {"type": "SignalRun", "signal": "go", "payload": deep(DEPTH)},
+        )
+        events.wait_for(
+            lambda recs: any(e["run_id"] == "p-deep-signal" and e["type"] == "RunRejected" for e in recs),
+            60,
+            "the deep signal rejected",
+        )
         cmd.cancel("p-deep-signal", "the poisoned signal was refused; the run is ended by the test")
         cmd.flush()
         accepted_poison = {"p-deep-output", "p-raise-receipt", "p-deep-signal", "p-sum", "p-cel-limit"}
@@ -195,8 +287,9 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
             "the poisoned starts rejected",
         )
     finally:
-        exits_before_stop = list(fleet.exits) + [(n, p.returncode) for n, p in fleet.procs.items()
-                                                 if p.poll() is not None]  # fmt: skip
+        exits_before_stop = list(fleet.exits) + [
+            (n, p.returncode) for n, p in fleet.procs.items() if p.poll() is not None
+        ]
         codes = fleet.stop()
         events.close()
         agents.close()
@@ -262,17 +355,34 @@ def test_poison_pills_never_stop_a_partition(chaos_settings: ProcessorSettings, 
     at_commit = rejected["p-commit"]
     assert at_commit["code"] == "Limit" and "injected fault" in at_commit["reason"], at_commit
     assert "snapshot" in charged("commit")["error"]
-    outcome.update({"raise-start": "RunRejected State", "raise-receipt": "RunFailed State",
-                    "commit": "RunRejected Limit (traced back at commit)"})  # fmt: skip
+    outcome.update(
+        {
+            "raise-start": "RunRejected State",
+            "raise-receipt": "RunFailed State",
+            "commit": "RunRejected Limit (traced back at commit)",
+        }
+    )
 
     runtime_charged = [k for k, where in bad.at.items() if where in dead_at]
-    proof = prove("poison pills beside 200 good runs", s, started=set(good) | accepted_poison,
-                  garbage=[bad.at[k] for k in runtime_charged],
-                  bad={"p-deep-input": None, "p-cel-over": "NotFound", "p-raise-start": "State", "p-commit": "Limit",
-                       "p-deep-signal": None},
-                  extra={"processor_exits": len(exits_before_stop), "poison": outcome,
-                         "dead_lettered_by_the_runtime": sorted(runtime_charged),
-                         "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
+    proof = prove(
+        "poison pills beside 200 good runs",
+        s,
+        started=set(good) | accepted_poison,
+        garbage=[bad.at[k] for k in runtime_charged],
+        bad={
+            "p-deep-input": None,
+            "p-cel-over": "NotFound",
+            "p-raise-start": "State",
+            "p-commit": "Limit",
+            "p-deep-signal": None,
+        },
+        extra={
+            "processor_exits": len(exits_before_stop),
+            "poison": outcome,
+            "dead_lettered_by_the_runtime": sorted(runtime_charged),
+            "seconds": round(time.monotonic() - t0, 1),
+        },
+    )
     assert proof.terminal_by_type.get("RunSucceeded") == GOOD
     print(
         f"[poison] processor exits/restarts: {len(exits_before_stop)}; good runs succeeded: "

@@ -33,7 +33,9 @@ def _wait_all(events: Reader, runs: set[str], timeout: float, fleet: Fleet) -> N
         wait_terminal(events, runs, timeout, fleet)
     except AssertionError as e:
         seen = Counter(r["type"] for r in events.records)
-        raise AssertionError(f"run events so far {dict(seen)}; offsets {_offsets(fleet.settings)}; {e}") from None
+        raise AssertionError(
+            f"run events so far {dict(seen)}; offsets {_offsets(fleet.settings)}; {e}"
+        ) from None
 
 
 def _offsets(s: ProcessorSettings) -> dict[str, object]:
@@ -46,9 +48,14 @@ def _offsets(s: ProcessorSettings) -> dict[str, object]:
         for topic in (t.commands, t.receipts, t.run_events, t.activations("default")):
             for p in range(s.partitions):
                 tp = TopicPartition(topic, p)
-                committed = c.committed([tp], timeout=10)[0].offset if topic in (t.commands, t.receipts) else None
-                out[f"{topic.split('.', 1)[1]}[{p}]"] = (u.get_watermark_offsets(tp, timeout=10)[1],
-                                                          c.get_watermark_offsets(tp, timeout=10)[1], committed)
+                committed = (
+                    c.committed([tp], timeout=10)[0].offset if topic in (t.commands, t.receipts) else None
+                )
+                out[f"{topic.split('.', 1)[1]}[{p}]"] = (
+                    u.get_watermark_offsets(tp, timeout=10)[1],
+                    c.get_watermark_offsets(tp, timeout=10)[1],
+                    committed,
+                )
     except Exception as e:
         out["error"] = str(e)
     finally:
@@ -64,15 +71,18 @@ def _start(cmd: Commands, runs: list[str]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_processor_frozen_past_its_session_timeout_carries_on(chaos_settings: ProcessorSettings,
-                                                              tmp_path: Path) -> None:
+def test_processor_frozen_past_its_session_timeout_carries_on(
+    chaos_settings: ProcessorSettings, tmp_path: Path
+) -> None:
     s = chaos_settings
     fleet = Fleet(s, tmp_path)
     proc = fleet.processor("p1")
     fleet.worker("w1")
     fleet.ready()
     events = Reader(s, [s.topics.run_events], "run_events")
-    before, during, after = ([f"{k}-{i:03d}" for i in range(n)] for k, n in (("f0", 40), ("f1", 40), ("f2", 40)))
+    before, during, after = (
+        [f"{k}-{i:03d}" for i in range(n)] for k, n in (("f0", 40), ("f1", 40), ("f2", 40))
+    )
     cmd = Commands(s)
     try:
         _start(cmd, before)
@@ -93,14 +103,19 @@ def test_processor_frozen_past_its_session_timeout_carries_on(chaos_settings: Pr
         events.close()
     assert codes["p1"] == 0, fleet.tails()
     runs = set(before + during + after)
-    proof = prove("processor frozen (SIGSTOP) 15 s past its 10 s session timeout", s, started=runs,
-                  extra={"frozen_s": SESSION_S + 5.0})
+    proof = prove(
+        "processor frozen (SIGSTOP) 15 s past its 10 s session timeout",
+        s,
+        started=runs,
+        extra={"frozen_s": SESSION_S + 5.0},
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
 
 
 @pytest.mark.timeout(300)
-def test_broker_frozen_until_it_fences_itself(chaos_settings: ProcessorSettings, tmp_path: Path,
-                                              chaos_broker: local_kafka.LocalKafkaConfig) -> None:
+def test_broker_frozen_until_it_fences_itself(
+    chaos_settings: ProcessorSettings, tmp_path: Path, chaos_broker: local_kafka.LocalKafkaConfig
+) -> None:
     s = chaos_settings
     assert chaos_broker.port != local_kafka.DEFAULT_PORT and s.bootstrap_servers == chaos_broker.bootstrap
     pid = local_kafka.get_status(chaos_broker).pid
@@ -128,6 +143,10 @@ def test_broker_frozen_until_it_fences_itself(chaos_settings: ProcessorSettings,
         events.close()
     assert codes["p1"] == 0, fleet.tails()
     runs = set(before + after)
-    proof = prove("broker frozen (SIGSTOP) 13 s: fences itself, group sessions time out", s, started=runs,
-                  extra={"commands_resent": cmd.resent})
+    proof = prove(
+        "broker frozen (SIGSTOP) 13 s: fences itself, group sessions time out",
+        s,
+        started=runs,
+        extra={"commands_resent": cmd.resent},
+    )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}

@@ -31,5 +31,11 @@ async def boom(ctx: ActionContext, input: Any) -> Any:
 @action("test.identity")
 async def identity(ctx: ActionContext, input: Any) -> dict[str, Any]:
     ctx.usage(prompt_tokens=1, completion_tokens=2, cost_micros=3)
-    return {"run": ctx.run_id, "node": ctx.node, "lineage": ctx.lineage, "attempt": ctx.attempt,
-            "key": ctx.idempotency_key, "input": input}
+    return {
+        "run": ctx.run_id,
+        "node": ctx.node,
+        "lineage": ctx.lineage,
+        "attempt": ctx.attempt,
+        "key": ctx.idempotency_key,
+        "input": input,
+    }

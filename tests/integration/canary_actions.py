@@ -18,12 +18,21 @@ log = logging.getLogger("canary.handler")
 def _encoded(secret: str, mode: str) -> Any:
     raw = secret.encode()
     forms: dict[str, Any] = {
-        "raw": secret, "upper": secret.upper(), "lower": secret.lower(),
-        "base64": base64.b64encode(raw).decode(), "base64url": base64.urlsafe_b64encode(raw).decode(),
-        "unpadded": base64.b64encode(b"x" + raw).decode().rstrip("="), "basic": base64.b64encode(b"u:" + raw).decode(),
-        "url": quote(secret, safe=""), "json": json.dumps({"t": secret}), "repr": repr(raw), "hex": raw.hex(),
-        "partial": secret[: len(secret) * 2 // 3], "key": {secret: 1}, "list": ["ok", [{"deep": secret.swapcase()}]],
-    }  # fmt: skip
+        "raw": secret,
+        "upper": secret.upper(),
+        "lower": secret.lower(),
+        "base64": base64.b64encode(raw).decode(),
+        "base64url": base64.urlsafe_b64encode(raw).decode(),
+        "unpadded": base64.b64encode(b"x" + raw).decode().rstrip("="),
+        "basic": base64.b64encode(b"u:" + raw).decode(),
+        "url": quote(secret, safe=""),
+        "json": json.dumps({"t": secret}),
+        "repr": repr(raw),
+        "hex": raw.hex(),
+        "partial": secret[: len(secret) * 2 // 3],
+        "key": {secret: 1},
+        "list": ["ok", [{"deep": secret.swapcase()}]],
+    }
     return forms[mode]
 
 

@@ -32,15 +32,36 @@ def committed_offsets(settings: KafkaSettings, group: str, topic: str) -> dict[i
         consumer.close()
 
 
-def activation(run_id: str, action: str = "echo", input: Any = None, queue: str = "default",
-               node: str = "n", lineage: str = "", attempt: int = 1, **extra: Any) -> dict[str, Any]:
+def activation(
+    run_id: str,
+    action: str = "echo",
+    input: Any = None,
+    queue: str = "default",
+    node: str = "n",
+    lineage: str = "",
+    attempt: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
     msg = {
-        "type": "ActionActivation", "run_id": run_id, "ts_ms": int(time.time() * 1000),
-        "record_id": uuid.uuid4().hex, "node": node, "lineage": lineage, "attempt": attempt,
-        "dispatch_id": dispatch_id(run_id, node, lineage, attempt), "definition_id": "test",
-        "root_run_id": run_id, "kind": "action", "action": action, "queue": queue,
-        "input": input if input is not None else {}, "deadline_ms": None, "lease_ms": 10_000,
-        "heartbeat_ms": 1_000, "capabilities": [], "agent": None,
+        "type": "ActionActivation",
+        "run_id": run_id,
+        "ts_ms": int(time.time() * 1000),
+        "record_id": uuid.uuid4().hex,
+        "node": node,
+        "lineage": lineage,
+        "attempt": attempt,
+        "dispatch_id": dispatch_id(run_id, node, lineage, attempt),
+        "definition_id": "test",
+        "root_run_id": run_id,
+        "kind": "action",
+        "action": action,
+        "queue": queue,
+        "input": input if input is not None else {},
+        "deadline_ms": None,
+        "lease_ms": 10_000,
+        "heartbeat_ms": 1_000,
+        "capabilities": [],
+        "agent": None,
     }
     msg.update(extra)
     return msg
@@ -48,14 +69,25 @@ def activation(run_id: str, action: str = "echo", input: Any = None, queue: str 
 
 def cancel_notice(act: dict[str, Any], reason: str = "test cancel") -> dict[str, Any]:
     return {
-        "type": "CancelActivation", "run_id": act["run_id"], "ts_ms": int(time.time() * 1000),
-        "record_id": uuid.uuid4().hex, "node": act["node"], "lineage": act["lineage"],
-        "attempt": act["attempt"], "dispatch_id": act["dispatch_id"], "reason": reason,
+        "type": "CancelActivation",
+        "run_id": act["run_id"],
+        "ts_ms": int(time.time() * 1000),
+        "record_id": uuid.uuid4().hex,
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "reason": reason,
     }
 
 
-def produce(settings: KafkaSettings, topic: str, kind: str, msgs: list[dict[str, Any]],
-            producer: Producer | None = None) -> None:
+def produce(
+    settings: KafkaSettings,
+    topic: str,
+    kind: str,
+    msgs: list[dict[str, Any]],
+    producer: Producer | None = None,
+) -> None:
     """Send `msgs` and wait for them; through `producer` when a test times what follows (a new
     producer's first record can wait ~0.5 s for its producer id)."""
     codec = Codec.default()
@@ -76,8 +108,9 @@ class ReceiptReader:
         assign_from_start(self.consumer, [topic or TopicNames(settings.topic_prefix).receipts])
         self.records: list[dict[str, Any]] = []
 
-    def poll_until(self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30,
-                   step_s: float = 0.2) -> list[dict[str, Any]]:
+    def poll_until(
+        self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30, step_s: float = 0.2
+    ) -> list[dict[str, Any]]:
         """Read until `done(records)`; `step_s` is how long one read may hold a partial batch."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and not done(self.records):

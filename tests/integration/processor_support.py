@@ -34,17 +34,30 @@ def action(name: str = "do", **extra: Any) -> dict[str, Any]:
     return {"kind": "action", "action": name, "writes": {name: {"from": "output"}}, **extra}
 
 
-def workflow(wid: str, nodes: dict[str, Any], routes: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"schema": "runfold.workflow/v1", "id": wid, "revision": 1, "entry": [next(iter(nodes))],
-            "nodes": nodes, "routes": routes or {}, "state": {n: None for n in nodes}, **extra}
+def workflow(
+    wid: str, nodes: dict[str, Any], routes: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "schema": "runfold.workflow/v1",
+        "id": wid,
+        "revision": 1,
+        "entry": [next(iter(nodes))],
+        "nodes": nodes,
+        "routes": routes or {},
+        "state": {n: None for n in nodes},
+        **extra,
+    }
 
 
 DEFINITIONS = [
     workflow("one", {"a": action("a")}),
     workflow("three", {"a": action("a"), "b": action("b"), "c": action("c")}, {"a": ["b"], "b": ["c"]}),
     workflow("retry", {"a": action("a", retry={"max_attempts": 3, "backoff_ms": 300})}),
-    workflow("sleepy", {"a": action("a"), "s": {"kind": "sleep", "duration_ms": 400}, "b": action("b")},
-             {"a": ["s"], "s": ["b"]}),
+    workflow(
+        "sleepy",
+        {"a": action("a"), "s": {"kind": "sleep", "duration_ms": 400}, "b": action("b")},
+        {"a": ["s"], "s": ["b"]},
+    ),
 ]
 
 
@@ -53,9 +66,16 @@ def now_ms() -> int:
 
 
 def make_settings(bootstrap: str, prefix: str, state_dir: Path, **kw: Any) -> ProcessorSettings:
-    base: dict[str, Any] = {"bootstrap_servers": bootstrap, "topic_prefix": prefix, "partitions": 2,
-                            "state_dir": state_dir, "commit_interval_ms": 20, "instance_id": "p1",
-                            "transaction_timeout_ms": 10_000, "activation_queues": ("default", "agents")}
+    base: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "topic_prefix": prefix,
+        "partitions": 2,
+        "state_dir": state_dir,
+        "commit_interval_ms": 20,
+        "instance_id": "p1",
+        "transaction_timeout_ms": 10_000,
+        "activation_queues": ("default", "agents"),
+    }
     base.update(kw)
     return ProcessorSettings(**base)
 
@@ -66,10 +86,18 @@ def setup_topology(settings: ProcessorSettings, definitions: list[dict[str, Any]
     catalog = Catalog()
     for raw in definitions if definitions is not None else DEFINITIONS:
         defn = catalog.register(raw)
-        record = {"definition_id": defn.id, "revision": defn.revision, "content_hash": content_hash(defn),
-                  "definition": raw, "registered_ms": now_ms()}
-        producer.produce(settings.topics.definitions, CODEC.encode("definitions", record),
-                         f"{defn.id}@{defn.revision}".encode())
+        record = {
+            "definition_id": defn.id,
+            "revision": defn.revision,
+            "content_hash": content_hash(defn),
+            "definition": raw,
+            "registered_ms": now_ms(),
+        }
+        producer.produce(
+            settings.topics.definitions,
+            CODEC.encode("definitions", record),
+            f"{defn.id}@{defn.revision}".encode(),
+        )
     producer.flush(10)
 
 
@@ -79,7 +107,9 @@ class ProcessorThread:
     def __init__(self, settings: ProcessorSettings) -> None:
         self.processor = Processor(settings)
         self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, name=f"processor-{settings.instance_id}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"processor-{settings.instance_id}", daemon=True
+        )
 
     def _run(self) -> None:
         self.exit_code = self.processor.run()
@@ -146,8 +176,11 @@ class Commands:
         self.producer.poll(0)
 
     def start(self, run_id: str, definition_id: str, input: Any = None) -> None:
-        self.send("commands", run_id, {"type": "StartRun", "definition_id": definition_id, "revision": None,
-                                       "input": input or {}})
+        self.send(
+            "commands",
+            run_id,
+            {"type": "StartRun", "definition_id": definition_id, "revision": None, "input": input or {}},
+        )
 
     def cancel(self, run_id: str, reason: str = "test") -> None:
         self.send("commands", run_id, {"type": "CancelRun", "reason": reason})
@@ -157,12 +190,22 @@ class Commands:
         self.send("receipts", act["run_id"], {"type": rtype, **ident, "worker_id": "test-worker", **fields})
 
     def complete(self, act: dict[str, Any], output: Any = None) -> None:
-        self.receipt(act, "ActivationCompleted", output=output if output is not None else {"ok": True},
-                     usage=ZERO_USAGE)
+        self.receipt(
+            act,
+            "ActivationCompleted",
+            output=output if output is not None else {"ok": True},
+            usage=ZERO_USAGE,
+        )
 
     def fail(self, act: dict[str, Any], retryable: bool) -> None:
-        self.receipt(act, "ActivationFailed", code="ExecutionFailed", message="boom", retryable=retryable,
-                     usage=ZERO_USAGE)
+        self.receipt(
+            act,
+            "ActivationFailed",
+            code="ExecutionFailed",
+            message="boom",
+            retryable=retryable,
+            usage=ZERO_USAGE,
+        )
 
     def raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self._produce(topic, value, key)
@@ -199,8 +242,11 @@ def assign_from_start(consumer: Consumer, topics: list[str], timeout: float = 15
     deadline = time.monotonic() + timeout
     while True:  # all topics, not by name: a by-name request can auto-create a topic
         meta = consumer.list_topics(timeout=timeout).topics
-        missing = {t: meta[t].error if t in meta else "not found" for t in topics
-                   if t not in meta or meta[t].error is not None or not meta[t].partitions}
+        missing = {
+            t: meta[t].error if t in meta else "not found"
+            for t in topics
+            if t not in meta or meta[t].error is not None or not meta[t].partitions
+        }
         if not missing:
             break
         if time.monotonic() > deadline:  # a broker's metadata may lag the one that created it
@@ -238,18 +284,23 @@ class Reader:
             pass
         return self.records
 
-    def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30,
-                 what: str = "condition") -> list[dict[str, Any]]:
+    def wait_for(
+        self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30, what: str = "condition"
+    ) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll()
             if pred(self.records):
                 return self.records
-        raise AssertionError(f"timed out waiting for {what}; saw {len(self.records)} records: "
-                             f"{[(r.get('type'), r.get('run_id')) for r in self.records[-20:]]}")
+        raise AssertionError(
+            f"timed out waiting for {what}; saw {len(self.records)} records: "
+            f"{[(r.get('type'), r.get('run_id')) for r in self.records[-20:]]}"
+        )
 
     def of(self, run_id: str, rtype: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("run_id") == run_id and (rtype is None or r["type"] == rtype)]
+        return [
+            r for r in self.records if r.get("run_id") == run_id and (rtype is None or r["type"] == rtype)
+        ]
 
     def close(self) -> None:
         self.consumer.close()
@@ -262,8 +313,12 @@ def terminal_of(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any
 class Responder:
     """Test code acting as an action executor: answers each activation with `handler`."""
 
-    def __init__(self, settings: ProcessorSettings, handler: Callable[[Commands, dict[str, Any]], None],
-                 queue: str = "default") -> None:
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        handler: Callable[[Commands, dict[str, Any]], None],
+        queue: str = "default",
+    ) -> None:
         self.reader = Reader(settings, [settings.topics.activations(queue)], "activations")
         self.commands = Commands(settings)
         self.handler = handler

@@ -27,7 +27,9 @@ RUNFOLD = Path(sys.executable).parent / "runfold"
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings
+) -> ProcessorSettings:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
     create_topology(s)
     return s
@@ -35,14 +37,27 @@ def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_sett
 
 class Cli:
     def __init__(self, settings: ProcessorSettings) -> None:
-        self.env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                    "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix}
+        self.env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        }
         self.env.pop("RUNFOLD_BOOTSTRAP_SERVERS", None)
 
-    def __call__(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run([str(RUNFOLD), *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-        assert out.returncode == code, f"runfold {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+    def __call__(
+        self, *args: str, code: int = 0, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [str(RUNFOLD), *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert out.returncode == code, (
+            f"runfold {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+        )
         return out
 
     def json(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> Any:
@@ -77,8 +92,13 @@ def system(settings: ProcessorSettings, cli: Cli, tmp_path: Path) -> Iterator[No
 
 
 def test_defs_register_list_show_and_errors(cli: Cli, tmp_path: Path) -> None:
-    rows = cli.json("defs", "register", "examples/definitions/one-step.yaml", "examples/definitions/noop-3.yaml")
-    assert [(r["definition_id"], r["status"]) for r in rows] == [("one-step", "registered"), ("noop-3", "registered")]
+    rows = cli.json(
+        "defs", "register", "examples/definitions/one-step.yaml", "examples/definitions/noop-3.yaml"
+    )
+    assert [(r["definition_id"], r["status"]) for r in rows] == [
+        ("one-step", "registered"),
+        ("noop-3", "registered"),
+    ]
     again = cli.json("defs", "register", "examples/definitions/one-step.yaml")
     assert again["ok"] and again["revision"] == 1
     listed = cli.json("defs", "list")
@@ -87,9 +107,16 @@ def test_defs_register_list_show_and_errors(cli: Cli, tmp_path: Path) -> None:
     assert shown["definition"]["nodes"]["echo"]["action"] == "echo"
     assert "action: echo" in cli("defs", "show", "one-step").stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text("schema: runfold.workflow/v1\nid: bad\nrevision: 1\nentry: [nope]\nnodes: {a: {kind: action, action: x}}\n")
+    bad.write_text(
+        "schema: runfold.workflow/v1\nid: bad\nrevision: 1\nentry: [nope]\nnodes: {a: {kind: action, action: x}}\n"
+    )
     err = cli.json("defs", "register", str(bad), code=1)
-    assert err["ok"] is False and str(bad) in err["error"] and "entry[0]" in err["error"] and "unknown_node" in err["error"]
+    assert (
+        err["ok"] is False
+        and str(bad) in err["error"]
+        and "entry[0]" in err["error"]
+        and "unknown_node" in err["error"]
+    )
     assert "unknown_node" in cli("defs", "register", str(bad), code=1).stderr
     missing = cli.json("defs", "show", "nope", code=4)
     assert missing["error_type"] == "UnknownDefinition"
@@ -133,10 +160,30 @@ def test_exit_codes_for_failures(cli: Cli) -> None:
     cli("replay", code=2)  # neither --verify nor --rebuild
 
 
-@pytest.mark.parametrize("command", [["defs", "register"], ["defs", "list"], ["defs", "show"], ["runs", "start"],
-                                     ["runs", "cancel"], ["runs", "signal"], ["runs", "resume"], ["runs", "get"],
-                                     ["runs", "list"], ["runs", "watch"], ["runs", "events"], ["replay"], ["demo"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["defs", "register"],
+        ["defs", "list"],
+        ["defs", "show"],
+        ["runs", "start"],
+        ["runs", "cancel"],
+        ["runs", "signal"],
+        ["runs", "resume"],
+        ["runs", "get"],
+        ["runs", "list"],
+        ["runs", "watch"],
+        ["runs", "events"],
+        ["replay"],
+        ["demo"],
+    ],
+)
 def test_help_explains_with_an_example(command: list[str]) -> None:
-    out = subprocess.run([str(RUNFOLD), *command, "--help"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "COLUMNS": "200"})
+    out = subprocess.run(
+        [str(RUNFOLD), *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 0 and "Example" in out.stdout, out.stdout

@@ -20,12 +20,29 @@ def _processes_mentioning(text: str) -> list[str]:
     return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
 
 
-def test_demo_runs_everything_and_leaves_no_process(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+def test_demo_runs_everything_and_leaves_no_process(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
     prefix = f"{topic_prefix}-demo"
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
-    out = subprocess.run([str(RUNFOLD), "demo", "--json", "--partitions", "2", "--topic-prefix", prefix,
-                          "--delete-topics", "--log-dir", str(tmp_path / "demo")],
-                         env=env, capture_output=True, text=True, timeout=200)
+    out = subprocess.run(
+        [
+            str(RUNFOLD),
+            "demo",
+            "--json",
+            "--partitions",
+            "2",
+            "--topic-prefix",
+            prefix,
+            "--delete-topics",
+            "--log-dir",
+            str(tmp_path / "demo"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     result = orjson.loads(out.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["verify"]["ok"] and result["verify"]["differences"] == []

@@ -31,25 +31,36 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"
 
 APPROVAL = {
-    "schema": "runfold.workflow/v1", "id": "approval", "revision": 1,
+    "schema": "runfold.workflow/v1",
+    "id": "approval",
+    "revision": 1,
     "state": {"draft": None, "approved": False},
     "output": {"from": "state", "pointer": "/approved"},
     "entry": ["draft"],
     "nodes": {
         "draft": {"kind": "action", "action": "echo", "writes": {"draft": {"from": "output"}}},
-        "review": {"kind": "wait", "signal": "approval", "writes": {"approved": {"from": "signal", "pointer": "/approved"}}},
+        "review": {
+            "kind": "wait",
+            "signal": "approval",
+            "writes": {"approved": {"from": "signal", "pointer": "/approved"}},
+        },
     },
     "routes": {"draft": ["review"]},
 }
 STRICT = {
-    "schema": "runfold.workflow/v1", "id": "strict", "revision": 1,
+    "schema": "runfold.workflow/v1",
+    "id": "strict",
+    "revision": 1,
     "input_schema": {"type": "object", "required": ["topic"], "properties": {"topic": {"type": "string"}}},
-    "entry": ["a"], "nodes": {"a": {"kind": "action", "action": "echo"}},
+    "entry": ["a"],
+    "nodes": {"a": {"kind": "action", "action": "echo"}},
 }
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings
+) -> ProcessorSettings:
     # kafka_settings is requested for its cleanup (deletes the prefix's topics afterwards)
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
     create_topology(s)
@@ -58,8 +69,10 @@ def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_sett
 
 @pytest.fixture
 def client(settings: ProcessorSettings) -> Iterator[RunClient]:
-    with RunClient(KafkaSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix),
-                   timeout_s=10) as c:
+    with RunClient(
+        KafkaSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix),
+        timeout_s=10,
+    ) as c:
         for name in ("one-step.yaml", "flaky-retry.yaml"):
             c.register(EXAMPLES / name)
         c.register(APPROVAL)
@@ -89,8 +102,11 @@ def test_start_wait_get_events_and_list(client: RunClient, system: None) -> None
     client.start("one-step", {"text": "again"}, run_id="my-run-1", labels={"team": "a"})
     assert client.wait("my-run-1", timeout=60).output == {"text": "again"}
     time.sleep(1.0)  # let a duplicate (if any) be processed before counting
-    terminal = [e for e in client.events("my-run-1") if e["type"].startswith("Run") and e["type"] in
-                ("RunSucceeded", "RunFailed", "RunCancelled")]
+    terminal = [
+        e
+        for e in client.events("my-run-1")
+        if e["type"].startswith("Run") and e["type"] in ("RunSucceeded", "RunFailed", "RunCancelled")
+    ]
     assert len(terminal) == 1
     listed = {v.run_id: v for v in client.runs()}
     assert listed[run_id].status == "succeeded" and listed["my-run-1"].status == "succeeded"
@@ -140,8 +156,10 @@ def test_typed_errors(client: RunClient, settings: ProcessorSettings) -> None:
     run_id = client.start("one-step", {"text": "x"})
     with pytest.raises(RunfoldTimeout, match=run_id):
         client.wait(run_id, timeout=1.5)
-    with (RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="x"), timeout_s=2) as down,
-          pytest.raises(BrokerUnavailable, match=r"127\.0\.0\.1:1")):
+    with (
+        RunClient(KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="x"), timeout_s=2) as down,
+        pytest.raises(BrokerUnavailable, match=r"127\.0\.0\.1:1"),
+    ):
         down.start("one-step", {})
 
 
@@ -156,7 +174,10 @@ def test_wait_all_in_one_pass(client: RunClient, system: None) -> None:
     ids = [client.start("one-step", {"text": str(i)}) for i in range(8)]
     rejected = client.start("strict", {})
     outcomes = client.wait_all([*ids, rejected], timeout=60)
-    assert {r: v.status for r, v in outcomes.items()} == {**{r: "succeeded" for r in ids}, rejected: "rejected"}
+    assert {r: v.status for r, v in outcomes.items()} == {
+        **{r: "succeeded" for r in ids},
+        rejected: "rejected",
+    }
     assert outcomes[ids[3]].output == {"text": "3"} and outcomes[ids[3]].definition_id == "one-step"
     assert outcomes[rejected].failure["code"] == "InvalidInput"
     # finished runs are answered from their snapshots by a client that did not start them
@@ -184,8 +205,10 @@ def test_partition_matches_the_producer(client: RunClient, settings: ProcessorSe
 
 
 def test_get_through_the_owners_query_endpoint(client: RunClient, settings: ProcessorSettings) -> None:
-    with running(settings.model_copy(update={"query_port": 0})) as pt, \
-            WorkerThread(Worker(name="query-test", queues=["default"]), settings):
+    with (
+        running(settings.model_copy(update={"query_port": 0})) as pt,
+        WorkerThread(Worker(name="query-test", queues=["default"]), settings),
+    ):
         run_id = client.start("one-step", {"text": "q"})
         client.wait(run_id, timeout=60)
         with RunClient(client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}") as q:
@@ -200,5 +223,7 @@ def test_get_through_the_owners_query_endpoint(client: RunClient, settings: Proc
             with pytest.raises(RunNotFound):  # the owner says 404 and no snapshot exists
                 q.get("never-started")
     # the owner is gone: the client falls back to the snapshot topic
-    with RunClient(client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}", timeout_s=5) as q:
+    with RunClient(
+        client.settings, query_url=f"http://127.0.0.1:{pt.processor.query_port}", timeout_s=5
+    ) as q:
         assert q.get(run_id).source == "snapshot"

@@ -15,14 +15,28 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def _ev(kind: str, run_id: str, seq: int, **body: object) -> dict:
-    return {"type": kind, "run_id": run_id, "sequence": seq, "ts_ms": 1_700_000_000_000 + seq,
-            "record_id": f"{run_id}#{seq}", **body}
+    return {
+        "type": kind,
+        "run_id": run_id,
+        "sequence": seq,
+        "ts_ms": 1_700_000_000_000 + seq,
+        "record_id": f"{run_id}#{seq}",
+        **body,
+    }
 
 
 def _run(run_id: str) -> list[dict]:
-    return [_ev("RunStarted", run_id, 1, superstep=1), _ev("RunStarted", run_id, 2, superstep=2),
-            _ev("RunCancelled", run_id, 3, reason="x",
-                usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0})]
+    return [
+        _ev("RunStarted", run_id, 1, superstep=1),
+        _ev("RunStarted", run_id, 2, superstep=2),
+        _ev(
+            "RunCancelled",
+            run_id,
+            3,
+            reason="x",
+            usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+        ),
+    ]
 
 
 def _drain(consumer: RunEventConsumer, want: int, max_polls: int = 200) -> list[dict]:

@@ -140,13 +140,21 @@ def test_wrong_time_units_and_invalid_json_get_a_rejection_the_client_sees(
         cmd.raw(settings.topics.commands, b"badjson", raw.replace(b'{"a":1}', b"{'a':1}"))
         # a host whose whole clock is an hour ahead: its client's CreateTime agrees with its ts_ms,
         # but the topic keeps the broker's append time (LogAppendTime), which does not
-        skewed = CODEC.encode("commands", {"run_id": "skewed", "ts_ms": now + 3_600_000, "record_id": "y", **start})
-        cmd.producer.produce(settings.topics.commands, skewed, b"skewed", timestamp=now + 3_600_000,
-                             partition=partition_for("skewed", settings.partitions))  # fmt: skip
+        skewed = CODEC.encode(
+            "commands", {"run_id": "skewed", "ts_ms": now + 3_600_000, "record_id": "y", **start}
+        )
+        cmd.producer.produce(
+            settings.topics.commands,
+            skewed,
+            b"skewed",
+            timestamp=now + 3_600_000,
+            partition=partition_for("skewed", settings.partitions),
+        )
         cmd.flush()
         events.wait_for(
             lambda evs: (
-                {e["run_id"] for e in evs if e["type"] == "RunRejected"} >= {"secs", "ahead", "badjson", "skewed"}
+                {e["run_id"] for e in evs if e["type"] == "RunRejected"}
+                >= {"secs", "ahead", "badjson", "skewed"}
             ),
             what="four rejections",
         )

@@ -60,9 +60,15 @@ def test_java_and_node_services_start_cancel_and_read_runs(built: None, settings
         "90",
     ]
     with running(settings), WorkerThread(Worker(name="examples-test", queues=["default"]), settings):
-        procs = {lang: subprocess.Popen(["bash", str(EXAMPLES), lang, *args, "--id-prefix", lang],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for lang in ("java", "node")}  # fmt: skip
+        procs = {
+            lang: subprocess.Popen(
+                ["bash", str(EXAMPLES), lang, *args, "--id-prefix", lang],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for lang in ("java", "node")
+        }
         outputs = {lang: p.communicate(timeout=150) for lang, p in procs.items()}
     reports: dict[str, Any] = {}
     for lang, (out, err) in outputs.items():

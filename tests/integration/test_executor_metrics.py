@@ -30,15 +30,20 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def scrape(port: int) -> Samples:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def scrape_until(port: Callable[[], int | None], done: Callable[[Samples], bool], timeout_s: float = 20) -> Samples:
+def scrape_until(
+    port: Callable[[], int | None], done: Callable[[Samples], bool], timeout_s: float = 20
+) -> Samples:
     """Counters are applied once per loop tick / committed transaction: poll until they settle."""
     end = time.monotonic() + timeout_s
     samples: Samples = {}
@@ -62,15 +67,27 @@ def test_worker_metrics_over_http(kafka_settings: KafkaSettings) -> None:
     raw.produce(topic, b"\x00not an activation", key=b"junk")
     assert raw.flush(15) == 0
     reader = ReceiptReader(kafka_settings)
-    worker = Worker(name="metrics", queues=["default"], concurrency=4, metrics_port=0, metrics_host="127.0.0.1")
+    worker = Worker(
+        name="metrics", queues=["default"], concurrency=4, metrics_port=0, metrics_host="127.0.0.1"
+    )
     with WorkerThread(worker, kafka_settings) as wt:
         reader.poll_until(lambda r: sum(x["type"] in TERMINAL for x in r) >= len(acts))
-        m = scrape_until(lambda: wt.runner.metrics_port,
-                         lambda s: (value(s, "runfold_worker_outcomes_total", action="(unknown)", outcome="failed",
-                                          code="UnknownReference") == 1
-                                    and (value(s, "runfold_worker_offsets_committed_total") or 0) >= 1
-                                    # the broker's answer comes back on a later poll (commit callback)
-                                    and (value(s, "runfold_worker_offset_commits_total", outcome="committed") or 0) >= 1))
+        m = scrape_until(
+            lambda: wt.runner.metrics_port,
+            lambda s: (
+                value(
+                    s,
+                    "runfold_worker_outcomes_total",
+                    action="(unknown)",
+                    outcome="failed",
+                    code="UnknownReference",
+                )
+                == 1
+                and (value(s, "runfold_worker_offsets_committed_total") or 0) >= 1
+                # the broker's answer comes back on a later poll (commit callback)
+                and (value(s, "runfold_worker_offset_commits_total", outcome="committed") or 0) >= 1
+            ),
+        )
         assert wt.stop() == 0
     reader.close()
     assert len(reader.terminal()) == len(acts)
@@ -79,10 +96,16 @@ def test_worker_metrics_over_http(kafka_settings: KafkaSettings) -> None:
         return value(m, "runfold_worker_activations_total", queue="default", action=action)
 
     assert (activations("test.identity"), activations("test.reject"), activations("(unknown)")) == (3, 1, 1)
-    outcomes = {(dict(labels)["action"], dict(labels)["outcome"], dict(labels)["code"]): v
-                for (name, labels), v in m.items() if name == "runfold_worker_outcomes_total"}
-    assert outcomes == {("test.identity", "completed", ""): 3, ("test.reject", "failed", "InvalidInput"): 1,
-                        ("(unknown)", "failed", "UnknownReference"): 1}
+    outcomes = {
+        (dict(labels)["action"], dict(labels)["outcome"], dict(labels)["code"]): v
+        for (name, labels), v in m.items()
+        if name == "runfold_worker_outcomes_total"
+    }
+    assert outcomes == {
+        ("test.identity", "completed", ""): 3,
+        ("test.reject", "failed", "InvalidInput"): 1,
+        ("(unknown)", "failed", "UnknownReference"): 1,
+    }
     assert value(m, "runfold_worker_handler_seconds_count", action="test.identity") == 3
     assert value(m, "runfold_worker_handler_seconds_count", action="test.reject") == 1
     assert value(m, "runfold_worker_handler_seconds_count", action="(unknown)") is None  # never ran
@@ -100,14 +123,32 @@ def test_worker_metrics_over_http(kafka_settings: KafkaSettings) -> None:
 
 
 def _parent(wid: str, child: str) -> dict[str, Any]:
-    return {"schema": WF, "id": wid, "revision": 1, "state": {"out": None}, "entry": ["child"],
-            "nodes": {"child": {"kind": "workflow", "workflow": child, "revision": 1,
-                                "writes": {"out": {"from": "output"}}}}}
+    return {
+        "schema": WF,
+        "id": wid,
+        "revision": 1,
+        "state": {"out": None},
+        "entry": ["child"],
+        "nodes": {
+            "child": {
+                "kind": "workflow",
+                "workflow": child,
+                "revision": 1,
+                "writes": {"out": {"from": "output"}},
+            }
+        },
+    }
 
 
 def _one(wid: str, action: str) -> dict[str, Any]:
-    return {"schema": WF, "id": wid, "revision": 1, "state": {"out": None}, "entry": ["a"],
-            "nodes": {"a": {"kind": "action", "action": action, "writes": {"out": {"from": "output"}}}}}
+    return {
+        "schema": WF,
+        "id": wid,
+        "revision": 1,
+        "state": {"out": None},
+        "entry": ["a"],
+        "nodes": {"a": {"kind": "action", "action": action, "writes": {"out": {"from": "output"}}}},
+    }
 
 
 def _late_parent() -> dict[str, Any]:
@@ -117,8 +158,13 @@ def _late_parent() -> dict[str, Any]:
     return parent
 
 
-DEFINITIONS = [_one("m-ok", "test.identity"), _one("m-reject", "test.reject"),
-               _parent("m-parent-ok", "m-ok"), _parent("m-parent-reject", "m-reject"), _late_parent()]
+DEFINITIONS = [
+    _one("m-ok", "test.identity"),
+    _one("m-reject", "test.reject"),
+    _parent("m-parent-ok", "m-ok"),
+    _parent("m-parent-reject", "m-reject"),
+    _late_parent(),
+]
 
 
 @pytest.fixture
@@ -145,11 +191,21 @@ def test_child_executor_metrics_over_http(settings: ProcessorSettings) -> None:
             commands.start("p-ok", "m-parent-ok", {})
             commands.start("p-reject", "m-parent-reject", {})
             commands.flush()
-            events.wait_for(lambda r: all(events.of(run, "RunSucceeded") or events.of(run, "RunFailed")
-                                          for run in ("p-ok", "p-reject")), 90, "both parents finished")
-            m = scrape_until(lambda: child.metrics_port,
-                             lambda s: value(s, "runfold_child_executor_receipts_total", status="failed") == 1
-                             and value(s, "runfold_child_executor_dead_letters_total") == 1)
+            events.wait_for(
+                lambda r: all(
+                    events.of(run, "RunSucceeded") or events.of(run, "RunFailed")
+                    for run in ("p-ok", "p-reject")
+                ),
+                90,
+                "both parents finished",
+            )
+            m = scrape_until(
+                lambda: child.metrics_port,
+                lambda s: (
+                    value(s, "runfold_child_executor_receipts_total", status="failed") == 1
+                    and value(s, "runfold_child_executor_dead_letters_total") == 1
+                ),
+            )
         finally:
             child.request_stop()
             thread.join(20)
@@ -182,9 +238,13 @@ def test_child_executor_starts_no_child_whose_deadline_passed(settings: Processo
         thread = threading.Thread(target=lambda: child.run(install_signals=False), daemon=True)
         thread.start()
         try:
-            m = scrape_until(lambda: child.metrics_port,
-                             lambda s: value(s, "runfold_child_executor_expired_total") == 1
-                             and value(s, "runfold_child_executor_cancels_total") == 1)
+            m = scrape_until(
+                lambda: child.metrics_port,
+                lambda s: (
+                    value(s, "runfold_child_executor_expired_total") == 1
+                    and value(s, "runfold_child_executor_cancels_total") == 1
+                ),
+            )
             # The child's commands share its partition, so a StartRun would be folded before
             # the CancelRun, whose rejection (no such run) is the last word on the child.
             events.wait_for(lambda r: bool(events.of(child_id, "RunRejected")), 30, "the cancel of no child")

@@ -25,46 +25,108 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 HERE = Path(__file__).resolve().parent
 WF = "runfold.workflow/v1"
 
-QUERIES = {"type": "object", "required": ["queries"],
-           "properties": {"queries": {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}}}
+QUERIES = {
+    "type": "object",
+    "required": ["queries"],
+    "properties": {"queries": {"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 5}},
+}
 RESEARCH = {
-    "schema": WF, "id": "e2e-research", "revision": 1,
+    "schema": WF,
+    "id": "e2e-research",
+    "revision": 1,
     "state": {"plan": None, "notes": [], "brief": None, "approved": False},
     "reducers": {"notes": "append"},
     "entry": ["plan"],
     "nodes": {
-        "plan": {"kind": "agent", "agent": "planner", "model": "small", "output_schema": QUERIES,
-                 "prompt": {"system": "Plan five searches.", "user": {"from": "input", "pointer": "/topic"}},
-                 "structured_output_attempts": 2, "writes": {"plan": {"from": "output"}}},
-        "search": {"kind": "action", "action": "echo", "map": {"from": "state", "pointer": "/plan/queries"},
-                   "input": {"query": {"from": "item"}}, "writes": {"notes": {"from": "output"}}},
-        "write": {"kind": "workflow", "workflow": "e2e-summarize", "revision": 1,
-                  "input": {"notes": {"from": "state", "pointer": "/notes"}}, "writes": {"brief": {"from": "output"}}},
-        "review": {"kind": "wait", "signal": "approval", "timeout_ms": 60_000,
-                   "writes": {"approved": {"from": "signal", "pointer": "/approved"}}},
+        "plan": {
+            "kind": "agent",
+            "agent": "planner",
+            "model": "small",
+            "output_schema": QUERIES,
+            "prompt": {"system": "Plan five searches.", "user": {"from": "input", "pointer": "/topic"}},
+            "structured_output_attempts": 2,
+            "writes": {"plan": {"from": "output"}},
+        },
+        "search": {
+            "kind": "action",
+            "action": "echo",
+            "map": {"from": "state", "pointer": "/plan/queries"},
+            "input": {"query": {"from": "item"}},
+            "writes": {"notes": {"from": "output"}},
+        },
+        "write": {
+            "kind": "workflow",
+            "workflow": "e2e-summarize",
+            "revision": 1,
+            "input": {"notes": {"from": "state", "pointer": "/notes"}},
+            "writes": {"brief": {"from": "output"}},
+        },
+        "review": {
+            "kind": "wait",
+            "signal": "approval",
+            "timeout_ms": 60_000,
+            "writes": {"approved": {"from": "signal", "pointer": "/approved"}},
+        },
     },
     "routes": {"plan": ["search"], "search": ["write"], "write": ["review"]},
 }
 SUMMARIZE = {
-    "schema": WF, "id": "e2e-summarize", "revision": 1, "state": {"summary": None},
-    "output": {"from": "state", "pointer": "/summary"}, "entry": ["sum"],
-    "nodes": {"sum": {"kind": "action", "action": "test.identity", "writes": {"summary": {"from": "output"}}}},
+    "schema": WF,
+    "id": "e2e-summarize",
+    "revision": 1,
+    "state": {"summary": None},
+    "output": {"from": "state", "pointer": "/summary"},
+    "entry": ["sum"],
+    "nodes": {
+        "sum": {"kind": "action", "action": "test.identity", "writes": {"summary": {"from": "output"}}}
+    },
 }
 
 
 def _one(wid: str, action: str, input: Any, **node: Any) -> dict[str, Any]:
-    return {"schema": WF, "id": wid, "revision": 1, "state": {"out": None}, "entry": ["a"],
-            "nodes": {"a": {"kind": "action", "action": action, "input": {"from": "literal", "value": input},
-                            "writes": {"out": {"from": "output"}}, **node}}}
+    return {
+        "schema": WF,
+        "id": wid,
+        "revision": 1,
+        "state": {"out": None},
+        "entry": ["a"],
+        "nodes": {
+            "a": {
+                "kind": "action",
+                "action": action,
+                "input": {"from": "literal", "value": input},
+                "writes": {"out": {"from": "output"}},
+                **node,
+            }
+        },
+    }
 
 
-SLOW_LEASED = _one("e2e-slow", "test.slow", {"ms": 2500}, lease_ms=2000, heartbeat_ms=500,
-                   retry={"max_attempts": 3, "backoff_ms": 100})
+SLOW_LEASED = _one(
+    "e2e-slow",
+    "test.slow",
+    {"ms": 2500},
+    lease_ms=2000,
+    heartbeat_ms=500,
+    retry={"max_attempts": 3, "backoff_ms": 100},
+)
 REJECT = _one("e2e-reject", "test.reject", {}, retry={"max_attempts": 3, "backoff_ms": 100})
 LONG = _one("e2e-long", "test.slow", {"ms": 60_000}, heartbeat_ms=2000, lease_ms=10_000)
-PARENT_OF_LONG = {"schema": WF, "id": "e2e-parent", "revision": 1, "state": {"out": None}, "entry": ["child"],
-                  "nodes": {"child": {"kind": "workflow", "workflow": "e2e-long", "revision": 1,
-                                      "writes": {"out": {"from": "output"}}}}}
+PARENT_OF_LONG = {
+    "schema": WF,
+    "id": "e2e-parent",
+    "revision": 1,
+    "state": {"out": None},
+    "entry": ["child"],
+    "nodes": {
+        "child": {
+            "kind": "workflow",
+            "workflow": "e2e-long",
+            "revision": 1,
+            "writes": {"out": {"from": "output"}},
+        }
+    },
+}
 
 
 @pytest.fixture
@@ -99,11 +161,30 @@ def _events(settings: ProcessorSettings) -> Reader:
 
 
 def _spawn_worker(settings: ProcessorSettings, name: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix, "PYTHONPATH": str(HERE)}
-    return subprocess.Popen([sys.executable, "-m", "processors.executors.cli", "worker", "--module",
-                             "actions_for_tests", "--queue", "default", "--name", name, "--log-level", "WARNING"],
-                            env=env, cwd=HERE.parent.parent)
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "PYTHONPATH": str(HERE),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "processors.executors.cli",
+            "worker",
+            "--module",
+            "actions_for_tests",
+            "--queue",
+            "default",
+            "--name",
+            name,
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        cwd=HERE.parent.parent,
+    )
 
 
 def test_agent_map_child_workflow_and_signal(settings: ProcessorSettings) -> None:
@@ -114,18 +195,27 @@ def test_agent_map_child_workflow_and_signal(settings: ProcessorSettings) -> Non
     with running(settings), WorkerThread(worker, settings), ChildExecutorThread(settings) as child:
         commands.start("brief-1", "e2e-research", {"topic": "exactly once kafka workflows"})
         commands.flush()
-        events.wait_for(lambda r: any(e["type"] == "RunWaiting" for e in events.of("brief-1")), 90, "RunWaiting")
-        commands.send("commands", "brief-1", {"type": "SignalRun", "signal": "approval", "payload": {"approved": True}})
+        events.wait_for(
+            lambda r: any(e["type"] == "RunWaiting" for e in events.of("brief-1")), 90, "RunWaiting"
+        )
+        commands.send(
+            "commands", "brief-1", {"type": "SignalRun", "signal": "approval", "payload": {"approved": True}}
+        )
         commands.flush()
-        events.wait_for(lambda r: bool(events.of("brief-1", "RunSucceeded") or events.of("brief-1", "RunFailed")),
-                        60, "terminal")
+        events.wait_for(
+            lambda r: bool(events.of("brief-1", "RunSucceeded") or events.of("brief-1", "RunFailed")),
+            60,
+            "terminal",
+        )
     assert not events.of("brief-1", "RunFailed"), events.of("brief-1", "RunFailed")
     out = events.of("brief-1", "RunSucceeded")[0]["output"]
     assert len(out["plan"]["queries"]) == 5 and out["approved"] is True
     assert sorted(n["query"] for n in out["notes"]) == sorted(out["plan"]["queries"])
     assert out["brief"]["input"] == {"notes": out["notes"]} and out["brief"]["run"] == "brief-1/write"
     child_events = events.of("brief-1/write")
-    assert child_events[0]["type"] == "RunAccepted" and child_events[0]["parent"]["parent_run_id"] == "brief-1"
+    assert (
+        child_events[0]["type"] == "RunAccepted" and child_events[0]["parent"]["parent_run_id"] == "brief-1"
+    )
     assert child.counts["started"] == 1 and child.counts["finished"] == 1
     usage = events.of("brief-1", "RunSucceeded")[0]["usage"]
     assert usage["prompt_tokens"] > 0 and usage["cost_micros"] > 0
@@ -145,10 +235,15 @@ def test_kill_9_worker_lease_expires_and_new_attempt_succeeds(settings: Processo
             events.wait_for(lambda r: bool(events.of("kill-1", "StepStarted")), 60, "StepStarted")
             first.send_signal(signal.SIGKILL)
             first.wait(10)
-            events.wait_for(lambda r: bool(events.of("kill-1", "StepRetryScheduled")), 30, "lease expiry retry")
+            events.wait_for(
+                lambda r: bool(events.of("kill-1", "StepRetryScheduled")), 30, "lease expiry retry"
+            )
             second = _spawn_worker(settings, "rescuer")
-            events.wait_for(lambda r: bool(events.of("kill-1", "RunSucceeded") or events.of("kill-1", "RunFailed")),
-                            60, "terminal")
+            events.wait_for(
+                lambda r: bool(events.of("kill-1", "RunSucceeded") or events.of("kill-1", "RunFailed")),
+                60,
+                "terminal",
+            )
         finally:
             for proc in (first, second):
                 if proc is not None and proc.poll() is None:
@@ -170,8 +265,11 @@ def test_non_retryable_error_fails_without_retries(settings: ProcessorSettings) 
 
         commands.start("reject-1", "e2e-reject", {})
         commands.flush()
-        events.wait_for(lambda r: bool(events.of("reject-1", "RunFailed") or events.of("reject-1", "RunSucceeded")),
-                        60, "terminal")
+        events.wait_for(
+            lambda r: bool(events.of("reject-1", "RunFailed") or events.of("reject-1", "RunSucceeded")),
+            60,
+            "terminal",
+        )
     assert events.of("reject-1", "RunFailed")
     assert not events.of("reject-1", "StepRetryScheduled")
     assert [e["attempt"] for e in events.of("reject-1", "StepScheduled")] == [1]
@@ -191,7 +289,9 @@ def test_cancel_run_reaches_the_handler_within_one_heartbeat(settings: Processor
         sent = time.monotonic()
         commands.cancel("cancel-1", "user changed their mind")
         commands.flush()
-        receipts.wait_for(lambda r: bool(receipts.of("cancel-1", "ActivationCancelled")), 20, "ActivationCancelled")
+        receipts.wait_for(
+            lambda r: bool(receipts.of("cancel-1", "ActivationCancelled")), 20, "ActivationCancelled"
+        )
         latency = time.monotonic() - sent
         events.wait_for(lambda r: bool(events.of("cancel-1", "RunCancelled")), 20, "RunCancelled")
     assert latency < 2.0, f"cancellation reached the handler after {latency:.2f}s (heartbeat interval 2s)"
@@ -204,15 +304,23 @@ def test_cancelling_a_parent_cancels_its_running_child(settings: ProcessorSettin
     import actions_for_tests  # noqa: F401
 
     events, commands = _events(settings), Commands(settings)
-    with running(settings), WorkerThread(Worker(name="e2e", queues=["default"]), settings), \
-            ChildExecutorThread(settings) as child:
+    with (
+        running(settings),
+        WorkerThread(Worker(name="e2e", queues=["default"]), settings),
+        ChildExecutorThread(settings) as child,
+    ):
         commands.start("parent-1", "e2e-parent", {})
         commands.flush()
         events.wait_for(lambda r: bool(events.of("parent-1/child", "StepStarted")), 60, "child step started")
         commands.cancel("parent-1", "stop everything")
         commands.flush()
-        events.wait_for(lambda r: bool(events.of("parent-1", "RunCancelled") and events.of("parent-1/child", "RunCancelled")),
-                        30, "parent and child cancelled")
+        events.wait_for(
+            lambda r: bool(
+                events.of("parent-1", "RunCancelled") and events.of("parent-1/child", "RunCancelled")
+            ),
+            30,
+            "parent and child cancelled",
+        )
     assert events.of("parent-1/child", "StepCancelled") or events.of("parent-1/child", "StepFailed")
     assert child.counts["cancelled"] == 1 and not events.of("parent-1/child", "RunSucceeded")
     events.close()

@@ -53,13 +53,17 @@ def test_a_null_activation_is_dead_lettered_and_the_next_one_runs(ks: KafkaSetti
     reader = ReceiptReader(ks)
     dead = ReceiptReader(ks, kind="dead_letters", topic=names.dead_letters)
     with WorkerThread(Worker(name="rb", queues=["default"], concurrency=2), ks) as wt:
-        reader.poll_until(lambda r: act["dispatch_id"] in {x["dispatch_id"] for x in r if x["type"] in TERMINAL}, 20)
+        reader.poll_until(
+            lambda r: act["dispatch_id"] in {x["dispatch_id"] for x in r if x["type"] in TERMINAL}, 20
+        )
         dead.poll_until(lambda r: bool(r), 20)
         alive = wt._thread.is_alive()
     assert alive and "null value" in dead.records[0]["error"]
 
 
-def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_moves(ks: KafkaSettings) -> None:
+def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_moves(
+    ks: KafkaSettings,
+) -> None:
     w = Worker(name="rb", queues=["default"], concurrency=2, commit_interval_ms=50)
 
     @w.action("rb.big")
@@ -72,13 +76,20 @@ def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_m
         raise FileNotFoundError(f"no such file: {name}")
 
     topic = TopicNames(ks.topic_prefix).activations("default")
-    acts = [activation("r-big", "rb.big", {"n": 1_100_000}), activation("r-big", "rb.fs", {}, node="f"),
-            activation("r-big", "echo", {"after": True}, node="m")]  # one partition, in this order
+    acts = [
+        activation("r-big", "rb.big", {"n": 1_100_000}),
+        activation("r-big", "rb.fs", {}, node="f"),
+        activation("r-big", "echo", {"after": True}, node="m"),
+    ]  # one partition, in this order
     produce(ks, topic, "activations", acts)
     reader = ReceiptReader(ks)
     with WorkerThread(w, ks) as wt:
-        reader.poll_until(lambda r: {a["dispatch_id"] for a in acts} <= {
-            x["dispatch_id"] for x in r if x["type"] in TERMINAL}, 30)
+        reader.poll_until(
+            lambda r: (
+                {a["dispatch_id"] for a in acts} <= {x["dispatch_id"] for x in r if x["type"] in TERMINAL}
+            ),
+            30,
+        )
         deadline = time.monotonic() + 10
         while wt.runner.running and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -88,7 +99,11 @@ def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_m
         stop_s = time.monotonic() - started
     terminal = reader.terminal()
     too_large, not_encodable = terminal[acts[0]["dispatch_id"]], terminal[acts[1]["dispatch_id"]]
-    assert (too_large["type"], too_large["code"], too_large["retryable"]) == ("ActivationFailed", "InvalidOutput", False)
+    assert (too_large["type"], too_large["code"], too_large["retryable"]) == (
+        "ActivationFailed",
+        "InvalidOutput",
+        False,
+    )
     assert "over the" in too_large["message"] and "limit of a receipt" in too_large["message"]
     assert (not_encodable["type"], not_encodable["code"]) == ("ActivationFailed", "InvalidOutput")
     assert "not encodable" in not_encodable["message"]
@@ -100,8 +115,13 @@ def test_a_receipt_too_large_or_not_encodable_becomes_a_failure_and_the_offset_m
 def test_receipts_fit_a_receipts_topic_with_a_lowered_record_limit(ks: KafkaSettings) -> None:
     names = TopicNames(ks.topic_prefix)
     admin = AdminClient(admin_config(ks))
-    limit = ConfigResource("topic", names.receipts, incremental_configs=[
-        ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)])
+    limit = ConfigResource(
+        "topic",
+        names.receipts,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     for future in admin.incremental_alter_configs([limit]).values():
         future.result(10)
     time.sleep(1)
@@ -113,7 +133,9 @@ def test_receipts_fit_a_receipts_topic_with_a_lowered_record_limit(ks: KafkaSett
 
     act = activation("r-refused", "rb.noisy", {})
     # small receipts, many (their batches would pass 20 KB): none may share the large one's fate
-    small = [activation("r-refused", "test.identity", {"i": i, "pad": "p" * 400}, node=f"s{i}") for i in range(60)]
+    small = [
+        activation("r-refused", "test.identity", {"i": i, "pad": "p" * 400}, node=f"s{i}") for i in range(60)
+    ]
     topic = names.activations("default")
     produce(ks, topic, "activations", [act, *small])
     reader = ReceiptReader(ks)
@@ -153,7 +175,9 @@ def test_a_rebalance_hands_the_revoked_backlog_over_without_running_it_twice(ks:
         time.sleep(1.0)
         waiting_in_a = len(a.runner.backlog)
         with b:  # B joins: A's partitions are revoked, one of them goes to B
-            reader.poll_until(lambda r: len({x["dispatch_id"] for x in r if x["type"] in TERMINAL}) >= len(acts), 60)
+            reader.poll_until(
+                lambda r: len({x["dispatch_id"] for x in r if x["type"] in TERMINAL}) >= len(acts), 60
+            )
             b.stop(30)
         a.stop(30)
     twice = [d for d in (x["dispatch_id"] for x in acts) if len(CALLS[d]) > 1]
@@ -165,9 +189,18 @@ def test_a_rebalance_hands_the_revoked_backlog_over_without_running_it_twice(ks:
 def test_the_child_executor_dead_letters_a_null_child_activation_and_goes_on(ks: KafkaSettings) -> None:
     names = TopicNames(ks.topic_prefix)
     _null(ks, names.child_activations, b"parent-1")
-    cancel = {"type": "ChildRunCancel", "run_id": "parent-1", "ts_ms": int(time.time() * 1000),
-              "record_id": uuid.uuid4().hex, "node": "n", "lineage": "", "attempt": 1,
-              "dispatch_id": dispatch_id("parent-1", "n", "", 1), "child_run_id": "parent-1/n", "reason": "x"}
+    cancel = {
+        "type": "ChildRunCancel",
+        "run_id": "parent-1",
+        "ts_ms": int(time.time() * 1000),
+        "record_id": uuid.uuid4().hex,
+        "node": "n",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": dispatch_id("parent-1", "n", "", 1),
+        "child_run_id": "parent-1/n",
+        "reason": "x",
+    }
     produce(ks, names.child_activations, "child_activations", [cancel])
     commands = ReceiptReader(ks, kind="commands", topic=names.commands)
     executor = ChildExecutor(ks)
@@ -188,10 +221,19 @@ def test_a_fenced_child_executor_process_exits_1_and_commits_nothing(ks: KafkaSe
     fences it; its next transaction fails, and the process exits 1 (os._exit, so that a
     supervisor restarts it) instead of hanging or committing the batch."""
     names = TopicNames(ks.topic_prefix)
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": ks.bootstrap_servers, "RUNFOLD_TOPIC_PREFIX": ks.topic_prefix}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": ks.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": ks.topic_prefix,
+    }
     env.pop("RUNFOLD_BOOTSTRAP_SERVERS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "processors.executors.cli", "child-executor", "--instance-id", "x"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "processors.executors.cli", "child-executor", "--instance-id", "x"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stderr: list[str] = []
     reading = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
     reading.start()
@@ -205,10 +247,20 @@ def test_a_fenced_child_executor_process_exits_1_and_commits_nothing(ks: KafkaSe
         usurper.init_transactions(30)  # a new epoch for the id: the running process is fenced
         cancels = []
         for parent in ("parent-1", "parent-2", "parent-3", "parent-4"):
-            cancels.append({"type": "ChildRunCancel", "run_id": parent, "ts_ms": int(time.time() * 1000),
-                            "record_id": uuid.uuid4().hex, "node": "n", "lineage": "", "attempt": 1,
-                            "dispatch_id": dispatch_id(parent, "n", "", 1), "child_run_id": f"{parent}/n",
-                            "reason": "x"})  # fmt: skip
+            cancels.append(
+                {
+                    "type": "ChildRunCancel",
+                    "run_id": parent,
+                    "ts_ms": int(time.time() * 1000),
+                    "record_id": uuid.uuid4().hex,
+                    "node": "n",
+                    "lineage": "",
+                    "attempt": 1,
+                    "dispatch_id": dispatch_id(parent, "n", "", 1),
+                    "child_run_id": f"{parent}/n",
+                    "reason": "x",
+                }
+            )
         produce(ks, names.child_activations, "child_activations", cancels)
         code = proc.wait(60)
     finally:

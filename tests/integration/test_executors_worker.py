@@ -40,8 +40,10 @@ def _end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
     """End offsets of the partitions that hold records (-1001 = nothing committed, for empty ones)."""
     consumer = Consumer(consumer_config(settings, f"probe-{uuid.uuid4().hex[:6]}"))
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(settings.partitions)}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(settings.partitions)
+        }
         return {p: (end if end > 0 else -1001) for p, end in ends.items()}
     finally:
         consumer.close()
@@ -52,13 +54,29 @@ def test_outcomes_receipts_and_committed_offsets(kafka_settings: KafkaSettings) 
     names = TopicNames(kafka_settings.topic_prefix)
     topic = names.activations("default")
     acts = [activation(f"r{i}", "test.identity", {"i": i}) for i in range(30)]
-    acts += [activation("r-unknown", "no.such.action"), activation("r-reject", "test.reject"),
-             activation("r-boom", "test.boom"), activation("r-sync", "test.slow", {"ms": 50}),
-             activation("r-agent", "", None, kind="agent", agent={
-                 "agent": "planner", "model": "small", "prompt": "plan kafka research",
-                 "output_schema": {"type": "object", "required": ["steps"],
-                                   "properties": {"steps": {"type": "array", "items": {"type": "string"}}}},
-                 "structured_output_attempts": 2})]
+    acts += [
+        activation("r-unknown", "no.such.action"),
+        activation("r-reject", "test.reject"),
+        activation("r-boom", "test.boom"),
+        activation("r-sync", "test.slow", {"ms": 50}),
+        activation(
+            "r-agent",
+            "",
+            None,
+            kind="agent",
+            agent={
+                "agent": "planner",
+                "model": "small",
+                "prompt": "plan kafka research",
+                "output_schema": {
+                    "type": "object",
+                    "required": ["steps"],
+                    "properties": {"steps": {"type": "array", "items": {"type": "string"}}},
+                },
+                "structured_output_attempts": 2,
+            },
+        ),
+    ]
     produce(kafka_settings, topic, "activations", acts)
     reader = ReceiptReader(kafka_settings)
     worker = Worker(name="it", queues=["default"], concurrency=8)
@@ -83,8 +101,9 @@ def test_outcomes_receipts_and_committed_offsets(kafka_settings: KafkaSettings) 
     assert agent["type"] == "ActivationCompleted" and isinstance(agent["output"]["steps"], list)
     assert agent["usage"]["prompt_tokens"] > 0 and agent["usage"]["cost_micros"] > 0
     # every activation's offset is committed once its receipt was acknowledged
-    assert committed_offsets(kafka_settings, worker.settings.group_id(kafka_settings.topic_prefix), topic) == \
-        _end_offsets(kafka_settings, topic)
+    assert committed_offsets(
+        kafka_settings, worker.settings.group_id(kafka_settings.topic_prefix), topic
+    ) == _end_offsets(kafka_settings, topic)
     reader.close()
 
 
@@ -94,14 +113,22 @@ def test_cancel_reaches_a_running_handler_within_one_heartbeat(kafka_settings: K
     running = activation("r-long", "test.slow", {"ms": 60_000}, heartbeat_ms=1000)
     blocked = activation("r-queued", "test.slow", {"ms": 60_000})
     reader = ReceiptReader(kafka_settings)
-    producer = Producer(producer_config(kafka_settings))  # warm (producer id, connection) before the clock runs
+    producer = Producer(
+        producer_config(kafka_settings)
+    )  # warm (producer id, connection) before the clock runs
     with WorkerThread(Worker(name="it", queues=["default"], concurrency=1), kafka_settings) as wt:
         produce(kafka_settings, topic, "activations", [running, blocked], producer)
         reader.poll_until(lambda r: "ActivationHeartbeat" in _types(r, running["dispatch_id"]), 20)
-        assert "ActivationAccepted" not in _types(reader.records, blocked["dispatch_id"])  # waits for the slot
+        assert "ActivationAccepted" not in _types(
+            reader.records, blocked["dispatch_id"]
+        )  # waits for the slot
         sent = time.monotonic()
-        produce(kafka_settings, topic, "activations", [cancel_notice(blocked), cancel_notice(running)], producer)
-        reader.poll_until(lambda r: "ActivationCancelled" in _types(r, running["dispatch_id"]), 10, step_s=0.02)
+        produce(
+            kafka_settings, topic, "activations", [cancel_notice(blocked), cancel_notice(running)], producer
+        )
+        reader.poll_until(
+            lambda r: "ActivationCancelled" in _types(r, running["dispatch_id"]), 10, step_s=0.02
+        )
         latency = time.monotonic() - sent
         reader.poll_until(lambda r: "ActivationCancelled" in _types(r, blocked["dispatch_id"]), 10)
         assert wt.stop() == 0
@@ -128,12 +155,30 @@ def test_deadline_fails_with_retryable_timeout(kafka_settings: KafkaSettings) ->
 
 
 def _spawn_worker(settings: KafkaSettings, name: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix, "PYTHONPATH": str(HERE)}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "PYTHONPATH": str(HERE),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "processors.executors.cli", "worker", "--module", "actions_for_tests",
-         "--queue", "default", "--name", name, "--log-level", "WARNING"],
-        env=env, cwd=HERE.parent.parent)
+        [
+            sys.executable,
+            "-m",
+            "processors.executors.cli",
+            "worker",
+            "--module",
+            "actions_for_tests",
+            "--queue",
+            "default",
+            "--name",
+            name,
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        cwd=HERE.parent.parent,
+    )
 
 
 def test_kill_9_mid_action_redelivers_to_the_next_worker(kafka_settings: KafkaSettings) -> None:
@@ -161,8 +206,9 @@ def test_kill_9_mid_action_redelivers_to_the_next_worker(kafka_settings: KafkaSe
         if first.poll() is None:
             first.kill()
     accepted = [r for r in reader.records if r["type"] == "ActivationAccepted"]
-    assert len({r["worker_id"] for r in accepted}) == 2 and all(w.startswith(("first", "second")) for w in
-                                                                 (r["worker_id"] for r in accepted))
+    assert len({r["worker_id"] for r in accepted}) == 2 and all(
+        w.startswith(("first", "second")) for w in (r["worker_id"] for r in accepted)
+    )
     done = reader.terminal()[act["dispatch_id"]]
     assert done["type"] == "ActivationCompleted" and done["worker_id"].startswith("second")
     assert done["output"]["key"] == act["dispatch_id"]  # same attempt, same idempotency key

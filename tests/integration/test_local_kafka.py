@@ -19,14 +19,24 @@ pytestmark = pytest.mark.integration
 
 def _env(port: int, cport: int, data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    env |= {"RUNFOLD_BROKER": "local", "RUNFOLD_KAFKA_PORT": str(port),
-            "RUNFOLD_KAFKA_CONTROLLER_PORT": str(cport), "RUNFOLD_KAFKA_DATA_DIR": str(data_dir)}
+    env |= {
+        "RUNFOLD_BROKER": "local",
+        "RUNFOLD_KAFKA_PORT": str(port),
+        "RUNFOLD_KAFKA_CONTROLLER_PORT": str(cport),
+        "RUNFOLD_KAFKA_DATA_DIR": str(data_dir),
+    }
     return env
 
 
 def runfold(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "processors.cli", *args, "--json"], env=env,
-                          capture_output=True, text=True, timeout=180, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "processors.cli", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert proc.stdout.strip(), f"no JSON from runfold {args}: {proc.stderr}"
     return proc.returncode, orjson.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -73,8 +83,9 @@ def test_port_taken_by_another_process_is_a_clear_error(tmp_path: Path) -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        cfg = local_kafka.LocalKafkaConfig.from_env(port=port, controller_port=local_kafka.free_port_pair()[0],
-                                                    data_dir=tmp_path / "kafka")
+        cfg = local_kafka.LocalKafkaConfig.from_env(
+            port=port, controller_port=local_kafka.free_port_pair()[0], data_dir=tmp_path / "kafka"
+        )
         with pytest.raises(local_kafka.LocalKafkaError, match=f"port {port} .* is taken by another process"):
             local_kafka.up(cfg)
         assert not cfg.state_file.exists()
@@ -83,15 +94,18 @@ def test_port_taken_by_another_process_is_a_clear_error(tmp_path: Path) -> None:
 def test_missing_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither java nor mvn on PATH
     port, cport = local_kafka.free_port_pair()
-    cfg = local_kafka.LocalKafkaConfig.from_env(port=port, controller_port=cport, data_dir=tmp_path / "k",
-                                                cache_dir=tmp_path / "cache")
+    cfg = local_kafka.LocalKafkaConfig.from_env(
+        port=port, controller_port=cport, data_dir=tmp_path / "k", cache_dir=tmp_path / "cache"
+    )
     with pytest.raises(local_kafka.LocalKafkaError, match="`java` was not found"):
         local_kafka.up(cfg)
     with pytest.raises(local_kafka.LocalKafkaError, match="`mvn` was not found"):
         local_kafka.ensure_jars(cfg)
 
 
-def test_down_stops_the_broker_runfold_started_when_kafka_bootstrap_servers_points_at_it(tmp_path: Path) -> None:
+def test_down_stops_the_broker_runfold_started_when_kafka_bootstrap_servers_points_at_it(
+    tmp_path: Path,
+) -> None:
     """`kafka up` says `export KAFKA_BOOTSTRAP_SERVERS=...`; a `kafka down` in that shell used to
     leave the broker running and exit 0 ("external cluster left running")."""
     port, cport = local_kafka.free_port_pair()

@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> ProcessorSettings:
     # kafka_settings is requested for its cleanup: it deletes the prefix's topics afterwards.
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0, metrics_port=0)
     setup_topology(s)
@@ -40,7 +42,9 @@ def test_start_to_succeeded_with_snapshot_query_and_metrics(settings: ProcessorS
         for i in range(6):
             cmd.start(f"run-{i}", "three", {"i": i})
         cmd.flush()
-        events.wait_for(lambda evs: all(terminal_of(evs, f"run-{i}") for i in range(6)), what="6 terminal runs")
+        events.wait_for(
+            lambda evs: all(terminal_of(evs, f"run-{i}") for i in range(6)), what="6 terminal runs"
+        )
         # each run's events: gap-free sequence, one terminal event, three steps in order
         for i in range(6):
             mine = events.of(f"run-{i}")
@@ -50,8 +54,12 @@ def test_start_to_succeeded_with_snapshot_query_and_metrics(settings: ProcessorS
             # run-events partition == partition of the run's commands (co-partitioning)
         assert len(responder.seen) == 18
         # snapshots: the latest one per run is terminal and matches the last event's sequence
-        snapshots.wait_for(lambda s: {r["run_id"] for r in s if r["status"] == "succeeded"} >= {
-            f"run-{i}" for i in range(6)}, what="succeeded snapshots")
+        snapshots.wait_for(
+            lambda s: (
+                {r["run_id"] for r in s if r["status"] == "succeeded"} >= {f"run-{i}" for i in range(6)}
+            ),
+            what="succeeded snapshots",
+        )
         last = {r["run_id"]: r for r in snapshots.records}
         assert last["run-0"]["sequence"] == events.of("run-0")[-1]["sequence"]
         # query: the owner answers with the committed state and events
@@ -138,17 +146,28 @@ def test_garbage_goes_to_dead_letters_and_processing_continues(settings: Process
         cmd.raw(t.commands, b"g-1", b"\x00not avro at all")
         cmd.raw(t.receipts, b"g-1", b"\xc3\x01garbage")
         cmd.raw(t.commands, b"g-1", None)
-        cmd.send("commands", "g-2", {"type": "StartRun", "definition_id": "one", "revision": None, "input": {}},
-                 topic=None)
+        cmd.send(
+            "commands",
+            "g-2",
+            {"type": "StartRun", "definition_id": "one", "revision": None, "input": {}},
+            topic=None,
+        )
         # a valid command under the wrong key
-        cmd.producer.produce(t.commands, __import__("processor_support").CODEC.encode("commands", {
-            "type": "CancelRun", "run_id": "g-2", "ts_ms": 1, "record_id": "x", "reason": ""}), b"other-key")
+        cmd.producer.produce(
+            t.commands,
+            __import__("processor_support").CODEC.encode(
+                "commands", {"type": "CancelRun", "run_id": "g-2", "ts_ms": 1, "record_id": "x", "reason": ""}
+            ),
+            b"other-key",
+        )
         cmd.start("g-3", "one")
         cmd.start("g-4", "no-such-definition")
         cmd.flush()
         dead.wait_for(lambda d: len(d) >= 4, what="4 dead letters")
-        events.wait_for(lambda evs: terminal_of(evs, "g-3") and events.of("g-4", "RunRejected"),
-                        what="g-3 terminal and g-4 rejected")
+        events.wait_for(
+            lambda evs: terminal_of(evs, "g-3") and events.of("g-4", "RunRejected"),
+            what="g-3 terminal and g-4 rejected",
+        )
         metrics = pt.processor.metrics
         assert metrics.dead_letters.labels("undecodable")._value.get() == 2
         assert metrics.dead_letters.labels("null_value")._value.get() == 1
@@ -178,8 +197,12 @@ def test_producers_partition_run_ids_like_partition_for(settings: ProcessorSetti
     producer = Producer(producer_config(settings))
     for i in range(64):
         key = f"run-{i}/child[{i}]#2"
-        producer.produce(settings.topics.commands, b"x", key.encode(),
-                         on_delivery=lambda err, msg: got.__setitem__(msg.key().decode(), msg.partition()))
+        producer.produce(
+            settings.topics.commands,
+            b"x",
+            key.encode(),
+            on_delivery=lambda err, msg: got.__setitem__(msg.key().decode(), msg.partition()),
+        )
     producer.flush(10)
     assert len(got) == 64 and set(got.values()) == {0, 1}
     assert all(partition_for(k, 2) == p for k, p in got.items())
@@ -188,8 +211,14 @@ def test_producers_partition_run_ids_like_partition_for(settings: ProcessorSetti
 def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_taken(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
 ) -> None:
-    settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0,
-                             finished_retention_ms=1_000, idle_poll_ms=10)  # fmt: skip
+    settings = make_settings(
+        kafka_bootstrap,
+        topic_prefix,
+        tmp_path / "state",
+        query_port=0,
+        finished_retention_ms=1_000,
+        idle_poll_ms=10,
+    )
     setup_topology(settings)
     events = Reader(settings, [settings.topics.run_events], "run_events")
     cmd = Commands(settings)
@@ -216,8 +245,10 @@ def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_
         # a late duplicate start is refused; it does not begin a second run under the same id
         cmd.start("old-1", "three")
         cmd.flush()
-        events.wait_for(lambda evs: any(e["type"] == "RunRejected" and e["run_id"] == "old-1" for e in evs),
-                        what="the duplicate start's rejection")  # fmt: skip
+        events.wait_for(
+            lambda evs: any(e["type"] == "RunRejected" and e["run_id"] == "old-1" for e in evs),
+            what="the duplicate start's rejection",
+        )
         assert [e["type"] for e in events.of("old-1")].count("RunAccepted") == 1
         assert events.of("old-1", "RunRejected")[0]["code"] == "Conflict"
     events.close()

@@ -21,9 +21,21 @@ RUNS = 200
 
 
 def _spawn(settings: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "processors.runtime", "--bootstrap-servers", settings.bootstrap_servers,
-            "--topic-prefix", settings.topic_prefix, "--instance-id", settings.instance_id,
-            "--state-dir", str(settings.state_dir), "--commit-interval-ms", "20"]
+    args = [
+        sys.executable,
+        "-m",
+        "processors.runtime",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--instance-id",
+        settings.instance_id,
+        "--state-dir",
+        str(settings.state_dir),
+        "--commit-interval-ms",
+        "20",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)
 
@@ -43,14 +55,17 @@ def _terminal_runs(events: list[dict]) -> set[str]:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> ProcessorSettings:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
     setup_topology(s)
     return s
 
 
-def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(settings: ProcessorSettings,
-                                                                     tmp_path: Path) -> None:
+def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(
+    settings: ProcessorSettings, tmp_path: Path
+) -> None:
     log = tmp_path / "processor.log"
     events = Reader(settings, [settings.topics.run_events], "run_events")
     acts = Reader(settings, [settings.topics.activations("default")], "activations")
@@ -69,15 +84,21 @@ def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(settings: Pr
             cmd.flush()
             for threshold in (RUNS // 5, RUNS // 2):
                 _wait_ready(log, spawned)
-                events.wait_for(lambda evs, n=threshold: len(_terminal_runs(evs)) >= n, timeout=60,
-                                what=f"{threshold} terminal runs before kill -9")
+                events.wait_for(
+                    lambda evs, n=threshold: len(_terminal_runs(evs)) >= n,
+                    timeout=60,
+                    what=f"{threshold} terminal runs before kill -9",
+                )
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
                 kills += 1
                 proc = _spawn(settings, log)
                 spawned += 1
-            events.wait_for(lambda evs: len(_terminal_runs(evs)) >= RUNS, timeout=90,
-                            what="every run terminal after restarts")
+            events.wait_for(
+                lambda evs: len(_terminal_runs(evs)) >= RUNS,
+                timeout=90,
+                what="every run terminal after restarts",
+            )
         _wait_ready(log, spawned)
         events.drain()
         acts.drain()
@@ -92,20 +113,29 @@ def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(settings: Pr
         acts.close()
     assert kills == 2
     assert code == 0, f"restarted processor did not stop cleanly: {log.read_text()[-3000:]}"
-    terminal = Counter(e["run_id"] for e in events.records
-                       if e["type"] in ("RunSucceeded", "RunFailed", "RunCancelled"))
+    terminal = Counter(
+        e["run_id"] for e in events.records if e["type"] in ("RunSucceeded", "RunFailed", "RunCancelled")
+    )
     assert set(terminal) == set(runs)
     assert all(n == 1 for n in terminal.values()), {r: n for r, n in terminal.items() if n != 1}
-    assert {e["type"] for e in events.records if e["type"].startswith("Run") and e["run_id"] in terminal
-            and e["type"] in ("RunFailed", "RunCancelled")} == set()
+    assert {
+        e["type"]
+        for e in events.records
+        if e["type"].startswith("Run")
+        and e["run_id"] in terminal
+        and e["type"] in ("RunFailed", "RunCancelled")
+    } == set()
     by_run: dict[str, list[int]] = {}
     for e in events.records:
         by_run.setdefault(e["run_id"], []).append(e["sequence"])
     for r, seqs in by_run.items():
         assert seqs == list(range(1, len(seqs) + 1)), f"{r}: sequence {seqs}"
     scheduled = Counter(e["dispatch_id"] for e in events.records if e["type"] == "StepScheduled")
-    short = {r: [e["type"] for e in events.records if e["run_id"] == r] for r in runs
-             if sum(1 for e in events.records if e["run_id"] == r and e["type"] == "StepScheduled") != 3}
+    short = {
+        r: [e["type"] for e in events.records if e["run_id"] == r]
+        for r in runs
+        if sum(1 for e in events.records if e["run_id"] == r and e["type"] == "StepScheduled") != 3
+    }
     assert not short, f"{len(short)} runs without 3 steps, e.g. {list(short.items())[:2]}"
     assert all(n == 1 for n in scheduled.values()) and len(scheduled) == 3 * RUNS
     dispatched = Counter(a["dispatch_id"] for a in acts.records if a["type"] == "ActionActivation")

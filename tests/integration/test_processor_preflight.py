@@ -36,7 +36,11 @@ def test_missing_topics_are_named_with_the_command_that_creates_them(
 
 
 def test_input_topics_that_are_not_co_partitioned_stop_it(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, kafka_settings: object
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    kafka_settings: object,
 ) -> None:
     # kafka_settings is requested for its cleanup: it deletes the prefix's topics afterwards.
     settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")

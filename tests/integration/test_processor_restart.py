@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> ProcessorSettings:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "a")
     setup_topology(s)
     return s
@@ -42,7 +44,8 @@ def _one_activation_each(acts: list[dict]) -> None:
 
 
 def test_two_instances_split_partitions_and_runs_complete_across_rebalance(
-        settings: ProcessorSettings, tmp_path: Path) -> None:
+    settings: ProcessorSettings, tmp_path: Path
+) -> None:
     events = Reader(settings, [settings.topics.run_events], "run_events")
     acts = Reader(settings, [settings.topics.activations("default")], "activations")
     cmd = Commands(settings)
@@ -68,8 +71,11 @@ def test_two_instances_split_partitions_and_runs_complete_across_rebalance(
             body = resp.json()
             assert body["partition"] == partition_for(theirs, 2) and body["owner"]["instance_id"] == "p2"
             with Responder(settings, complete_all):
-                events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60,
-                                what="all runs terminal across the rebalance")
+                events.wait_for(
+                    lambda evs: all(terminal_of(evs, r) for r in runs),
+                    timeout=60,
+                    what="all runs terminal across the rebalance",
+                )
             owner_b = httpx.get(f"http://127.0.0.1:{b.processor.query_port}/runs/{theirs}", timeout=10).json()
             assert owner_b["status"] == "succeeded"
         finally:
@@ -110,8 +116,11 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
         assert pt.processor.metrics.events_restored._value.get() > 0
         with Responder(settings, complete_all):
             # the second activations were emitted already; answer them (the responder reads from the start)
-            events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60,
-                            what="all runs terminal after rebuild")
+            events.wait_for(
+                lambda evs: all(terminal_of(evs, r) for r in runs),
+                timeout=60,
+                what="all runs terminal after rebuild",
+            )
             # runs per status are store stats: rebuilt by restore, then moved by new events
             deadline = time.monotonic() + 10
             gauge = pt.processor.metrics.runs_by_status
@@ -148,8 +157,11 @@ def test_second_instance_with_same_id_fences_the_first(settings: ProcessorSettin
             first.thread.join(30)
             assert first.exit_code == EXIT_FENCED
             twin.wait_owned(2, timeout=60)
-            events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs[: min(i, len(runs))]),
-                            timeout=60, what="runs completed by the surviving instance")
+            events.wait_for(
+                lambda evs: all(terminal_of(evs, r) for r in runs[: min(i, len(runs))]),
+                timeout=60,
+                what="runs completed by the surviving instance",
+            )
         for r in runs[: min(i, len(runs))]:
             assert len(terminal_of(events.records, r)) == 1
     finally:
@@ -200,8 +212,10 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
         for r in runs:
             cmd.start(r, "three")
         cmd.flush()
-        events.wait_for(lambda evs: all(any(e["run_id"] == r and e["type"] == "RunStarted" for e in evs)
-                                        for r in runs), what="every run started")
+        events.wait_for(
+            lambda evs: all(any(e["run_id"] == r and e["type"] == "RunStarted" for e in evs) for r in runs),
+            what="every run started",
+        )
 
     def accepted(run_id: str) -> dict:
         [ev] = [e for e in events.records if e["run_id"] == run_id and e["type"] == "RunAccepted"]
@@ -209,12 +223,16 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
 
     # Retention deletes the RunAccepted of the finished run, and that of the oldest open run of the
     # other partition (nothing comes before it there).
-    open_lost = min((accepted(r) for r in runs if partition_for(r, settings.partitions) != p_finished),
-                    key=lambda e: e["_offset"])["run_id"]  # fmt: skip
+    open_lost = min(
+        (accepted(r) for r in runs if partition_for(r, settings.partitions) != p_finished),
+        key=lambda e: e["_offset"],
+    )["run_id"]
     p_open = partition_for(open_lost, settings.partitions)
     cuts = {p_finished: accepted(finished)["_offset"] + 1, p_open: accepted(open_lost)["_offset"] + 1}
     admin = AdminClient(admin_config(settings))
-    deleted = admin.delete_records([TopicPartition(settings.topics.run_events, q, o) for q, o in cuts.items()])
+    deleted = admin.delete_records(
+        [TopicPartition(settings.topics.run_events, q, o) for q, o in cuts.items()]
+    )
     assert sorted(f.result(30).low_watermark for f in deleted.values()) == sorted(cuts.values())
     shutil.rmtree(settings.state_dir)
 
@@ -229,20 +247,33 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
 
     monkeypatch.setattr(Partitions, "_finish_caught_up", noting_first_offsets)
     with running(settings) as pt, Responder(settings, complete_all):
-        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs if r != open_lost), timeout=60,
-                        what="every other run terminal")
-        assert pt.processor.metrics.events_before_start._value.get() >= 4  # RunStarted, StepScheduled, ... of both
+        events.wait_for(
+            lambda evs: all(terminal_of(evs, r) for r in runs if r != open_lost),
+            timeout=60,
+            what="every other run terminal",
+        )
+        assert (
+            pt.processor.metrics.events_before_start._value.get() >= 4
+        )  # RunStarted, StepScheduled, ... of both
         assert first_read == cuts  # not the store's 0: retention's offsets are no progress
         # their ids stay taken, as a purged run's
         for run_id in (open_lost, finished):
             cmd.start(run_id, "three")
         cmd.flush()
-        events.wait_for(lambda evs: all(any(e["run_id"] == r and e["type"] == "RunRejected" for e in evs)
-                                        for r in (open_lost, finished)), what="both starts rejected")
+        events.wait_for(
+            lambda evs: all(
+                any(e["run_id"] == r and e["type"] == "RunRejected" for e in evs)
+                for r in (open_lost, finished)
+            ),
+            what="both starts rejected",
+        )
         assert pt.processor._fatal is None and pt.thread.is_alive()
     for run_id in (open_lost, finished):
         [rejected] = [e for e in events.records if e["run_id"] == run_id and e["type"] == "RunRejected"]
-        assert rejected["code"] == "Conflict" and "began before the start of the run-events log" in rejected["reason"]
+        assert (
+            rejected["code"] == "Conflict"
+            and "began before the start of the run-events log" in rejected["reason"]
+        )
     assert not terminal_of(events.drain(), open_lost)  # its receipt came to a processor that does not know it
 
     report = verify(settings)

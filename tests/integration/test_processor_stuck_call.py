@@ -48,14 +48,18 @@ class _FirstSendOffsetsNeverReturns:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: object
+) -> ProcessorSettings:
     # a short transaction timeout: the call is given up after it + 5 s
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", transaction_timeout_ms=2_000)
     setup_topology(s)
     return s
 
 
-def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(settings: ProcessorSettings) -> None:
+def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
+    settings: ProcessorSettings,
+) -> None:
     release = threading.Event()
     pt = ProcessorThread(settings)
     new_producer = pt.processor.producers.new
@@ -80,8 +84,13 @@ def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
             for r in runs:
                 cmd.start(r, "three")
             cmd.flush()
-            events.wait_for(lambda evs: all(any(e["type"] == "RunSucceeded" and e["run_id"] == r for e in evs)
-                                            for r in runs), timeout=60, what="every run succeeded")
+            events.wait_for(
+                lambda evs: all(
+                    any(e["type"] == "RunSucceeded" and e["run_id"] == r for e in evs) for r in runs
+                ),
+                timeout=60,
+                what="every run succeeded",
+            )
         assert pt.stop() == 0
     finally:
         release.set()
@@ -90,7 +99,10 @@ def test_a_send_offsets_that_never_returns_is_abandoned_and_every_run_ends_once(
     assert p.metrics.producers_replaced.labels("call_abandoned")._value.get() == 1
     # exactly once, as a read_committed reader sees it: the abandoned transaction was aborted
     assert Counter(e["type"] for e in events.records if e["type"].startswith("Run")) == {
-        "RunAccepted": len(runs), "RunStarted": len(runs), "RunSucceeded": len(runs)}
+        "RunAccepted": len(runs),
+        "RunStarted": len(runs),
+        "RunSucceeded": len(runs),
+    }
     for r in runs:
         seqs = [e["sequence"] for e in events.of(r)]
         assert seqs == list(range(1, len(seqs) + 1)), (r, seqs)

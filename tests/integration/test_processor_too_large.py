@@ -56,8 +56,13 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
 ) -> None:
     # kafka_settings is requested for its cleanup: it deletes the prefix's topics afterwards.
     clients = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
-    settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0,
-                             client_overrides={"message.max.bytes": str(PRODUCER_LIMIT)})  # fmt: skip
+    settings = make_settings(
+        kafka_bootstrap,
+        topic_prefix,
+        tmp_path / "state",
+        query_port=0,
+        client_overrides={"message.max.bytes": str(PRODUCER_LIMIT)},
+    )
     setup_topology(clients)
     _limit_topic(kafka_bootstrap, clients.topics.run_events, TOPIC_LIMIT)
     events = Reader(clients, [clients.topics.run_events], "run_events")
@@ -81,9 +86,14 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
     cmd.start("big-start", "one", {"text": _incompressible(30_000)})
     cmd.flush()
     with running(settings) as pt:
-        events.wait_for(lambda evs: all(terminal_of(evs, r) for r in runs)
-                        and any(e["type"] == "RunRejected" for e in evs if e["run_id"] == "big-start"),
-                        timeout=90, what="every run to finish, big-start to be rejected")  # fmt: skip
+        events.wait_for(
+            lambda evs: (
+                all(terminal_of(evs, r) for r in runs)
+                and any(e["type"] == "RunRejected" for e in evs if e["run_id"] == "big-start")
+            ),
+            timeout=90,
+            what="every run to finish, big-start to be rejected",
+        )
         dead.wait_for(lambda d: len(d) >= 3, timeout=90, what="3 dead letters")
         # the partition is not jammed: a new run goes through (the responder reads every
         # activation from the beginning: it answers only the new run's)
@@ -122,7 +132,10 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
     for run_id in ("big-broker", "big-client"):
         assert not events.of(run_id, "StepSucceeded") and not events.of(run_id, "StepRetryScheduled")
         [failed] = events.of(run_id, "StepFailed")
-        assert failed["failure"]["code"] == "InvalidOutput" and "larger than the broker accepts" in failed["failure"]["message"]
+        assert (
+            failed["failure"]["code"] == "InvalidOutput"
+            and "larger than the broker accepts" in failed["failure"]["message"]
+        )
         assert [e["type"] for e in terminal_of(events.records, run_id)] == ["RunFailed"]
     for run_id in ("ok-1", "ok-2", "ok-3", "after"):
         assert [e["type"] for e in terminal_of(events.records, run_id)] == ["RunSucceeded"]
@@ -138,8 +151,9 @@ def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leavin
     # A sleep wakes into an activation carrying the run's input (15 KB), over the activation
     # topic's limit (10,000 bytes); the run's events (unlimited) still take that input.
     settings = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state", query_port=0)
-    sleep_then_act = workflow("sleep-then-act", {"s": {"kind": "sleep", "duration_ms": 200}, "b": action("b")},
-                              {"s": ["b"]})  # fmt: skip
+    sleep_then_act = workflow(
+        "sleep-then-act", {"s": {"kind": "sleep", "duration_ms": 200}, "b": action("b")}, {"s": ["b"]}
+    )
     setup_topology(settings, [*DEFINITIONS, sleep_then_act])
     _limit_topic(kafka_bootstrap, settings.topics.activations("default"), 10_000)
     events = Reader(settings, [settings.topics.run_events], "run_events")
@@ -149,12 +163,14 @@ def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leavin
         cmd.start("sleeper", "sleep-then-act", {"text": _incompressible(15_000)})
         cmd.start("small", "sleep-then-act", {"text": "small"})
         cmd.flush()
-        events.wait_for(lambda evs: terminal_of(evs, "sleeper") and terminal_of(evs, "small"),
-                        what="both runs to finish")  # fmt: skip
+        events.wait_for(
+            lambda evs: terminal_of(evs, "sleeper") and terminal_of(evs, "small"), what="both runs to finish"
+        )
         dead.wait_for(lambda d: len(d) >= 1, what="the timer's dead letter")
         assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 1
-        body = httpx.get(f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", params={"view": "state"},
-                         timeout=5).json()
+        body = httpx.get(
+            f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", params={"view": "state"}, timeout=5
+        ).json()
         assert body["status"] == "failed" and body["state"]["steps"]["s"]["status"] == "cancelled"
     [letter] = dead.records
     assert letter["key"] == b"sleeper" and letter["source_topic"] == settings.topics.receipts
@@ -162,7 +178,9 @@ def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leavin
     assert letter["error"].startswith("output too large: ")
     [failed] = terminal_of(events.records, "sleeper")
     assert failed["type"] == "RunFailed" and failed["failure"]["code"] == "Limit"
-    assert failed["failure"]["message"].startswith("the outputs of this timer are larger than the broker accepts")
+    assert failed["failure"]["message"].startswith(
+        "the outputs of this timer are larger than the broker accepts"
+    )
     assert not events.of("sleeper", "StepSucceeded")  # the wake-up itself was never applied
     assert [e["type"] for e in terminal_of(events.records, "small")] == ["RunSucceeded"]
     for reader in (events, dead):

@@ -29,15 +29,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"
 RUNFOLD = Path(sys.executable).parent / "runfold"
 APPROVAL = {
-    "schema": "runfold.workflow/v1", "id": "approval", "revision": 1, "state": {"approved": False},
+    "schema": "runfold.workflow/v1",
+    "id": "approval",
+    "revision": 1,
+    "state": {"approved": False},
     "entry": ["review"],
-    "nodes": {"review": {"kind": "wait", "signal": "approval",
-                         "writes": {"approved": {"from": "signal", "pointer": "/approved"}}}},
+    "nodes": {
+        "review": {
+            "kind": "wait",
+            "signal": "approval",
+            "writes": {"approved": {"from": "signal", "pointer": "/approved"}},
+        }
+    },
 }
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings) -> ProcessorSettings:
+def settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, kafka_settings: KafkaSettings
+) -> ProcessorSettings:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
     create_topology(s)
     return s
@@ -72,8 +82,12 @@ def _corrupt_snapshot(settings: KafkaSettings, client: RunClient, run_id: str) -
     raw = orjson.dumps(state, option=orjson.OPT_SORT_KEYS)
     bad = {**snap, "state": state, "state_digest": hashlib.sha256(raw).hexdigest()}
     producer = Producer(producer_config(settings))
-    producer.produce(topic_names(settings).run_state, Codec.default().encode("run_state", bad),
-                     run_id.encode(), partition=client.partition_of(run_id))
+    producer.produce(
+        topic_names(settings).run_state,
+        Codec.default().encode("run_state", bad),
+        run_id.encode(),
+        partition=client.partition_of(run_id),
+    )
     assert producer.flush(10) == 0
 
 
@@ -86,7 +100,8 @@ def _store(path: Path, kinds: bytes) -> dict[bytes, bytes]:
 
 
 def test_verify_clean_then_detects_exactly_the_corrupted_run_and_rebuild_matches(
-        settings: ProcessorSettings, tmp_path: Path) -> None:
+    settings: ProcessorSettings, tmp_path: Path
+) -> None:
     kafka = KafkaSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix)
     with RunClient(kafka, timeout_s=10) as client:
         for name in ("one-step.yaml", "flaky-retry.yaml", "noop-3.yaml"):
@@ -107,10 +122,18 @@ def test_verify_clean_then_detects_exactly_the_corrupted_run_and_rebuild_matches
         assert diff.expected_digest != diff.actual_digest and diff.snapshot_sequence == diff.folded_sequence
 
         # the CLI says the same, through the real entry point, with exit code 1
-        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-               "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix}
-        out = subprocess.run([str(RUNFOLD), "replay", "--verify", "--json"], env=env, capture_output=True,
-                             text=True, timeout=120)
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        }
+        out = subprocess.run(
+            [str(RUNFOLD), "replay", "--verify", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 1, out.stderr
         body = orjson.loads(out.stdout)
         assert [d["run_id"] for d in body["differences"]] == [victim]
@@ -124,9 +147,13 @@ def test_verify_clean_then_detects_exactly_the_corrupted_run_and_rebuild_matches
         rebuild(rebuilt)  # never overwrites a store silently
     assert rebuild(rebuilt, replace=True).events == report.events
     # the CLI (real entry point) rebuilds the same way and reports its rate
-    out = subprocess.run([str(RUNFOLD), "replay", "--rebuild", "--state-dir", str(tmp_path / "cli"), "--json"],
-                         env={**env, "RUNFOLD_PARTITIONS": str(settings.partitions)}, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [str(RUNFOLD), "replay", "--rebuild", "--state-dir", str(tmp_path / "cli"), "--json"],
+        env={**env, "RUNFOLD_PARTITIONS": str(settings.partitions)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     cli_report = orjson.loads(out.stdout)
     assert cli_report["events"] == report.events and cli_report["events_per_s"] > 0

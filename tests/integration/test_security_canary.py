@@ -34,8 +34,22 @@ from topology.settings import KafkaSettings, consumer_config
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 HERE = Path(__file__).resolve().parent
 WF = "runfold.workflow/v1"
-MODES = ["raw", "upper", "lower", "base64", "base64url", "unpadded", "basic", "url", "json", "repr", "hex",
-         "partial", "key", "list"]  # fmt: skip
+MODES = [
+    "raw",
+    "upper",
+    "lower",
+    "base64",
+    "base64url",
+    "unpadded",
+    "basic",
+    "url",
+    "json",
+    "repr",
+    "hex",
+    "partial",
+    "key",
+    "list",
+]
 CANARY = "CaNaRy-" + secrets.token_urlsafe(18)
 CANARY_NUM = str(secrets.randbelow(9 * 10**14) + 10**14)  # 15 digits
 
@@ -72,8 +86,15 @@ def echo() -> Iterator[int]:
 
 
 def _action(action: str, input: Any, **extra: Any) -> dict[str, Any]:
-    return {"kind": "action", "action": action, "input": input, "capabilities": ["secret:canary", "secret:canary_tls",
-            "secret:canary_num"], "on_failure": "continue", "writes": {"out": {"from": "output"}}, **extra}  # fmt: skip
+    return {
+        "kind": "action",
+        "action": action,
+        "input": input,
+        "capabilities": ["secret:canary", "secret:canary_tls", "secret:canary_num"],
+        "on_failure": "continue",
+        "writes": {"out": {"from": "output"}},
+        **extra,
+    }
 
 
 def _definitions(echo: int) -> list[dict[str, Any]]:
@@ -85,17 +106,28 @@ def _definitions(echo: int) -> list[dict[str, Any]]:
         "header_echo": _action("http.request", {"url": f"{here}/h", "headers": {"x-token": handle}}),
         "param_echo": _action("http.request", {"url": f"{here}/q", "params": {"token": handle}}),
         "body_echo": _action("http.request", {"url": f"{here}/b", "method": "POST", "json": {"t": handle}}),
-        "plain_http": _action("http.request", {"url": f"{here}/t", "headers": {"x": {"$secret": "canary_tls"}}}),
-        "wrong_host": _action("http.request", {"url": f"http://localhost:{echo}/w", "headers": {"x": handle}}),
+        "plain_http": _action(
+            "http.request", {"url": f"{here}/t", "headers": {"x": {"$secret": "canary_tls"}}}
+        ),
+        "wrong_host": _action(
+            "http.request", {"url": f"http://localhost:{echo}/w", "headers": {"x": handle}}
+        ),
         "raise": _action("canary.raise", {}),
         "crash": _action("canary.crash", {}),
-        "outputs": _action("canary.output", {"mode": {"from": "item"}}, map={"from": "input", "pointer": "/modes"}),
+        "outputs": _action(
+            "canary.output", {"mode": {"from": "item"}}, map={"from": "input", "pointer": "/modes"}
+        ),
         "number": _action("canary.number", {}),
         "log": _action("canary.log", {}),
-        "agent": {"kind": "agent", "agent": "writer", "model": "small", "on_failure": "continue",
-                  "prompt": {"system": "Summarize.", "user": {"from": "state", "pointer": "/token"}},
-                  "writes": {"out": {"from": "output"}}},
-    }  # fmt: skip
+        "agent": {
+            "kind": "agent",
+            "agent": "writer",
+            "model": "small",
+            "on_failure": "continue",
+            "prompt": {"system": "Summarize.", "user": {"from": "state", "pointer": "/token"}},
+            "writes": {"out": {"from": "output"}},
+        },
+    }
     leaky = {
         "schema": WF,
         "id": "canary-leaks",
@@ -117,11 +149,19 @@ def _definitions(echo: int) -> list[dict[str, Any]]:
 
 
 EXPECTED = {
-    "method": "InvalidInput", "url": "InvalidInput", "header_echo": "InvalidOutput", "param_echo": "InvalidOutput",
-    "body_echo": "InvalidOutput", "plain_http": "PermissionDenied", "wrong_host": "PermissionDenied",
-    "raise": "ExecutionFailed", "crash": "ExecutionFailed", "number": "InvalidOutput", "agent": "PermissionDenied",
+    "method": "InvalidInput",
+    "url": "InvalidInput",
+    "header_echo": "InvalidOutput",
+    "param_echo": "InvalidOutput",
+    "body_echo": "InvalidOutput",
+    "plain_http": "PermissionDenied",
+    "wrong_host": "PermissionDenied",
+    "raise": "ExecutionFailed",
+    "crash": "ExecutionFailed",
+    "number": "InvalidOutput",
+    "agent": "PermissionDenied",
     **{f"outputs[{i}]": "InvalidOutput" for i in range(len(MODES))},
-}  # fmt: skip
+}
 
 
 def _read_every_topic(settings: KafkaSettings) -> tuple[list[tuple[str, bytes]], list[tuple[str, str]]]:
@@ -177,11 +217,21 @@ def test_a_canary_secret_reaches_no_topic_log_metric_or_query_answer(
         },
     }
     (tmp_path / "worker.yaml").write_text(yaml.safe_dump(worker_config))
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", ""), "PYTHONPATH": str(HERE),
-           "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "RUNFOLD_TOPIC_PREFIX": topic_prefix,
-           "RUNFOLD_PARTITIONS": "2", "RUNFOLD_QUERY_TOKEN_FILE": str(tmp_path / "token")}  # fmt: skip
-    worker_env = {**env, "RUNFOLD_SECRET_CANARY": CANARY, "RUNFOLD_SECRET_CANARY_TLS": CANARY,
-                  "RUNFOLD_SECRET_CANARY_NUM": CANARY_NUM}  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", ""),
+        "PYTHONPATH": str(HERE),
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RUNFOLD_TOPIC_PREFIX": topic_prefix,
+        "RUNFOLD_PARTITIONS": "2",
+        "RUNFOLD_QUERY_TOKEN_FILE": str(tmp_path / "token"),
+    }
+    worker_env = {
+        **env,
+        "RUNFOLD_SECRET_CANARY": CANARY,
+        "RUNFOLD_SECRET_CANARY_TLS": CANARY,
+        "RUNFOLD_SECRET_CANARY_NUM": CANARY_NUM,
+    }
     query_port, processor_metrics, worker_metrics = (_free_port() for _ in range(3))
     cli = [sys.executable, "-m", "processors.cli"]
     logs = tmp_path / "logs"

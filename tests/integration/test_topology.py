@@ -38,7 +38,9 @@ def test_create_then_verify_is_clean_and_create_is_idempotent(kafka_settings: Ka
     assert verify_topology(kafka_settings).ok
 
 
-def test_verify_reports_wrong_partitions_copartitioning_and_cleanup_policy(kafka_settings: KafkaSettings) -> None:
+def test_verify_reports_wrong_partitions_copartitioning_and_cleanup_policy(
+    kafka_settings: KafkaSettings,
+) -> None:
     names = TopicNames(kafka_settings.topic_prefix)
     # receipts with one partition too many: breaks the co-partitioned group
     _create_raw(kafka_settings, names.receipts, kafka_settings.partitions + 1, {"cleanup.policy": "delete"})
@@ -57,13 +59,30 @@ def test_verify_reports_wrong_partitions_copartitioning_and_cleanup_policy(kafka
 
 
 def test_cli_verify_exits_1_on_problems_and_0_when_clean(kafka_settings: KafkaSettings) -> None:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
-           "RUNFOLD_PARTITIONS": str(kafka_settings.partitions)}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "RUNFOLD_PARTITIONS": str(kafka_settings.partitions),
+    }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "processors.cli", "topology", *args,
-                               "--prefix", kafka_settings.topic_prefix, "--json"],
-                              env=env, capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "processors.cli",
+                "topology",
+                *args,
+                "--prefix",
+                kafka_settings.topic_prefix,
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     missing = run("verify")
     assert missing.returncode == 1

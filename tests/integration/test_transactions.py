@@ -63,4 +63,6 @@ def test_committed_is_visible_aborted_is_not(kafka_settings: KafkaSettings) -> N
     assert sorted(committed) == sorted([f"committed-{i}".encode() for i in range(5)] + [b"committed-last"])
 
     everything = _read_all(kafka_settings, topic, read_committed=False, expect_at_least=11)
-    assert sorted(v for v in everything if v.startswith(b"aborted")) == [f"aborted-{i}".encode() for i in range(5)]
+    assert sorted(v for v in everything if v.startswith(b"aborted")) == [
+        f"aborted-{i}".encode() for i in range(5)
+    ]

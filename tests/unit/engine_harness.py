@@ -37,8 +37,13 @@ def definition(nodes: dict[str, Any], routes: dict[str, Any] | None = None, **ex
 
 
 class RunHarness:
-    def __init__(self, *definitions: dict[str, Any], run_id: str = "r-1", ceilings: Ceilings | None = None,
-                 queues: frozenset[str] = frozenset({"default", "agents", "tools"})) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *definitions: dict[str, Any],
+        run_id: str = "r-1",
+        ceilings: Ceilings | None = None,
+        queues: frozenset[str] = frozenset({"default", "agents", "tools"}),
+    ) -> None:
         self.catalog = Catalog(ceilings)
         for raw in definitions:
             self.catalog.register(raw)
@@ -89,8 +94,12 @@ class RunHarness:
     def ident(self, node: str, lineage: str = "", attempt: int | None = None) -> dict[str, Any]:
         if attempt is None:
             attempt = self.step(node, lineage)["attempt"]
-        return {"node": node, "lineage": lineage, "attempt": attempt,
-                "dispatch_id": dispatch_id(self.run_id, node, lineage, attempt)}  # fmt: skip
+        return {
+            "node": node,
+            "lineage": lineage,
+            "attempt": attempt,
+            "dispatch_id": dispatch_id(self.run_id, node, lineage, attempt),
+        }
 
     def refold(self) -> bytes:
         state = None
@@ -101,8 +110,13 @@ class RunHarness:
 
     # -------------------------------------------------------------- commands
     def start(self, run_input: Any = None, **fields: Any) -> RunHarness:
-        msg = {"type": "StartRun", "definition_id": self.root_id, "revision": None,
-               "input": {} if run_input is None else run_input, **fields}  # fmt: skip
+        msg = {
+            "type": "StartRun",
+            "definition_id": self.root_id,
+            "revision": None,
+            "input": {} if run_input is None else run_input,
+            **fields,
+        }
         return self.send(msg)
 
     def cancel(self, reason: str = "") -> RunHarness:
@@ -118,33 +132,89 @@ class RunHarness:
     def accept(
         self, node: str, lineage: str = "", worker: str = "w1", lease_ms: int = 30_000, **kw: Any
     ) -> RunHarness:
-        return self.send({"type": "ActivationAccepted", **self.ident(node, lineage), "worker_id": worker,
-                          "lease_ms": lease_ms, **kw})  # fmt: skip
+        return self.send(
+            {
+                "type": "ActivationAccepted",
+                **self.ident(node, lineage),
+                "worker_id": worker,
+                "lease_ms": lease_ms,
+                **kw,
+            }
+        )
 
     def heartbeat(
         self, node: str, lineage: str = "", worker: str = "w1", lease_ms: int = 30_000
     ) -> RunHarness:
-        return self.send({"type": "ActivationHeartbeat", **self.ident(node, lineage), "worker_id": worker,
-                          "lease_ms": lease_ms})  # fmt: skip
+        return self.send(
+            {
+                "type": "ActivationHeartbeat",
+                **self.ident(node, lineage),
+                "worker_id": worker,
+                "lease_ms": lease_ms,
+            }
+        )
 
-    def complete(self, node: str, output: Any = None, lineage: str = "", usage: dict[str, int] | None = None,
-                 attempt: int | None = None) -> RunHarness:  # fmt: skip
-        return self.send({"type": "ActivationCompleted", **self.ident(node, lineage, attempt), "worker_id": "w1",
-                          "output": output, "usage": usage or {}})  # fmt: skip
+    def complete(
+        self,
+        node: str,
+        output: Any = None,
+        lineage: str = "",
+        usage: dict[str, int] | None = None,
+        attempt: int | None = None,
+    ) -> RunHarness:
+        return self.send(
+            {
+                "type": "ActivationCompleted",
+                **self.ident(node, lineage, attempt),
+                "worker_id": "w1",
+                "output": output,
+                "usage": usage or {},
+            }
+        )
 
-    def fail(self, node: str, code: str = "ExecutionFailed", message: str = "boom", retryable: bool = False,
-             lineage: str = "", attempt: int | None = None) -> RunHarness:  # fmt: skip
-        return self.send({"type": "ActivationFailed", **self.ident(node, lineage, attempt), "worker_id": "w1",
-                          "code": code, "message": message, "retryable": retryable, "usage": {}})  # fmt: skip
+    def fail(
+        self,
+        node: str,
+        code: str = "ExecutionFailed",
+        message: str = "boom",
+        retryable: bool = False,
+        lineage: str = "",
+        attempt: int | None = None,
+    ) -> RunHarness:
+        return self.send(
+            {
+                "type": "ActivationFailed",
+                **self.ident(node, lineage, attempt),
+                "worker_id": "w1",
+                "code": code,
+                "message": message,
+                "retryable": retryable,
+                "usage": {},
+            }
+        )
 
-    def child_finished(self, node: str, status: str = "succeeded", output: Any = None, lineage: str = "",
-                       usage: dict[str, int] | None = None) -> RunHarness:  # fmt: skip
+    def child_finished(
+        self,
+        node: str,
+        status: str = "succeeded",
+        output: Any = None,
+        lineage: str = "",
+        usage: dict[str, int] | None = None,
+    ) -> RunHarness:
         ident = self.ident(node, lineage)
-        return self.send({"type": "ChildRunFinished", **ident, "child_run_id": f"{self.run_id}/{node}",
-                          "status": status, "output": output,
-                          "failure": None if status == "succeeded" else {"code": "ExecutionFailed", "message": "x",
-                                                                         "retryable": False},
-                          "usage": usage or {}})  # fmt: skip
+        return self.send(
+            {
+                "type": "ChildRunFinished",
+                **ident,
+                "child_run_id": f"{self.run_id}/{node}",
+                "status": status,
+                "output": output,
+                "failure": None
+                if status == "succeeded"
+                else {"code": "ExecutionFailed", "message": "x", "retryable": False},
+                "usage": usage or {},
+            }
+        )
 
     def fire(self, kind: str, node: str | None = None, lineage: str = "") -> RunHarness:
         """Fire the armed timer of that kind (for that node instance)."""

@@ -47,14 +47,27 @@ STATE = {"n": 0, "items": [], "flag": False, "out": None, "m": {}, "rc": None, "
 REDUCERS = {"n": "sum", "items": "append", "m": "merge", "rc": "reject_concurrent"}
 # conditions that hold, fail or raise (an unknown key, an input without `go`): the raising ones rarer
 CONDITIONS = [
-    "state.n > 2", "state.flag", "size(state.items) > 3", "output == null", "state.n % 2 == 0",
-    "has(state.m.k)", "state.n >= 1", "!state.flag", "size(state.items) == 0", "state.missing > 0", "input.go",
-]  # fmt: skip
+    "state.n > 2",
+    "state.flag",
+    "size(state.items) > 3",
+    "output == null",
+    "state.n % 2 == 0",
+    "has(state.m.k)",
+    "state.n >= 1",
+    "!state.flag",
+    "size(state.items) == 0",
+    "state.missing > 0",
+    "input.go",
+]
 WRITES = [
-    ("n", {"from": "literal", "value": 1}), ("items", {"from": "output"}), ("out", {"from": "output"}),
-    ("m", {"from": "output"}), ("rc", {"from": "literal", "value": 1}), ("flag", {"from": "output", "pointer": "/v"}),
+    ("n", {"from": "literal", "value": 1}),
+    ("items", {"from": "output"}),
+    ("out", {"from": "output"}),
+    ("m", {"from": "output"}),
+    ("rc", {"from": "literal", "value": 1}),
+    ("flag", {"from": "output", "pointer": "/v"}),
     ("out", {"from": "state"}),
-]  # fmt: skip
+]
 OUTPUTS: list[Any] = [
     {"v": 1},
     {"v": True},
@@ -81,9 +94,12 @@ def deep(levels: int) -> Any:
 
 
 CHILD = {
-    "schema": "runfold.workflow/v1", "id": "child", "revision": 1, "entry": ["c"],
+    "schema": "runfold.workflow/v1",
+    "id": "child",
+    "revision": 1,
+    "entry": ["c"],
     "nodes": {"c": {"kind": "action", "action": "child-work"}},
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------ definitions
@@ -100,23 +116,41 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
         if targets:
             routes[name] = [
                 {"to": to, **({"when": when} if when else {})}
-                for to, when in zip(targets, draw(st.lists(st.sampled_from([None, *CONDITIONS]),
-                                                           min_size=len(targets), max_size=len(targets))),
-                                    strict=True)
-            ]  # fmt: skip
+                for to, when in zip(
+                    targets,
+                    draw(
+                        st.lists(
+                            st.sampled_from([None, *CONDITIONS]), min_size=len(targets), max_size=len(targets)
+                        )
+                    ),
+                    strict=True,
+                )
+            ]
     entry = draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
     budgets: dict[str, Any] = {"max_steps": draw(st.integers(2, 40))}  # bounds every loop
-    for name, low, high in (("max_retries", 1, 5), ("max_agents", 1, 5), ("max_tokens", 10, 400),
-                            ("max_cost_micros", 10, 400), ("wall_time_ms", 200, 5000),
-                            ("max_concurrency", 1, 3)):  # fmt: skip
+    for name, low, high in (
+        ("max_retries", 1, 5),
+        ("max_agents", 1, 5),
+        ("max_tokens", 10, 400),
+        ("max_cost_micros", 10, 400),
+        ("wall_time_ms", 200, 5000),
+        ("max_concurrency", 1, 3),
+    ):
         if draw(st.integers(0, 3)) == 0:
             budgets[name] = draw(st.integers(low, high))
     if draw(st.booleans()):
         budgets["warn_at_percent"] = draw(st.integers(50, 100))
     raw: dict[str, Any] = {
-        "schema": "runfold.workflow/v1", "id": "wf", "revision": 1, "entry": entry, "nodes": nodes,
-        "routes": routes, "state": dict(STATE), "reducers": dict(REDUCERS), "budgets": budgets,
-    }  # fmt: skip
+        "schema": "runfold.workflow/v1",
+        "id": "wf",
+        "revision": 1,
+        "entry": entry,
+        "nodes": nodes,
+        "routes": routes,
+        "state": dict(STATE),
+        "reducers": dict(REDUCERS),
+        "budgets": budgets,
+    }
     if draw(st.integers(0, 4)) == 0:
         raw["input_schema"] = {"type": "object", "required": ["items"]}
     if draw(st.integers(0, 3)) == 0:
@@ -136,19 +170,39 @@ def _node(draw: st.DrawFn) -> dict[str, Any]:
         if kind == "action":
             node["action"] = "work"
         elif kind == "agent":
-            node.update(agent="helper", model="small", prompt={"user": draw(st.sampled_from(
-                [{"from": "input", "pointer": "/q"}, "hello", {"from": "input", "pointer": "/q"}, "hi",
-                 {"from": "state", "pointer": "/nope"}]))})  # fmt: skip
+            node.update(
+                agent="helper",
+                model="small",
+                prompt={
+                    "user": draw(
+                        st.sampled_from(
+                            [
+                                {"from": "input", "pointer": "/q"},
+                                "hello",
+                                {"from": "input", "pointer": "/q"},
+                                "hi",
+                                {"from": "state", "pointer": "/nope"},
+                            ]
+                        )
+                    )
+                },
+            )
         else:
             node.update(workflow="child", revision=1)
         mapped = draw(st.integers(0, 2)) == 0
         if mapped:
-            node["map"] = draw(st.sampled_from([{"from": "input", "pointer": "/items"},
-                                                {"from": "state", "pointer": "/list"},
-                                                {"from": "state", "pointer": "/items"},
-                                                {"from": "input", "pointer": "/items"},
-                                                {"from": "state", "pointer": "/list"},
-                                                {"from": "input", "pointer": "/notalist"}]))  # fmt: skip
+            node["map"] = draw(
+                st.sampled_from(
+                    [
+                        {"from": "input", "pointer": "/items"},
+                        {"from": "state", "pointer": "/list"},
+                        {"from": "state", "pointer": "/items"},
+                        {"from": "input", "pointer": "/items"},
+                        {"from": "state", "pointer": "/list"},
+                        {"from": "input", "pointer": "/notalist"},
+                    ]
+                )
+            )
         node["input"] = draw(
             st.sampled_from(
                 [
@@ -164,8 +218,11 @@ def _node(draw: st.DrawFn) -> dict[str, Any]:
         if node["input"] is None:
             del node["input"]
         if draw(st.booleans()):
-            node["retry"] = {"max_attempts": draw(st.integers(1, 3)), "backoff_ms": draw(st.integers(0, 50)),
-                             "multiplier": draw(st.sampled_from([1.0, 2.0]))}  # fmt: skip
+            node["retry"] = {
+                "max_attempts": draw(st.integers(1, 3)),
+                "backoff_ms": draw(st.integers(0, 50)),
+                "multiplier": draw(st.sampled_from([1.0, 2.0])),
+            }
         if draw(st.integers(0, 2)) == 0:
             node["timeout_ms"] = draw(st.integers(50, 500))
         if kind in EXECUTOR_KINDS:
@@ -259,8 +316,9 @@ class World:
         self.catalog.register(CHILD)
         self.definition = self.catalog.register(raw)
         self.raw = raw
-        self.ctx = EngineContext(catalog=self.catalog, ceilings=ceilings or Ceilings(),
-                                 queues=frozenset({"default", "agents"}))  # fmt: skip
+        self.ctx = EngineContext(
+            catalog=self.catalog, ceilings=ceilings or Ceilings(), queues=frozenset({"default", "agents"})
+        )
         self.run_input = run_input
         self.state: dict[str, Any] | None = None
         self.replay: dict[str, Any] | None = None  # folded from decoded copies, without the memo
@@ -304,7 +362,11 @@ class World:
         self.check(full, before, decision, duplicate)
         # applied: it moved the run (a receipt refused as a ReceiptConflict is refused again)
         if any(e["type"] != "ReceiptConflict" for e in decision.events) and full["type"] not in (
-                "StartRun", "CancelRun", "SignalRun", "ResumeRun"):  # fmt: skip
+            "StartRun",
+            "CancelRun",
+            "SignalRun",
+            "ResumeRun",
+        ):
             self.applied.append(full)
         return decision
 
@@ -348,11 +410,15 @@ class World:
         if event["sequence"] != previous + 1:
             raise Violation(f"sequence gap: {previous} -> {event['sequence']} ({etype})")
         allowed_after = {
-            None: None, "RunSucceeded": frozenset(), "RunCancelled": frozenset(),
+            None: None,
+            "RunSucceeded": frozenset(),
+            "RunCancelled": frozenset(),
             "RunFailed": frozenset({"RunResumed"}),
             # a paused run's steps are cancelled; a receipt for one that had settled may still conflict
-            "RunPaused": frozenset({"RunResumed", "RunCancelled", "SignalReceived", "RunFailed", "ReceiptConflict"}),
-        }[self.last_terminal]  # fmt: skip
+            "RunPaused": frozenset(
+                {"RunResumed", "RunCancelled", "SignalReceived", "RunFailed", "ReceiptConflict"}
+            ),
+        }[self.last_terminal]
         if allowed_after is not None and etype not in allowed_after:
             raise Violation(f"{etype} after {self.last_terminal}")
         if etype in TERMINAL_EVENTS or etype == "RunPaused":
@@ -397,8 +463,10 @@ class World:
 
     def check(self, msg: dict[str, Any], before: Any, decision: Any, duplicate: bool) -> None:
         if duplicate and (decision.events or self.state is not before):
-            raise Violation(f"an exact duplicate of an applied {msg['type']} changed the run: "
-                            f"{[e['type'] for e in decision.events]}")  # fmt: skip
+            raise Violation(
+                f"an exact duplicate of an applied {msg['type']} changed the run: "
+                f"{[e['type'] for e in decision.events]}"
+            )
         if self.state is None:
             if self.replay is not None:
                 raise Violation("the replay has a run the live fold does not")
@@ -440,15 +508,30 @@ class World:
 
     # ---- what the outside world can do now ---------------------------------------------------
     def choices(self) -> list[str]:
-        out = ["advance", "cancel", "signal s0", "signal s1", "signal nope", "signal s0 hostile", "resume",
-               "resume more", "start again", "start other"]  # fmt: skip
+        out = [
+            "advance",
+            "cancel",
+            "signal s0",
+            "signal s1",
+            "signal nope",
+            "signal s0 hostile",
+            "resume",
+            "resume more",
+            "start again",
+            "start other",
+        ]
         steps = self.state["steps"] if self.state is not None else {}
         for dispatch, act in sorted(self.activations.items()):
             tag = f"{act['node']}[{act['lineage']}]#{act['attempt']}"
             step = steps.get(_key(act))
             # what moves a run is likelier than what it drops: weight the receipts of open attempts
-            live = 3 if step is not None and step["dispatch_id"] == dispatch and step["status"] in (
-                "scheduled", "running") else 1  # fmt: skip
+            live = (
+                3
+                if step is not None
+                and step["dispatch_id"] == dispatch
+                and step["status"] in ("scheduled", "running")
+                else 1
+            )
             if act["type"] == "ChildRunActivation":
                 out += [f"child-ok {dispatch} {tag}"] * live * 2 + [f"child-failed {dispatch} {tag}"] * live
                 continue
@@ -460,8 +543,10 @@ class World:
             out += [
                 f"{verb} {dispatch} {tag}" for verb in ("complete-ok", "complete-ok") for _ in range(live)
             ]
-            out += [f"{verb} {dispatch} {tag}" for verb in ("accept-other", "complete-bad", "fail", "fail-retryable",
-                                                             "gave-up")]  # fmt: skip
+            out += [
+                f"{verb} {dispatch} {tag}"
+                for verb in ("accept-other", "complete-bad", "fail", "fail-retryable", "gave-up")
+            ]
         out += [f"fire {timer_id}" for timer_id in sorted(self.timers) for _ in range(3)]
         out += [f"again {index}" for index in range(max(0, len(self.applied) - 6), len(self.applied))]
         if self.state is not None:
@@ -483,8 +568,14 @@ class World:
         elif verb == "resume":
             budgets = None
             if rest == "more":
-                budgets = {"max_steps": 60, "max_tokens": 2000, "max_cost_micros": 2000, "wall_time_ms": 20000,
-                           "max_agents": 20, "max_retries": 20}  # fmt: skip
+                budgets = {
+                    "max_steps": 60,
+                    "max_tokens": 2000,
+                    "max_cost_micros": 2000,
+                    "wall_time_ms": 20000,
+                    "max_agents": 20,
+                    "max_retries": 20,
+                }
             self.send({"type": "ResumeRun", "budgets": budgets, "reason": "test"}, advance=advance)
         elif verb == "start":
             run_input = self.run_input if rest == "again" else {"other": 1}
@@ -502,18 +593,36 @@ class World:
         elif verb == "bogus":
             attempt = data.draw(st.integers(0, 5), label="bogus attempt")
             node = data.draw(st.sampled_from(sorted(self.definition.nodes)), label="bogus node")
-            self.send({"type": "ActivationCompleted", "node": node, "lineage": "", "attempt": attempt,
-                       "dispatch_id": data.draw(st.sampled_from(["x", dispatch_id(RUN, node, "", attempt)])),
-                       "worker_id": "w1", "output": {"v": 1}}, advance=advance)  # fmt: skip
+            self.send(
+                {
+                    "type": "ActivationCompleted",
+                    "node": node,
+                    "lineage": "",
+                    "attempt": attempt,
+                    "dispatch_id": data.draw(st.sampled_from(["x", dispatch_id(RUN, node, "", attempt)])),
+                    "worker_id": "w1",
+                    "output": {"v": 1},
+                },
+                advance=advance,
+            )
         else:
             dispatch = rest.split(" ")[0]
             self.send(self.receipt(verb, self.activations[dispatch], data), advance=advance)
 
     def receipt(self, verb: str, act: dict[str, Any], data: Any) -> dict[str, Any]:
         ident = {name: act[name] for name in ("node", "lineage", "attempt", "dispatch_id")}
-        usage = data.draw(st.sampled_from([{}, {"prompt_tokens": 5, "completion_tokens": 3, "cost_micros": 7},
-                                           {"prompt_tokens": 40, "cost_micros": 90}, {"prompt_tokens": -3},
-                                           {"cost_micros": "many"}]), label="usage")  # fmt: skip
+        usage = data.draw(
+            st.sampled_from(
+                [
+                    {},
+                    {"prompt_tokens": 5, "completion_tokens": 3, "cost_micros": 7},
+                    {"prompt_tokens": 40, "cost_micros": 90},
+                    {"prompt_tokens": -3},
+                    {"cost_micros": "many"},
+                ]
+            ),
+            label="usage",
+        )
         if verb in ("accept", "accept-other", "heartbeat"):
             worker = "w2" if verb == "accept-other" else "w1"
             mtype = "ActivationHeartbeat" if verb == "heartbeat" else "ActivationAccepted"
@@ -539,8 +648,15 @@ class World:
             }
         if verb in ("fail", "fail-retryable"):
             code = data.draw(st.sampled_from(["ExecutionFailed", "PermissionDenied", "Timeout", "Weird"]))
-            return {"type": "ActivationFailed", **ident, "worker_id": "w1", "code": code, "message": "boom",
-                    "retryable": verb == "fail-retryable", "usage": usage}  # fmt: skip
+            return {
+                "type": "ActivationFailed",
+                **ident,
+                "worker_id": "w1",
+                "code": code,
+                "message": "boom",
+                "retryable": verb == "fail-retryable",
+                "usage": usage,
+            }
         if verb == "gave-up":
             return {"type": "ActivationCancelled", **ident, "worker_id": "w1", "reason": "shutting down"}
         return self.child_receipt(act, "succeeded" if verb == "child-ok" else "failed", data, usage)
@@ -550,10 +666,20 @@ class World:
     ) -> dict[str, Any]:
         ident = {name: act[name] for name in ("node", "lineage", "attempt", "dispatch_id")}
         output = data.draw(st.sampled_from(OUTPUTS), label="child output") if status == "succeeded" else None
-        failure = None if status == "succeeded" else {"code": "ExecutionFailed", "message": "child broke",
-                                                      "retryable": False}  # fmt: skip
-        return {"type": "ChildRunFinished", **ident, "child_run_id": act["child_run_id"], "status": status,
-                "output": output, "failure": failure, "usage": usage}  # fmt: skip
+        failure = (
+            None
+            if status == "succeeded"
+            else {"code": "ExecutionFailed", "message": "child broke", "retryable": False}
+        )
+        return {
+            "type": "ChildRunFinished",
+            **ident,
+            "child_run_id": act["child_run_id"],
+            "status": status,
+            "output": output,
+            "failure": failure,
+            "usage": usage,
+        }
 
     def start_message(self, run_input: Any) -> dict[str, Any]:
         return {"type": "StartRun", "definition_id": "wf", "revision": None, "input": run_input}
@@ -580,8 +706,10 @@ class World:
                 timer = min(self.timers.values(), key=lambda t: (t["due_ms"], t["timer_id"]))
                 self.send(dict(timer), advance=max(timer["due_ms"] - self.now, 0))
                 continue
-            raise Violation(f"run stuck {status}: nothing in flight, no timer armed; frontier "
-                            f"{state['frontier']}, open {state['open']}")  # fmt: skip
+            raise Violation(
+                f"run stuck {status}: nothing in flight, no timer armed; frontier "
+                f"{state['frontier']}, open {state['open']}"
+            )
         raise Violation(f"run still {run_status(self.state or {})} after {limit} drain inputs")
 
     def _next_open_step(self) -> dict[str, Any] | None:
@@ -589,8 +717,11 @@ class World:
         superstep = self.state["superstep"]
         for key in sorted(self.state["steps"]):
             step = self.state["steps"][key]
-            if step["superstep"] == superstep and step["status"] in ("scheduled", "running") and \
-                    step["kind"] in DISPATCHED:  # fmt: skip
+            if (
+                step["superstep"] == superstep
+                and step["status"] in ("scheduled", "running")
+                and step["kind"] in DISPATCHED
+            ):
                 return step
         return None
 
@@ -618,8 +749,16 @@ class World:
                 {"type": "ActivationAccepted", **ident, "worker_id": "w1", "lease_ms": 10_000}, advance=1
             )
             return
-        self.send({"type": "ActivationCompleted", **ident, "worker_id": "w1", "output": {"v": 1},
-                   "usage": {"prompt_tokens": 1}}, advance=1)  # fmt: skip
+        self.send(
+            {
+                "type": "ActivationCompleted",
+                **ident,
+                "worker_id": "w1",
+                "output": {"v": 1},
+                "usage": {"prompt_tokens": 1},
+            },
+            advance=1,
+        )
 
 
 def _key(item: dict[str, Any]) -> str:

@@ -21,9 +21,15 @@ TS = 1_764_400_000_000
 RETENTION = 60_000
 CODEC = Codec.default()
 TOPICS = TopicNames("t")
-ONE = {"schema": "runfold.workflow/v1", "id": "one", "revision": 1, "entry": ["a"], "state": {"a": None},
-       "nodes": {"a": {"kind": "action", "action": "a", "writes": {"a": {"from": "output"}}}},
-       "budgets": {"wall_time_ms": 3_600_000}}  # fmt: skip
+ONE = {
+    "schema": "runfold.workflow/v1",
+    "id": "one",
+    "revision": 1,
+    "entry": ["a"],
+    "state": {"a": None},
+    "nodes": {"a": {"kind": "action", "action": "a", "writes": {"a": {"from": "output"}}}},
+    "budgets": {"wall_time_ms": 3_600_000},
+}
 
 
 class Rig:
@@ -31,9 +37,15 @@ class Rig:
         catalog = Catalog()
         catalog.register(ONE)
         self.out: list[tuple[str, bytes]] = []
-        self.folder = Folder(EngineContext(catalog=catalog), CODEC, TOPICS,
-                             lambda topic, value, key, **kw: self.out.append((topic, value)),
-                             lambda err, msg: None, lambda: TS, RETENTION)  # fmt: skip
+        self.folder = Folder(
+            EngineContext(catalog=catalog),
+            CODEC,
+            TOPICS,
+            lambda topic, value, key, **kw: self.out.append((topic, value)),
+            lambda err, msg: None,
+            lambda: TS,
+            RETENTION,
+        )
         self.partition = partition
         self.store = PartitionStore(path, partition)
 
@@ -41,8 +53,9 @@ class Rig:
         ov, counters = PartitionOverlay(self.store), TxnCounters()
         for i, (kind, msg) in enumerate(inputs):
             topic = TOPICS.commands if kind == "commands" else TOPICS.receipts
-            self.folder.fold_input(ov, counters, topic, self.partition, i, msg["run_id"].encode(),
-                                   CODEC.encode(kind, msg))
+            self.folder.fold_input(
+                ov, counters, topic, self.partition, i, msg["run_id"].encode(), CODEC.encode(kind, msg)
+            )
         self.folder.snapshots(ov, self.partition, counters)
         ov.write(None)
 
@@ -56,15 +69,31 @@ class Rig:
 
 
 def start(run_id: str) -> tuple[str, dict[str, Any]]:
-    return "commands", {"type": "StartRun", "run_id": run_id, "ts_ms": TS, "record_id": f"c-{run_id}",
-                        "definition_id": "one", "revision": None, "input": {}}  # fmt: skip
+    return "commands", {
+        "type": "StartRun",
+        "run_id": run_id,
+        "ts_ms": TS,
+        "record_id": f"c-{run_id}",
+        "definition_id": "one",
+        "revision": None,
+        "input": {},
+    }
 
 
 def completed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
-    return "receipts", {"type": "ActivationCompleted", "run_id": act["run_id"], "ts_ms": ts,
-                        "record_id": f"r-{act['dispatch_id']}", "node": act["node"], "lineage": act["lineage"],
-                        "attempt": act["attempt"], "dispatch_id": act["dispatch_id"], "worker_id": "w",
-                        "output": {"ok": 1}, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}}  # fmt: skip
+    return "receipts", {
+        "type": "ActivationCompleted",
+        "run_id": act["run_id"],
+        "ts_ms": ts,
+        "record_id": f"r-{act['dispatch_id']}",
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "worker_id": "w",
+        "output": {"ok": 1},
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+    }
 
 
 def purge(store: PartitionStore, now_ms: int) -> int:
@@ -84,7 +113,7 @@ def timer_ids(store: PartitionStore, run_id: str) -> list[str]:
     it.seek(prefix)
     out = []
     while it.valid() and it.key().startswith(prefix):
-        out.append(it.key()[len(prefix):].decode())
+        out.append(it.key()[len(prefix) :].decode())
         it.next()
     return out
 
@@ -95,7 +124,9 @@ _METRICS = ProcessorMetrics()
 def fire(rig: Rig, now_ms: int) -> list[dict[str, Any]]:
     """What the loop does when timers are due: TimerFired records, the timers cleared."""
     fired: list[bytes] = []
-    firer = TimerFirer(CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), _METRICS, 100)
+    firer = TimerFirer(
+        CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), _METRICS, 100
+    )
     ov = PartitionOverlay(rig.store)
     firer.fire_due(rig.store, ov, now_ms)
     ov.write(None)

@@ -34,19 +34,35 @@ BRIEF = {
         "extra": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/point"}]},
     },
     "additionalProperties": False,
-    "$defs": {"point": {"type": "object", "required": ["x", "y"],
-                        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}},
+    "$defs": {
+        "point": {
+            "type": "object",
+            "required": ["x", "y"],
+            "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+        }
+    },
 }
 
 
 def _ctx(caps: tuple[str, ...] = ()) -> ActionContext:
-    act = {"run_id": "r", "node": "plan", "lineage": "", "attempt": 1, "dispatch_id": "d1", "kind": "agent",
-           "capabilities": list(caps)}
+    act = {
+        "run_id": "r",
+        "node": "plan",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": "d1",
+        "kind": "agent",
+        "capabilities": list(caps),
+    }
     return ActionContext(act, SecretResolver(SecretStore(use_env=False), caps), "w")
 
 
-def _complete(provider: Any, prompt: str, schema: dict[str, Any] | None, model: str = "small") -> AgentResponse:
-    req = AgentRequest(agent="planner", model=model, messages=prompt_messages(prompt, schema), output_schema=schema)
+def _complete(
+    provider: Any, prompt: str, schema: dict[str, Any] | None, model: str = "small"
+) -> AgentResponse:
+    req = AgentRequest(
+        agent="planner", model=model, messages=prompt_messages(prompt, schema), output_schema=schema
+    )
     return asyncio.run(provider.complete(req))
 
 
@@ -66,26 +82,43 @@ def test_local_provider_is_deterministic_and_schema_valid() -> None:
 
 _leaf = st.one_of(
     st.just({"type": "string"}),
-    st.builds(lambda lo, n: {"type": "string", "minLength": lo, "maxLength": lo + n},
-              st.integers(0, 10), st.integers(0, 10)),
-    st.builds(lambda lo, n: {"type": "integer", "minimum": lo, "maximum": lo + n},
-              st.integers(-50, 50), st.integers(0, 20)),
-    st.builds(lambda lo: {"type": "number", "minimum": lo, "exclusiveMaximum": lo + 3},
-              st.integers(-5, 5)),
+    st.builds(
+        lambda lo, n: {"type": "string", "minLength": lo, "maxLength": lo + n},
+        st.integers(0, 10),
+        st.integers(0, 10),
+    ),
+    st.builds(
+        lambda lo, n: {"type": "integer", "minimum": lo, "maximum": lo + n},
+        st.integers(-50, 50),
+        st.integers(0, 20),
+    ),
+    st.builds(lambda lo: {"type": "number", "minimum": lo, "exclusiveMaximum": lo + 3}, st.integers(-5, 5)),
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
     st.just({"type": ["string", "null"], "format": "email"}),
-    st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=4, unique=True).map(lambda xs: {"enum": xs}),
+    st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=4, unique=True).map(
+        lambda xs: {"enum": xs}
+    ),
     st.integers(1, 5).map(lambda m: {"type": "integer", "multipleOf": m, "minimum": 0, "maximum": 40}),
 )
 _schemas = st.recursive(
     _leaf,
     lambda inner: st.one_of(
-        st.builds(lambda items, lo: {"type": "array", "items": items, "minItems": lo, "maxItems": lo + 2},
-                  inner, st.integers(0, 3)),
+        st.builds(
+            lambda items, lo: {"type": "array", "items": items, "minItems": lo, "maxItems": lo + 2},
+            inner,
+            st.integers(0, 3),
+        ),
         st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, min_size=1, max_size=4).flatmap(
             lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
-                lambda req: {"type": "object", "properties": props, "required": req, "additionalProperties": False})),
+                lambda req: {
+                    "type": "object",
+                    "properties": props,
+                    "required": req,
+                    "additionalProperties": False,
+                }
+            )
+        ),
         st.lists(inner, min_size=1, max_size=3).map(lambda subs: {"anyOf": subs}),
     ),
     max_leaves=12,
@@ -118,9 +151,13 @@ def _router(provider: Any) -> ProviderRouter:
     return router
 
 
-SPEC = {"agent": "planner", "model": "small", "prompt": {"system": "be brief", "user": "plan"},
-        "output_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
-        "structured_output_attempts": 3}
+SPEC = {
+    "agent": "planner",
+    "model": "small",
+    "prompt": {"system": "be brief", "user": "plan"},
+    "output_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
+    "structured_output_attempts": 3,
+}
 
 
 def test_structured_output_retries_with_the_validation_error() -> None:
@@ -129,32 +166,44 @@ def test_structured_output_retries_with_the_validation_error() -> None:
     assert asyncio.run(run_agent(ctx, SPEC, _router(provider))) == {"n": 7}
     assert len(provider.requests) == 3
     last = provider.requests[-1].messages
-    assert last[-1]["role"] == "user" and "/n" in last[-1]["content"] and last[-2]["content"] == '{"n": "seven"}'
+    assert (
+        last[-1]["role"] == "user" and "/n" in last[-1]["content"] and last[-2]["content"] == '{"n": "seven"}'
+    )
     assert ctx.usage_record() == {"prompt_tokens": 30, "completion_tokens": 9, "cost_micros": 21}
 
 
 def test_structured_output_exhausted_is_invalid_output_with_usage() -> None:
     ctx = _ctx()
     with pytest.raises(ActionError) as err:
-        asyncio.run(run_agent(ctx, {**SPEC, "structured_output_attempts": 2}, _router(Scripted(["[]", "{}"]))))
+        asyncio.run(
+            run_agent(ctx, {**SPEC, "structured_output_attempts": 2}, _router(Scripted(["[]", "{}"])))
+        )
     assert (err.value.code, err.value.retryable) == ("InvalidOutput", False)
     assert ctx.usage_record()["prompt_tokens"] == 20
 
 
 def test_secret_in_prompt_is_refused_and_bad_schema_rejected() -> None:
     with pytest.raises(ActionError) as err:
-        asyncio.run(run_agent(_ctx(("secret:k",)), {**SPEC, "prompt": {"user": {"$secret": "k"}}},
-                              _router(Scripted(["{}"]))))
+        asyncio.run(
+            run_agent(
+                _ctx(("secret:k",)), {**SPEC, "prompt": {"user": {"$secret": "k"}}}, _router(Scripted(["{}"]))
+            )
+        )
     assert err.value.code == "PermissionDenied"
     with pytest.raises(ActionError) as bad:
-        asyncio.run(run_agent(_ctx(), {**SPEC, "output_schema": {"type": "nonsense"}}, _router(Scripted(["{}"]))))
+        asyncio.run(
+            run_agent(_ctx(), {**SPEC, "output_schema": {"type": "nonsense"}}, _router(Scripted(["{}"])))
+        )
     assert bad.value.code == "InvalidInput"
 
 
 def test_routing_prefers_the_most_specific_route() -> None:
     config = AgentsConfig(
-        providers={"local": ProviderConfig(), "cheap": ProviderConfig(prices={"*": (1, 1)}),
-                   "remote": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9", api_key_env="NOPE_KEY")},
+        providers={
+            "local": ProviderConfig(),
+            "cheap": ProviderConfig(prices={"*": (1, 1)}),
+            "remote": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9", api_key_env="NOPE_KEY"),
+        },
         routes={"*": "local", "planner": "cheap", "*/big": "remote"},
     )
     router = ProviderRouter(config, SecretStore(use_env=False))
@@ -168,10 +217,12 @@ def test_routing_prefers_the_most_specific_route() -> None:
 
 def test_prompt_shapes() -> None:
     assert prompt_messages("hi", None) == [{"role": "user", "content": "hi"}]
-    msgs = prompt_messages({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": {"a": 1}}]}, None)
+    msgs = prompt_messages(
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": {"a": 1}}]}, None
+    )
     assert msgs == [{"role": "system", "content": "s"}, {"role": "user", "content": '{"a":1}'}]
     assert prompt_messages({"topic": "x"}, None) == [{"role": "user", "content": '{"topic":"x"}'}]
-    assert parse_json_answer(' ```\n[1]\n``` ') == [1]
+    assert parse_json_answer(" ```\n[1]\n``` ") == [1]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible, real local server
@@ -192,8 +243,13 @@ class _Chat(BaseHTTPRequestHandler):
             self.send_response(_Chat.status)
         else:
             content = json.dumps({"n": len(body["messages"])})
-            payload = json.dumps({"model": body["model"], "choices": [{"message": {"content": content}}],
-                                  "usage": {"prompt_tokens": 12, "completion_tokens": 4}}).encode()
+            payload = json.dumps(
+                {
+                    "model": body["model"],
+                    "choices": [{"message": {"content": content}}],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": 4},
+                }
+            ).encode()
             self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
@@ -212,9 +268,14 @@ def chat_server() -> Iterator[str]:
 
 def test_openai_compat_provider_round_trip(chat_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_LLM_KEY", "sk-test-123")
-    config = AgentsConfig(providers={"remote": ProviderConfig(kind="openai", base_url=chat_server,
-                                                              api_key_env="TEST_LLM_KEY", prices={"*": (1000, 2000)})},
-                          routes={"*": "remote"})
+    config = AgentsConfig(
+        providers={
+            "remote": ProviderConfig(
+                kind="openai", base_url=chat_server, api_key_env="TEST_LLM_KEY", prices={"*": (1000, 2000)}
+            )
+        },
+        routes={"*": "remote"},
+    )
     router = ProviderRouter(config, SecretStore(use_env=False))
     ctx = _ctx()
 

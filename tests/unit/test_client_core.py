@@ -34,37 +34,76 @@ ONE_STEP = Path(__file__).resolve().parents[2] / "examples" / "definitions" / "o
 
 
 def ev(event_type: str, seq: int, **body: object) -> dict:
-    return {"type": event_type, "run_id": "r", "sequence": seq, "ts_ms": 1000 + seq, "record_id": f"r{seq}", **body}
+    return {
+        "type": event_type,
+        "run_id": "r",
+        "sequence": seq,
+        "ts_ms": 1000 + seq,
+        "record_id": f"r{seq}",
+        **body,
+    }
 
 
-def step(event_type: str, seq: int, node: str = "n", lineage: str = "", attempt: int = 1, **body: object) -> dict:
+def step(
+    event_type: str, seq: int, node: str = "n", lineage: str = "", attempt: int = 1, **body: object
+) -> dict:
     return ev(event_type, seq, node=node, lineage=lineage, attempt=attempt, dispatch_id="d", **body)
 
 
 def test_views_from_snapshot_query_and_terminal_event() -> None:
-    state = {"run_id": "r", "sequence": 7, "definition_id": "d", "revision": 2, "output": {"x": 1}, "failure": None,
-             "usage": {**USAGE, "steps": 3}, "steps": {"a": {"status": "succeeded", "attempt": 1}}}
-    snap = {"run_id": "r", "sequence": 7, "ts_ms": 5, "status": "succeeded", "definition_id": "d", "revision": 2,
-            "state_digest": "abc", "state": state}
+    state = {
+        "run_id": "r",
+        "sequence": 7,
+        "definition_id": "d",
+        "revision": 2,
+        "output": {"x": 1},
+        "failure": None,
+        "usage": {**USAGE, "steps": 3},
+        "steps": {"a": {"status": "succeeded", "attempt": 1}},
+    }
+    snap = {
+        "run_id": "r",
+        "sequence": 7,
+        "ts_ms": 5,
+        "status": "succeeded",
+        "definition_id": "d",
+        "revision": 2,
+        "state_digest": "abc",
+        "state": state,
+    }
     v = view_from_snapshot(snap)
     assert (v.status, v.sequence, v.definition_id, v.revision, v.output, v.usage, v.terminal) == (
-        "succeeded", 7, "d", 2, {"x": 1}, USAGE, True)
+        "succeeded",
+        7,
+        "d",
+        2,
+        {"x": 1},
+        USAGE,
+        True,
+    )
     assert v.steps()["a"]["status"] == "succeeded" and "state" not in v.to_dict()
     assert view_from_snapshot(snap, with_state=False).state is None
-    q = view_from_query("r", {"run_id": "r", "partition": 0, "status": "waiting", "sequence": 7, "state": state})
+    q = view_from_query(
+        "r", {"run_id": "r", "partition": 0, "status": "waiting", "sequence": 7, "state": state}
+    )
     assert (q.status, q.source, q.terminal) == ("waiting", "query", False)
-    t = RunView.from_terminal_event(ev("RunFailed", 9, usage=USAGE, failure={"code": "Timeout", "message": "m"}), "d", 2)
+    t = RunView.from_terminal_event(
+        ev("RunFailed", 9, usage=USAGE, failure={"code": "Timeout", "message": "m"}), "d", 2
+    )
     assert (t.status, t.failure["code"], t.definition_id, t.source) == ("failed", "Timeout", "d", "events")
 
 
 def test_step_board_folds_retries_map_waits_budget_and_outcome() -> None:
     b = StepBoard("r")
     events = [
-        ev("RunAccepted", 1, definition_id="d", revision=1), ev("RunStarted", 2, superstep=1),
-        step("StepScheduled", 3, kind="action", superstep=1), step("StepStarted", 4, worker_id="w1"),
+        ev("RunAccepted", 1, definition_id="d", revision=1),
+        ev("RunStarted", 2, superstep=1),
+        step("StepScheduled", 3, kind="action", superstep=1),
+        step("StepStarted", 4, worker_id="w1"),
         step("StepFailed", 5, failure={"code": "ExecutionFailed", "message": "boom"}, usage=USAGE),
         step("StepRetryScheduled", 6, next_attempt=2, due_ms=9, timer_id="t"),
-        step("StepScheduled", 7, attempt=2, kind="action", superstep=1), step("StepSucceeded", 8, attempt=2, output=1),
+        step("StepScheduled", 7, attempt=2, kind="action", superstep=1),
+        step("StepSucceeded", 8, attempt=2, output=1),
         step("StepScheduled", 9, node="m", lineage="10", kind="action", superstep=2),
         step("StepScheduled", 10, node="m", lineage="2", kind="action", superstep=2),
         ev("BudgetWarning", 11, dimension="max_steps", used=4, limit=5),
@@ -85,9 +124,13 @@ def test_step_board_folds_retries_map_waits_budget_and_outcome() -> None:
 
 def test_run_board_counts_statuses_retries_and_rejections() -> None:
     board = RunBoard()
-    for e in [ev("RunAccepted", 1, definition_id="d", revision=1), ev("RunStarted", 2),
-              step("StepRetryScheduled", 3, next_attempt=2, due_ms=1, timer_id="t"), step("StepSucceeded", 4),
-              ev("RunSucceeded", 5, usage=USAGE)]:
+    for e in [
+        ev("RunAccepted", 1, definition_id="d", revision=1),
+        ev("RunStarted", 2),
+        step("StepRetryScheduled", 3, next_attempt=2, due_ms=1, timer_id="t"),
+        step("StepSucceeded", 4),
+        ev("RunSucceeded", 5, usage=USAGE),
+    ]:
         board.apply(e)
     board.apply({**ev("RunRejected", 0, code="InvalidInput", reason="bad"), "run_id": "x"})
     assert board.counts() == {"succeeded": 1, "rejected": 1}
@@ -131,7 +174,10 @@ def test_cli_helpers_and_exit_codes(tmp_path: Path) -> None:
 
 
 def test_error_messages_say_what_and_where() -> None:
-    assert str(UnknownDefinition("d", 3, [1, 2])) == "definition 'd' revision 3 is not registered (registered revisions: 1, 2)"
+    assert (
+        str(UnknownDefinition("d", 3, [1, 2]))
+        == "definition 'd' revision 3 is not registered (registered revisions: 1, 2)"
+    )
     err = RunRejected("r-1", "InvalidInput", "input.topic: is required")
     assert (err.run_id, err.code) == ("r-1", "InvalidInput") and "r-1" in str(err)
 

@@ -25,12 +25,14 @@ def _alive(pid: int) -> bool:
 
 def test_stop_all_terminates_then_kills_whole_process_groups(tmp_path: Path) -> None:
     # a child that ignores SIGTERM and has a grandchild that ignores it too
-    script = ("import os, signal, subprocess, sys, time\n"
-              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-              "g = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
-              "open(sys.argv[1], 'w').write(str(g.pid))\n"
-              "time.sleep(120)\n")
+    script = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
+        "open(sys.argv[1], 'w').write(str(g.pid))\n"
+        "time.sleep(120)\n"
+    )
     pid_file = tmp_path / "grandchild.pid"
     children = Children(tmp_path / "logs", dict(os.environ))
     with managed(children):

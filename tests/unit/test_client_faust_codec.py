@@ -12,11 +12,27 @@ USAGE = {"prompt_tokens": 1, "completion_tokens": 2, "cost_micros": 3}
 
 
 def test_codec_round_trip_and_record_shape() -> None:
-    raw = Codec.default().encode("run_events", {"type": "RunSucceeded", "run_id": "r", "sequence": 4, "ts_ms": 9,
-                                                "record_id": "x", "output": {"a": [1, 2]}, "usage": USAGE})
+    raw = Codec.default().encode(
+        "run_events",
+        {
+            "type": "RunSucceeded",
+            "run_id": "r",
+            "sequence": 4,
+            "ts_ms": 9,
+            "record_id": "x",
+            "output": {"a": [1, 2]},
+            "usage": USAGE,
+        },
+    )
     data = codecs.loads(CODEC_NAME, raw)
-    assert data == {"type": "RunSucceeded", "run_id": "r", "sequence": 4, "ts_ms": 9, "record_id": "x",
-                    "data": {"output": {"a": [1, 2]}, "usage": USAGE}}
+    assert data == {
+        "type": "RunSucceeded",
+        "run_id": "r",
+        "sequence": 4,
+        "ts_ms": 9,
+        "record_id": "x",
+        "data": {"output": {"a": [1, 2]}, "usage": USAGE},
+    }
     ev = RunEvent.loads(raw, serializer=CODEC_NAME)
     assert (ev.type, ev.run_id, ev.sequence, ev.status) == ("RunSucceeded", "r", 4, "succeeded")
     assert codecs.dumps(CODEC_NAME, ev) == raw

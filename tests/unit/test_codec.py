@@ -22,14 +22,31 @@ TS = 1_764_400_000_000
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 340, "cost_micros": 5100}
 STEP = {"node": "summarize", "lineage": "2", "attempt": 1, "dispatch_id": "9f" * 16}
 PARENT = {
-    "parent_run_id": "r-parent", "parent_node": "research", "parent_lineage": "",
-    "parent_dispatch_id": "ab" * 16, "root_run_id": "r-root", "depth": 1,
+    "parent_run_id": "r-parent",
+    "parent_node": "research",
+    "parent_lineage": "",
+    "parent_dispatch_id": "ab" * 16,
+    "root_run_id": "r-root",
+    "depth": 1,
 }
-FAILURE = {"code": "ExecutionFailed", "message": "HTTP 503 from search", "retryable": True,
-           "node": "search", "lineage": "0"}
-BUNDLE = {"definition": {"id": "research-brief", "nodes": [{"id": "search", "kind": "action"}]}, "hash": "c0ffee"}
-AGENT = {"agent": "writer", "model": "gpt-4o-mini", "prompt": [{"role": "user", "content": "Summarise"}],
-         "output_schema": {"type": "object", "required": ["summary"]}, "structured_output_attempts": 2}
+FAILURE = {
+    "code": "ExecutionFailed",
+    "message": "HTTP 503 from search",
+    "retryable": True,
+    "node": "search",
+    "lineage": "0",
+}
+BUNDLE = {
+    "definition": {"id": "research-brief", "nodes": [{"id": "search", "kind": "action"}]},
+    "hash": "c0ffee",
+}
+AGENT = {
+    "agent": "writer",
+    "model": "gpt-4o-mini",
+    "prompt": [{"role": "user", "content": "Summarise"}],
+    "output_schema": {"type": "object", "required": ["summary"]},
+    "structured_output_attempts": 2,
+}
 
 
 def env(run_id: str = "r-1", **extra: Any) -> dict[str, Any]:
@@ -39,9 +56,16 @@ def env(run_id: str = "r-1", **extra: Any) -> dict[str, Any]:
 # One realistic, fully populated example per record type of every topic.
 EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
     "commands": {
-        "StartRun": {**env(), "definition_id": "research-brief", "revision": 3, "input": {"topic": "kafka"},
-                     "parent": PARENT, "bundle": BUNDLE, "budgets": {"tokens": 50000},
-                     "labels": {"team": "search", "env": "dev"}},
+        "StartRun": {
+            **env(),
+            "definition_id": "research-brief",
+            "revision": 3,
+            "input": {"topic": "kafka"},
+            "parent": PARENT,
+            "bundle": BUNDLE,
+            "budgets": {"tokens": 50000},
+            "labels": {"team": "search", "env": "dev"},
+        },
         "CancelRun": {**env(), "reason": "user asked"},
         "SignalRun": {**env(), "signal": "approve", "payload": {"approved": True, "by": "ana"}},
         "ResumeRun": {**env(), "budgets": {"cost_micros": 2_000_000}, "reason": "raised budget"},
@@ -49,51 +73,132 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
     "receipts": {
         "ActivationAccepted": {**env(), **STEP, "worker_id": "w-1", "lease_ms": 30000},
         "ActivationHeartbeat": {**env(), **STEP, "worker_id": "w-1", "lease_ms": 30000},
-        "ActivationCompleted": {**env(), **STEP, "worker_id": "w-1", "output": {"summary": "ok", "n": 3},
-                                "usage": USAGE},
-        "ActivationFailed": {**env(), **STEP, "worker_id": "w-1", "code": "ExecutionFailed",
-                             "message": "boom", "retryable": True, "usage": USAGE},
+        "ActivationCompleted": {
+            **env(),
+            **STEP,
+            "worker_id": "w-1",
+            "output": {"summary": "ok", "n": 3},
+            "usage": USAGE,
+        },
+        "ActivationFailed": {
+            **env(),
+            **STEP,
+            "worker_id": "w-1",
+            "code": "ExecutionFailed",
+            "message": "boom",
+            "retryable": True,
+            "usage": USAGE,
+        },
         "ActivationCancelled": {**env(), **STEP, "worker_id": "w-1", "reason": "run cancelled"},
-        "ChildRunFinished": {**env(), **STEP, "child_run_id": "r-1/summarize[2]", "status": "failed",
-                             "output": None, "failure": FAILURE, "usage": USAGE},
-        "TimerFired": {**env(), "timer_id": "t-1", "timer_kind": "retry_backoff", "due_ms": TS + 500,
-                       "node": "search", "lineage": "", "attempt": 2, "dispatch_id": "cd" * 16},
+        "ChildRunFinished": {
+            **env(),
+            **STEP,
+            "child_run_id": "r-1/summarize[2]",
+            "status": "failed",
+            "output": None,
+            "failure": FAILURE,
+            "usage": USAGE,
+        },
+        "TimerFired": {
+            **env(),
+            "timer_id": "t-1",
+            "timer_kind": "retry_backoff",
+            "due_ms": TS + 500,
+            "node": "search",
+            "lineage": "",
+            "attempt": 2,
+            "dispatch_id": "cd" * 16,
+        },
     },
     "activations": {
-        "ActionActivation": {**env(), **STEP, "definition_id": "research-brief", "root_run_id": "r-1",
-                             "kind": "agent", "action": "llm.chat", "queue": "agents",
-                             "input": {"text": "..."}, "deadline_ms": TS + 60000, "lease_ms": 30000,
-                             "heartbeat_ms": 10000, "capabilities": ["http", "llm"], "agent": AGENT},
+        "ActionActivation": {
+            **env(),
+            **STEP,
+            "definition_id": "research-brief",
+            "root_run_id": "r-1",
+            "kind": "agent",
+            "action": "llm.chat",
+            "queue": "agents",
+            "input": {"text": "..."},
+            "deadline_ms": TS + 60000,
+            "lease_ms": 30000,
+            "heartbeat_ms": 10000,
+            "capabilities": ["http", "llm"],
+            "agent": AGENT,
+        },
         "CancelActivation": {**env(), **STEP, "reason": "run cancelled"},
     },
     "child_activations": {
-        "ChildRunActivation": {**env(), **STEP, "child_run_id": "r-1/summarize[2]",
-                               "definition_id": "summarizer", "revision": 1, "input": {"doc": "x"},
-                               "bundle": BUNDLE, "parent": PARENT, "deadline_ms": None},
+        "ChildRunActivation": {
+            **env(),
+            **STEP,
+            "child_run_id": "r-1/summarize[2]",
+            "definition_id": "summarizer",
+            "revision": 1,
+            "input": {"doc": "x"},
+            "bundle": BUNDLE,
+            "parent": PARENT,
+            "deadline_ms": None,
+        },
         "ChildRunCancel": {**env(), **STEP, "child_run_id": "r-1/summarize[2]", "reason": "parent cancelled"},
     },
     "run_events": {
-        "RunAccepted": {**env(sequence=1), "definition_id": "research-brief", "revision": 3,
-                        "bundle_hash": "c0ffee", "bundle": BUNDLE, "input": {"topic": "kafka"},
-                        "parent": None, "budgets": {"tokens": 50000}, "labels": {"team": "search"}},
-        "RunRejected": {**env(sequence=0), "code": "NotFound", "reason": "no definition nope",
-                        "definition_id": "nope", "revision": None, "command_type": "StartRun"},
+        "RunAccepted": {
+            **env(sequence=1),
+            "definition_id": "research-brief",
+            "revision": 3,
+            "bundle_hash": "c0ffee",
+            "bundle": BUNDLE,
+            "input": {"topic": "kafka"},
+            "parent": None,
+            "budgets": {"tokens": 50000},
+            "labels": {"team": "search"},
+        },
+        "RunRejected": {
+            **env(sequence=0),
+            "code": "NotFound",
+            "reason": "no definition nope",
+            "definition_id": "nope",
+            "revision": None,
+            "command_type": "StartRun",
+        },
         "RunStarted": {**env(sequence=2), "superstep": 0},
-        "StepScheduled": {**env(sequence=3), **STEP, "kind": "action", "queue": "default",
-                          "input": {"q": "kafka"}, "input_hash": "ee" * 32, "deadline_ms": TS + 1000,
-                          "superstep": 0},
+        "StepScheduled": {
+            **env(sequence=3),
+            **STEP,
+            "kind": "action",
+            "queue": "default",
+            "input": {"q": "kafka"},
+            "input_hash": "ee" * 32,
+            "deadline_ms": TS + 1000,
+            "superstep": 0,
+        },
         "StepStarted": {**env(sequence=4), **STEP, "worker_id": "w-1", "lease_expires_ms": TS + 30000},
         "StepLeaseExtended": {**env(sequence=5), **STEP, "worker_id": "w-1", "lease_expires_ms": TS + 60000},
         "StepSucceeded": {**env(sequence=6), **STEP, "output": {"summary": "ok"}, "usage": USAGE},
         "StepFailed": {**env(sequence=7), **STEP, "failure": FAILURE, "usage": USAGE},
-        "StepRetryScheduled": {**env(sequence=8), **STEP, "next_attempt": 2, "due_ms": TS + 2000,
-                               "timer_id": "t-retry"},
+        "StepRetryScheduled": {
+            **env(sequence=8),
+            **STEP,
+            "next_attempt": 2,
+            "due_ms": TS + 2000,
+            "timer_id": "t-retry",
+        },
         "StepSkipped": {**env(sequence=9), "node": "publish", "lineage": "", "reason": "condition false"},
         "StepCancelled": {**env(sequence=10), **STEP, "reason": "run cancelled"},
-        "SuperstepCommitted": {**env(sequence=11), "superstep": 1, "state": {"notes": ["a", "b"]},
-                               "next_frontier": ["write", "review"]},
-        "RunWaiting": {**env(sequence=12), "node": "approve", "lineage": "", "signal": "approve",
-                       "due_ms": TS + 86_400_000},
+        "SuperstepCommitted": {
+            **env(sequence=11),
+            "superstep": 1,
+            "state": {"notes": ["a", "b"]},
+            "next_frontier": ["write", "review"],
+        },
+        "RunWaiting": {
+            **env(sequence=12),
+            "node": "approve",
+            "lineage": "",
+            "signal": "approve",
+            "due_ms": TS + 86_400_000,
+        },
         "SignalReceived": {**env(sequence=13), "signal": "approve", "payload": True, "node": "approve"},
         "BudgetWarning": {**env(sequence=14), "dimension": "tokens", "used": 40000, "limit": 50000},
         "BudgetExhausted": {**env(sequence=15), "dimension": "tokens", "used": 50001, "limit": 50000},
@@ -102,22 +207,46 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
         "RunSucceeded": {**env(sequence=18), "output": {"brief": "..."}, "usage": USAGE},
         "RunFailed": {**env(sequence=19), "failure": FAILURE, "usage": USAGE},
         "RunCancelled": {**env(sequence=20), "reason": "user asked", "usage": USAGE},
-        "ReceiptConflict": {**env(sequence=21), **STEP, "receipt_type": "ActivationCompleted",
-                            "reason": "step already failed"},
+        "ReceiptConflict": {
+            **env(sequence=21),
+            **STEP,
+            "receipt_type": "ActivationCompleted",
+            "reason": "step already failed",
+        },
     },
     "run_state": {
-        "RunStateSnapshot": {"run_id": "r-1", "sequence": 21, "ts_ms": TS, "status": "running",
-                             "definition_id": "research-brief", "revision": 3, "state_digest": "aa" * 32,
-                             "state": {"nodes": {"search": {"status": "succeeded"}}}},
+        "RunStateSnapshot": {
+            "run_id": "r-1",
+            "sequence": 21,
+            "ts_ms": TS,
+            "status": "running",
+            "definition_id": "research-brief",
+            "revision": 3,
+            "state_digest": "aa" * 32,
+            "state": {"nodes": {"search": {"status": "succeeded"}}},
+        },
     },
     "definitions": {
-        "DefinitionRecord": {"definition_id": "research-brief", "revision": 3, "content_hash": "bb" * 32,
-                             "definition": BUNDLE["definition"], "registered_ms": TS},
+        "DefinitionRecord": {
+            "definition_id": "research-brief",
+            "revision": 3,
+            "content_hash": "bb" * 32,
+            "definition": BUNDLE["definition"],
+            "registered_ms": TS,
+        },
     },
     "dead_letters": {
-        "DeadLetter": {"record_id": "dl-1", "ts_ms": TS, "source_topic": "p.commands", "source_partition": 4,
-                       "source_offset": 1234, "key": b"r-1", "error": "cannot decode commands: bad magic",
-                       "original": b"\x00\xffgarbage", "producer": "processor-0"},
+        "DeadLetter": {
+            "record_id": "dl-1",
+            "ts_ms": TS,
+            "source_topic": "p.commands",
+            "source_partition": 4,
+            "source_offset": 1234,
+            "key": b"r-1",
+            "error": "cannot decode commands: bad magic",
+            "original": b"\x00\xffgarbage",
+            "producer": "processor-0",
+        },
     },
 }
 
@@ -154,7 +283,11 @@ def test_flat_encoding_is_the_standard_envelope_encoding(codec: Codec, kind: str
     if "body" in [f["name"] for f in schema["fields"]]:
         head = [f["name"] for f in schema["fields"][:-1]]
         body = {k: v for k, v in msg.items() if k not in head}
-        envelope = {"schema_version": 1, **{k: msg[k] for k in head[1:]}, "body": (f"runfold.{record_type}", body)}
+        envelope = {
+            "schema_version": 1,
+            **{k: msg[k] for k in head[1:]},
+            "body": (f"runfold.{record_type}", body),
+        }
     else:
         envelope = {"schema_version": 1, **msg}
     buf = io.BytesIO()
@@ -168,7 +301,12 @@ def test_flat_encoding_is_the_standard_envelope_encoding(codec: Codec, kind: str
 def test_omitted_optionals_take_defaults(codec: Codec) -> None:
     start = {"type": "StartRun", **env(), "definition_id": "d", "input": None}
     assert codec.decode("commands", codec.encode("commands", start)) == {
-        **start, "revision": None, "parent": None, "bundle": None, "budgets": None, "labels": {},
+        **start,
+        "revision": None,
+        "parent": None,
+        "bundle": None,
+        "budgets": None,
+        "labels": {},
     }
     done = {"type": "ActivationCompleted", **env(), **STEP, "worker_id": "w", "output": [1]}
     got = codec.decode("receipts", codec.encode("receipts", done))
@@ -178,17 +316,28 @@ def test_omitted_optionals_take_defaults(codec: Codec) -> None:
     assert (got["node"], got["lineage"], got["attempt"], got["dispatch_id"]) == (None, None, None, None)
     assert codec.decode("commands", codec.encode("commands", {"type": "CancelRun", **env()}))["reason"] == ""
     failure = {"code": "Timeout", "message": "slow"}
-    got = codec.decode("run_events", codec.encode("run_events", {"type": "RunFailed", **env(sequence=3),
-                                                                  "failure": failure}))
+    got = codec.decode(
+        "run_events", codec.encode("run_events", {"type": "RunFailed", **env(sequence=3), "failure": failure})
+    )
     assert got["failure"] == {**failure, "retryable": False, "node": None, "lineage": None}
 
 
 JSON_VALUES = [
     {"nested": {"deep": [{"a": [1, [2, [3]]]}]}},
-    "unicode: é ü 中文 🚀 \u0000 \\ \"quotes\"",
-    2**63 - 1, -(2**63), 2**64 - 1, 0,
-    3.141592653589793, -1e-300, 1.7976931348623157e308,
-    None, True, False, [], {}, "",
+    'unicode: é ü 中文 🚀 \u0000 \\ "quotes"',
+    2**63 - 1,
+    -(2**63),
+    2**64 - 1,
+    0,
+    3.141592653589793,
+    -1e-300,
+    1.7976931348623157e308,
+    None,
+    True,
+    False,
+    [],
+    {},
+    "",
     [None, 1, "x", 1.5, {"k": None}],
 ]
 
@@ -206,14 +355,38 @@ def test_json_fields_carry_any_json_value(codec: Codec, value: Any) -> None:
 @pytest.mark.parametrize(
     ("kind", "msg", "record_type", "field"),
     [
-        ("commands", {"type": "StartRun", **env(), "definition_id": 5, "input": {}}, "StartRun", "definition_id"),
+        (
+            "commands",
+            {"type": "StartRun", **env(), "definition_id": 5, "input": {}},
+            "StartRun",
+            "definition_id",
+        ),
         ("commands", {"type": "StartRun", **env(), "definition_id": "d"}, "StartRun", "input"),
-        ("commands", {"type": "StartRun", **env(), "definition_id": "d", "input": 2**70}, "StartRun", "input"),
-        ("commands", {"type": "StartRun", **env(), "definition_id": "d", "input": {1: "x"}}, "StartRun", "input"),
-        ("commands", {"type": "StartRun", "record_id": "x", "ts_ms": 1, "definition_id": "d", "input": 1},
-         "StartRun", "run_id"),
+        (
+            "commands",
+            {"type": "StartRun", **env(), "definition_id": "d", "input": 2**70},
+            "StartRun",
+            "input",
+        ),
+        (
+            "commands",
+            {"type": "StartRun", **env(), "definition_id": "d", "input": {1: "x"}},
+            "StartRun",
+            "input",
+        ),
+        (
+            "commands",
+            {"type": "StartRun", "record_id": "x", "ts_ms": 1, "definition_id": "d", "input": 1},
+            "StartRun",
+            "run_id",
+        ),
         ("run_events", {"type": "RunStarted", **env(), "superstep": 1}, "RunStarted", "sequence"),
-        ("run_events", {"type": "RunStarted", **env(sequence=1), "superstep": "one"}, "RunStarted", "superstep"),
+        (
+            "run_events",
+            {"type": "RunStarted", **env(sequence=1), "superstep": "one"},
+            "RunStarted",
+            "superstep",
+        ),
         ("commands", {"type": "Nope", **env()}, "Nope", "type"),
         ("commands", {**env(), "reason": "x"}, None, "type"),
         ("run_state", {"type": "DeadLetter"}, "DeadLetter", "type"),
@@ -264,12 +437,37 @@ def test_wrong_schema_version_is_rejected(codec: Codec) -> None:
 
 
 def test_invalid_json_and_utf8_inside_a_valid_frame(codec: Codec) -> None:
-    schema = parse_schema({"type": "record", "name": "runfold.RunStateSnapshot", "fields": [
-        {"name": n, "type": t} for n, t in [("schema_version", "int"), ("run_id", "string"), ("sequence", "long"),
-                                            ("ts_ms", "long"), ("status", "string"), ("definition_id", "string"),
-                                            ("revision", "int"), ("state_digest", "string"), ("state", "string")]]})
-    rec = {"schema_version": 1, "run_id": "r", "sequence": 1, "ts_ms": 1, "status": "running",
-           "definition_id": "d", "revision": 1, "state_digest": "x", "state": "{not json"}
+    schema = parse_schema(
+        {
+            "type": "record",
+            "name": "runfold.RunStateSnapshot",
+            "fields": [
+                {"name": n, "type": t}
+                for n, t in [
+                    ("schema_version", "int"),
+                    ("run_id", "string"),
+                    ("sequence", "long"),
+                    ("ts_ms", "long"),
+                    ("status", "string"),
+                    ("definition_id", "string"),
+                    ("revision", "int"),
+                    ("state_digest", "string"),
+                    ("state", "string"),
+                ]
+            ],
+        }
+    )
+    rec = {
+        "schema_version": 1,
+        "run_id": "r",
+        "sequence": 1,
+        "ts_ms": 1,
+        "status": "running",
+        "definition_id": "d",
+        "revision": 1,
+        "state_digest": "x",
+        "state": "{not json",
+    }
     buf = io.BytesIO()
     schemaless_writer(buf, schema, rec)
     head = b"\xc3\x01" + codec.fingerprint("run_state")
@@ -294,8 +492,10 @@ def test_decode_never_raises_anything_but_decode_error(body: bytes, kind: str, f
 
 
 @settings(max_examples=200, deadline=None)
-@given(cut=st.integers(min_value=0), flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)),
-                                                     max_size=4))
+@given(
+    cut=st.integers(min_value=0),
+    flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=4),
+)
 def test_mutated_valid_records_decode_or_fail_cleanly(cut: int, flips: list[tuple[int, int]]) -> None:
     codec = _shared_codec()
     data = bytearray(codec.encode("commands", {"type": "StartRun", **EXAMPLES["commands"]["StartRun"]}))
@@ -327,6 +527,7 @@ def _shared_codec() -> Codec:
 
 
 # --- fingerprints and framing
+
 
 def _crc64_avro(data: bytes) -> int:
     """The reference algorithm from the Avro specification ("Schema Fingerprints")."""

@@ -24,9 +24,15 @@ SIX_NESTED_MAPS = LIST10 + f".map(a, {LIST10}" * 5 + ".map(b, b))" * 5 + ".size(
 
 
 def definition(when: str) -> dict[str, Any]:
-    return {"schema": WF, "id": "cond", "revision": 1, "entry": ["a"], "state": {},
-            "nodes": {"a": {"kind": "action", "action": "a"}, "b": {"kind": "action", "action": "b"}},
-            "routes": {"a": [{"to": "b", "when": when}]}}  # fmt: skip
+    return {
+        "schema": WF,
+        "id": "cond",
+        "revision": 1,
+        "entry": ["a"],
+        "state": {},
+        "nodes": {"a": {"kind": "action", "action": "a"}, "b": {"kind": "action", "action": "b"}},
+        "routes": {"a": [{"to": "b", "when": when}]},
+    }
 
 
 @pytest.mark.parametrize(
@@ -129,8 +135,26 @@ def test_narrowing_hands_a_program_only_the_fields_it_reads() -> None:
 
 # generated CEL: whatever cel compiles, the bound's parser reads (it never refuses valid CEL
 # for another reason than a limit)
-_atoms = st.sampled_from(["state.a", "input.b.c", "output", "1", "2.5", "'s'", "r'x'", "true", "null",
-                          "[1, 2]", "{'k': 1}", "x", "3u", "0x1F", "b'by'", '"q"'])  # fmt: skip
+_atoms = st.sampled_from(
+    [
+        "state.a",
+        "input.b.c",
+        "output",
+        "1",
+        "2.5",
+        "'s'",
+        "r'x'",
+        "true",
+        "null",
+        "[1, 2]",
+        "{'k': 1}",
+        "x",
+        "3u",
+        "0x1F",
+        "b'by'",
+        '"q"',
+    ]
+)
 
 
 def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -141,15 +165,18 @@ def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
         children.map(lambda c: f"({c})"),
         st.tuples(children, children, children).map(lambda t: f"{t[0]} ? {t[1]} : {t[2]}"),
         st.tuples(children, st.sampled_from(["all", "exists", "exists_one", "map", "filter"]), children).map(
-            lambda t: f"{t[0]}.{t[1]}(x, {t[2]})"),
+            lambda t: f"{t[0]}.{t[1]}(x, {t[2]})"
+        ),
         st.tuples(children, children).map(lambda t: f"{t[0]}[{t[1]}]"),
         st.tuples(st.sampled_from(["size", "has", "string", "int", "type", "dyn"]), children).map(
-            lambda t: f"{t[0]}({t[1]})"),
+            lambda t: f"{t[0]}({t[1]})"
+        ),
         st.tuples(children, st.sampled_from(["contains", "startsWith", "matches", "size"]), children).map(
-            lambda t: f"{t[0]}.{t[1]}({t[2]})"),
+            lambda t: f"{t[0]}.{t[1]}({t[2]})"
+        ),
         st.lists(children, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
         children.map(lambda c: f"{c}.field"),
-    )  # fmt: skip
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,10 +27,20 @@ FINGERPRINTS = {
     "dead_letters": "d5e255ed6943190f",
 }
 # docs/contract.md, "Loading the .avsc files": the shared named types first, then the rest.
-LOAD_ORDER = ["runfold.Usage", "runfold.Failure", "runfold.ParentRef", "runfold.AgentSpec",
-              "runfold.CommandEnvelope", "runfold.ReceiptEnvelope", "runfold.ActivationEnvelope",
-              "runfold.ChildActivationEnvelope", "runfold.RunEventEnvelope", "runfold.RunStateSnapshot",
-              "runfold.DefinitionRecord", "runfold.DeadLetter"]  # fmt: skip
+LOAD_ORDER = [
+    "runfold.Usage",
+    "runfold.Failure",
+    "runfold.ParentRef",
+    "runfold.AgentSpec",
+    "runfold.CommandEnvelope",
+    "runfold.ReceiptEnvelope",
+    "runfold.ActivationEnvelope",
+    "runfold.ChildActivationEnvelope",
+    "runfold.RunEventEnvelope",
+    "runfold.RunStateSnapshot",
+    "runfold.DefinitionRecord",
+    "runfold.DeadLetter",
+]
 CODEC = Codec(history=[])
 
 
@@ -58,8 +68,13 @@ def test_the_avsc_files_parse_in_the_documented_load_order_and_five_need_it() ->
         except Exception:
             needs_others.append(name)
         parse_schema(schema, named_schemas=named)
-    assert needs_others == ["runfold.CommandEnvelope", "runfold.ReceiptEnvelope", "runfold.ActivationEnvelope",
-                            "runfold.ChildActivationEnvelope", "runfold.RunEventEnvelope"]  # fmt: skip
+    assert needs_others == [
+        "runfold.CommandEnvelope",
+        "runfold.ReceiptEnvelope",
+        "runfold.ActivationEnvelope",
+        "runfold.ChildActivationEnvelope",
+        "runfold.RunEventEnvelope",
+    ]
 
 
 def test_a_writer_that_leaves_schema_version_to_its_default_is_read() -> None:
@@ -67,8 +82,16 @@ def test_a_writer_that_leaves_schema_version_to_its_default_is_read() -> None:
     schema = orjson.loads((STANDALONE_DIR / "runfold.CommandEnvelope.avsc").read_bytes())
     parsed = parse_schema(schema)
     buf = io.BytesIO()
-    schemaless_writer(buf, parsed, {"record_id": "r", "run_id": "x", "ts_ms": 1_764_400_000_000,
-                                    "body": ("runfold.CancelRun", {"reason": "why"})})  # fmt: skip
+    schemaless_writer(
+        buf,
+        parsed,
+        {
+            "record_id": "r",
+            "run_id": "x",
+            "ts_ms": 1_764_400_000_000,
+            "body": ("runfold.CancelRun", {"reason": "why"}),
+        },
+    )
     msg = CODEC.decode("commands", b"\xc3\x01" + CODEC.fingerprint("commands") + buf.getvalue())
     assert msg == {
         "type": "CancelRun",
@@ -98,12 +121,20 @@ def test_with_schema_registry_a_compatible_writer_schema_of_ones_own_is_read() -
     schema = orjson.loads((STANDALONE_DIR / "runfold.CommandEnvelope.avsc").read_bytes())
     schema["fields"].insert(4, {"name": "trace", "type": ["null", "string"], "default": None})
     registry = _InMemoryRegistry()
-    mine = Codec(schemas={**{k: CODEC.schema(k) for k in TOPIC_KINDS}, "commands": schema}, history=[],
-                 registry_client=registry)  # fmt: skip
+    mine = Codec(
+        schemas={**{k: CODEC.schema(k) for k in TOPIC_KINDS}, "commands": schema},
+        history=[],
+        registry_client=registry,
+    )
     data = mine.encode(
         "commands", {"type": "CancelRun", "run_id": "x", "record_id": "r", "ts_ms": 1, "trace": "t"}
     )
     assert data[0] == 0  # Confluent framing: the writer schema travels by id
     processor = Codec(history=[], registry_client=registry)
-    assert processor.decode("commands", data) == {"type": "CancelRun", "run_id": "x", "record_id": "r", "ts_ms": 1,
-                                                  "reason": ""}  # fmt: skip
+    assert processor.decode("commands", data) == {
+        "type": "CancelRun",
+        "run_id": "x",
+        "record_id": "r",
+        "ts_ms": 1,
+        "reason": "",
+    }

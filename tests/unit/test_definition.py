@@ -88,7 +88,10 @@ def test_ref_alias_from_and_template() -> None:
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda r: r["nodes"]["a"].update(retry={"max_attempts": 0}), "nodes.a.retry.max_attempts: must be >= 1"),
+        (
+            lambda r: r["nodes"]["a"].update(retry={"max_attempts": 0}),
+            "nodes.a.retry.max_attempts: must be >= 1",
+        ),
         (lambda r: r.update(schema="app-kit.workflow/v2"), "schema: must be one of 'runfold.workflow/v1'"),
         (lambda r: r.update(revision=0), "revision: must be >= 1"),
         (lambda r: r.update(revision="1"), "revision: must be an integer"),
@@ -100,15 +103,17 @@ def test_ref_alias_from_and_template() -> None:
         (lambda r: r.update(routes={"a": [{"to": "a", "if": "x"}]}), "routes.a[0].if: unknown field"),
         (lambda r: r.update(output={"from": "elsewhere"}), "output.from: must be one of"),
         (lambda r: r.update(reducers={"out": "average"}), "reducers.out: must be one of"),
-        (lambda r: r["nodes"]["a"].update(retry={"max_attempts": 2, "multiplier": 0.5}),
-         "nodes.a.retry.multiplier: must be >= 1.0"),
+        (
+            lambda r: r["nodes"]["a"].update(retry={"max_attempts": 2, "multiplier": 0.5}),
+            "nodes.a.retry.multiplier: must be >= 1.0",
+        ),
         (lambda r: r.update(budgets={"max_steps": -1}), "budgets.max_steps: must be >= 0"),
         (lambda r: r.update(budgets={"warn_at_percent": 101}), "budgets.warn_at_percent: must be <= 100"),
         (lambda r: r["nodes"]["a"].update(queue="Bad Queue"), "nodes.a.queue: must match"),
         # a queue is a topic-name suffix: the topology refuses ".", so definitions must too
         (lambda r: r["nodes"]["a"].update(queue="gpu.large"), "nodes.a.queue: must match"),
     ],
-)  # fmt: skip
+)
 def test_shape_errors_name_the_dotted_path(mutate: Any, expected: str) -> None:
     raw = minimal()
     mutate(raw)

@@ -109,16 +109,21 @@ def test_invalid_cel_condition_is_rejected_with_its_path() -> None:
         ({"kind": "workflow", "workflow": "child"}, ["nodes.x.revision: is required for kind workflow"]),
         ({"kind": "wait"}, ["nodes.x.signal: is required for kind wait"]),
         ({"kind": "sleep"}, ["nodes.x.duration_ms: is required for kind sleep"]),
-        ({"kind": "sleep", "duration_ms": 5, "action": "echo"}, ["nodes.x.action: not allowed for kind sleep"]),
+        (
+            {"kind": "sleep", "duration_ms": 5, "action": "echo"},
+            ["nodes.x.action: not allowed for kind sleep"],
+        ),
         ({"kind": "state", "retry": {"max_attempts": 2}}, ["nodes.x.retry: not allowed for kind state"]),
         ({"kind": "wait", "signal": "s", "queue": "q"}, ["nodes.x.queue: not allowed for kind wait"]),
         ({"kind": "action", "action": "a", "prompt": "hi"}, ["nodes.x.prompt: not allowed for kind action"]),
-        ({"kind": "workflow", "workflow": "c", "revision": 1, "capabilities": ["net"]},
-         ["nodes.x.capabilities: not allowed for kind workflow"]),
+        (
+            {"kind": "workflow", "workflow": "c", "revision": 1, "capabilities": ["net"]},
+            ["nodes.x.capabilities: not allowed for kind workflow"],
+        ),
         ({"kind": "agent", "agent": "p", "model": "m", "prompt": {"u": "hi"}, "capabilities": ["web"]}, []),
         ({"kind": "wait", "signal": "approval", "timeout_ms": 1000}, []),
     ],
-)  # fmt: skip
+)
 def test_kind_specific_fields(kind_fields: dict[str, Any], expected: list[str]) -> None:
     raw = base()
     raw["nodes"]["x"] = kind_fields

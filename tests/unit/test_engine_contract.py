@@ -24,12 +24,18 @@ def exercise() -> list[RunHarness]:
     act = {"kind": "action", "action": "do"}
     runs = []
     d = definition(
-        {"a": {**act, "retry": {"max_attempts": 2}, "timeout_ms": 100}, "b": {**act, "on_failure": "skip_dependents"},
-         "c": act, "review": {"kind": "wait", "signal": "go", "timeout_ms": 50}, "nap": {"kind": "sleep", "duration_ms": 5},
-         "agent": {"kind": "agent", "agent": "x", "model": "m", "prompt": "hi"}},
-        entry=["a", "b"], routes={"a": ["review"], "b": ["c"], "review": ["nap"], "nap": ["agent"]},
+        {
+            "a": {**act, "retry": {"max_attempts": 2}, "timeout_ms": 100},
+            "b": {**act, "on_failure": "skip_dependents"},
+            "c": act,
+            "review": {"kind": "wait", "signal": "go", "timeout_ms": 50},
+            "nap": {"kind": "sleep", "duration_ms": 5},
+            "agent": {"kind": "agent", "agent": "x", "model": "m", "prompt": "hi"},
+        },
+        entry=["a", "b"],
+        routes={"a": ["review"], "b": ["c"], "review": ["nap"], "nap": ["agent"]},
         budgets={"max_tokens": 10, "wall_time_ms": 10_000},
-    )  # fmt: skip
+    )
     h = RunHarness(d).start({})
     h.signal("go", {"early": True})
     h.accept("a").heartbeat("a").fail("a", retryable=True).fire("retry_backoff", "a")

@@ -75,8 +75,17 @@ CHILD = definition({"c": act()}, id="child")
 
 
 def test_child_workflow_step() -> None:
-    parent = definition({"sub": {"kind": "workflow", "workflow": "child", "revision": 1,
-                                 "writes": {"out": {"from": "output"}}}}, state={"out": None})  # fmt: skip
+    parent = definition(
+        {
+            "sub": {
+                "kind": "workflow",
+                "workflow": "child",
+                "revision": 1,
+                "writes": {"out": {"from": "output"}},
+            }
+        },
+        state={"out": None},
+    )
     h = RunHarness(CHILD, parent, run_id="p-1")
     h.root_id = "wf"
     h.start({"x": 1})
@@ -197,5 +206,10 @@ def test_fail_run_from_the_runtime_fails_the_run_cancels_open_steps_and_leaves_f
     assert h.last.dropped == "run already finished"
     fresh = RunHarness(d).start({}).send({"type": "FailRun", "code": "NoSuchCode", "message": "m"})
     assert fresh.last.events[-1]["failure"]["code"] == "ExecutionFailed"
-    assert RunHarness(d).send({"type": "FailRun", "code": "Limit", "message": "m"}).last.dropped == "unknown run"
-    assert RunHarness(d).start({}).send({"type": "FailRun", "code": "Limit"}).last.dropped == "FailRun.message must be str"
+    assert (
+        RunHarness(d).send({"type": "FailRun", "code": "Limit", "message": "m"}).last.dropped == "unknown run"
+    )
+    assert (
+        RunHarness(d).start({}).send({"type": "FailRun", "code": "Limit"}).last.dropped
+        == "FailRun.message must be str"
+    )

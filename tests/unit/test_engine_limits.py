@@ -84,8 +84,9 @@ def test_state_growing_past_max_state_bytes_fails_the_run_with_a_small_event() -
     d = definition(
         {"grow": act(writes={"notes": {"from": "output"}})},
         routes={"grow": [{"to": "grow", "when": "size(state.notes) < 100"}]},
-        state={"notes": []}, reducers={"notes": "append"},
-    )  # fmt: skip
+        state={"notes": []},
+        reducers={"notes": "append"},
+    )
     h = RunHarness(d, ceilings=SMALL).start({})
     for _ in range(5):
         h.complete("grow", "z" * 500)

@@ -126,8 +126,18 @@ def test_stale_unknown_and_finished_receipts_are_dropped() -> None:
     )
     h.complete("a", 1, attempt=1)
     assert h.last.dropped == "stale attempt"
-    h.send({"type": "ActivationCompleted", "node": "zzz", "lineage": "", "attempt": 1, "dispatch_id": "x",
-            "worker_id": "w", "output": 1, "usage": {}})  # fmt: skip
+    h.send(
+        {
+            "type": "ActivationCompleted",
+            "node": "zzz",
+            "lineage": "",
+            "attempt": 1,
+            "dispatch_id": "x",
+            "worker_id": "w",
+            "output": 1,
+            "usage": {},
+        }
+    )
     assert h.last.dropped == "unknown dispatch id"
     h.complete("a", 1)
     assert h.status == "succeeded"
@@ -148,8 +158,9 @@ def test_fail_fast_cancels_siblings_in_flight() -> None:
 def test_continue_policy_keeps_going_with_error_value() -> None:
     d = definition(
         {"a": act(on_failure="continue", writes={"x": {"from": "output"}}), "b": act()},
-        routes={"a": [{"to": "b", "when": "has(output.error)"}]}, state={"x": None},
-    )  # fmt: skip
+        routes={"a": [{"to": "b", "when": "has(output.error)"}]},
+        state={"x": None},
+    )
     h = RunHarness(d).start({}).fail("a")
     assert (
         h.state["frontier"] == ["b"] and h.step("a")["status"] == "failed" and h.state["state"]["x"] is None
@@ -161,8 +172,9 @@ def test_continue_policy_keeps_going_with_error_value() -> None:
 def test_skip_dependents_skips_downstream_and_still_fails_at_the_end() -> None:
     d = definition(
         {"a": act(on_failure="skip_dependents"), "b": act(), "other": act(), "after": act()},
-        entry=["a", "other"], routes={"a": ["b"], "other": ["after"]},
-    )  # fmt: skip
+        entry=["a", "other"],
+        routes={"a": ["b"], "other": ["after"]},
+    )
     h = RunHarness(d).start({}).fail("a", message="a broke").complete("other", 1)
     assert "StepSkipped" in h.types and h.step("b")["status"] == "skipped"
     assert h.state["frontier"] == ["after"]
@@ -186,8 +198,16 @@ def test_activation_cancelled_by_executor_is_a_retryable_failure() -> None:
 
 
 def test_agent_activation_carries_spec_and_reserves_agent_budget() -> None:
-    d = definition({"plan": {"kind": "agent", "agent": "planner", "model": "small",
-                             "prompt": {"topic": {"from": "input", "pointer": "/topic"}}}})  # fmt: skip
+    d = definition(
+        {
+            "plan": {
+                "kind": "agent",
+                "agent": "planner",
+                "model": "small",
+                "prompt": {"topic": {"from": "input", "pointer": "/topic"}},
+            }
+        }
+    )
     h = RunHarness(d).start({"topic": "kafka"})
     message = h.messages[-1]
     assert message["kind"] == "agent" and message["queue"] == "agents"

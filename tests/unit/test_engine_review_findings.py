@@ -25,10 +25,13 @@ def act(**extra: Any) -> dict[str, Any]:
 
 def _map_then_after(**map_extra: Any) -> dict[str, Any]:
     return definition(
-        {"m": act(map={"from": "input", "pointer": "/items"}, input={"i": {"from": "item"}}, **map_extra),
-         "after": act()},
-        entry=["m"], routes={"m": ["after"]},
-    )  # fmt: skip
+        {
+            "m": act(map={"from": "input", "pointer": "/items"}, input={"i": {"from": "item"}}, **map_extra),
+            "after": act(),
+        },
+        entry=["m"],
+        routes={"m": ["after"]},
+    )
 
 
 def test_fail_fast_map_whose_failed_item_is_not_the_last_to_settle_fails_the_run() -> None:
@@ -45,8 +48,9 @@ def test_fail_fast_map_whose_failed_item_is_not_the_last_to_settle_fails_the_run
 def test_fail_fast_map_settled_as_failed_cancels_siblings_still_in_flight() -> None:
     d = definition(
         {"m": act(map={"from": "input", "pointer": "/items"}), "other": act(), "after": act()},
-        entry=["m", "other"], routes={"m": ["after"]},
-    )  # fmt: skip
+        entry=["m", "other"],
+        routes={"m": ["after"]},
+    )
     h = RunHarness(d).start({"items": [0, 1]})
     h.fail("m", lineage="0").complete("m", "ok", lineage="1")
     assert h.types == ["StepSucceeded", "StepCancelled", "RunFailed"]
@@ -80,8 +84,11 @@ def test_a_redelivered_final_retryable_failure_is_a_duplicate_not_a_conflict() -
 
 
 def test_a_redelivered_failure_past_the_run_retry_budget_is_a_duplicate() -> None:
-    d = definition({"a": act(retry={"max_attempts": 5}, on_failure="continue"), "b": act()}, entry=["a", "b"],
-                   budgets={"max_retries": 1})  # fmt: skip
+    d = definition(
+        {"a": act(retry={"max_attempts": 5}, on_failure="continue"), "b": act()},
+        entry=["a", "b"],
+        budgets={"max_retries": 1},
+    )
     h = RunHarness(d).start({}).fail("a", retryable=True, message="flaky").fire("retry_backoff", "a")
     h.fail("a", retryable=True, message="flaky")
     assert (
@@ -92,8 +99,7 @@ def test_a_redelivered_failure_past_the_run_retry_budget_is_a_duplicate() -> Non
 
 
 def test_redelivered_final_failure_on_a_continue_node_is_a_duplicate() -> None:
-    d = definition({"a": act(retry={"max_attempts": 1}, on_failure="continue"), "b": act()},
-                   entry=["a", "b"])  # fmt: skip
+    d = definition({"a": act(retry={"max_attempts": 1}, on_failure="continue"), "b": act()}, entry=["a", "b"])
     h = RunHarness(d).start({}).fail("a", retryable=True, message="flaky")
     assert h.step("a")["failure"]["code"] == "RetryExhausted" and h.status == "running"
     h.fail("a", retryable=True, message="flaky", attempt=1)
@@ -101,8 +107,7 @@ def test_redelivered_final_failure_on_a_continue_node_is_a_duplicate() -> None:
 
 
 def test_a_different_receipt_for_a_retry_exhausted_attempt_is_still_a_conflict() -> None:
-    d = definition({"a": act(retry={"max_attempts": 1}, on_failure="continue"), "b": act()},
-                   entry=["a", "b"])  # fmt: skip
+    d = definition({"a": act(retry={"max_attempts": 1}, on_failure="continue"), "b": act()}, entry=["a", "b"])
     h = RunHarness(d).start({}).fail("a", retryable=True, message="flaky")
     h.fail("a", retryable=True, message="something else", attempt=1)
     assert h.types == ["ReceiptConflict"]
@@ -127,9 +132,19 @@ def _nested(depth_limit: int | None, levels: int) -> list[dict[str, Any]]:
     return chain
 
 
-@pytest.mark.parametrize(("limit", "levels", "ok"), [(1, 0, True), (1, 1, False), (2, 1, True), (2, 2, False),
-                                                     (4, 3, True), (4, 4, False), (None, 3, True),
-                                                     (None, 4, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("limit", "levels", "ok"),
+    [
+        (1, 0, True),
+        (1, 1, False),
+        (2, 1, True),
+        (2, 2, False),
+        (4, 3, True),
+        (4, 4, False),
+        (None, 3, True),
+        (None, 4, False),
+    ],
+)
 def test_preflight_counts_the_levels_of_the_whole_run_tree(limit: int | None, levels: int, ok: bool) -> None:
     catalog = Catalog()
     for raw in _nested(limit, levels):
@@ -143,8 +158,14 @@ def test_preflight_counts_the_levels_of_the_whole_run_tree(limit: int | None, le
 
 
 def _child_start(h: RunHarness, depth: int) -> dict[str, Any]:
-    parent = {"parent_run_id": "p", "parent_node": "w", "parent_lineage": "", "parent_dispatch_id": "d",
-              "root_run_id": "p", "depth": depth}  # fmt: skip
+    parent = {
+        "parent_run_id": "p",
+        "parent_node": "w",
+        "parent_lineage": "",
+        "parent_dispatch_id": "d",
+        "root_run_id": "p",
+        "depth": depth,
+    }
     return {"type": "StartRun", "definition_id": h.root_id, "revision": 1, "input": {}, "parent": parent}
 
 
@@ -180,8 +201,11 @@ def test_preflight_and_start_agree_on_a_nested_definition_with_a_lower_limit_of_
     # c1 may nest nothing (its own limit 1) but nests c2: refused when the root pins the tree,
     # as the child's own start would refuse it.
     c2 = definition({"a": act()}, id="c2")
-    c1 = definition({"w": {"kind": "workflow", "workflow": "c2", "revision": 1}}, id="c1",
-                    budgets={"max_nesting_depth": 1})  # fmt: skip
+    c1 = definition(
+        {"w": {"kind": "workflow", "workflow": "c2", "revision": 1}},
+        id="c1",
+        budgets={"max_nesting_depth": 1},
+    )
     root = definition({"w": {"kind": "workflow", "workflow": "c1", "revision": 1}}, id="root")
     catalog = Catalog()
     for raw in (c2, c1, root):
@@ -279,8 +303,15 @@ def test_a_deep_child_output_fails_the_attempt_invalid_output() -> None:
 
 def test_deep_usage_does_not_raise() -> None:
     h = RunHarness(definition({"a": act()})).start({})
-    h.send({"type": "ActivationCompleted", **h.ident("a"), "worker_id": "w1", "output": 1,
-            "usage": {"prompt_tokens": deep(3000)}})  # fmt: skip
+    h.send(
+        {
+            "type": "ActivationCompleted",
+            **h.ident("a"),
+            "worker_id": "w1",
+            "output": 1,
+            "usage": {"prompt_tokens": deep(3000)},
+        }
+    )
     assert h.types[-1] == "RunSucceeded"
 
 
@@ -311,9 +342,19 @@ def test_decide_never_raises_on_deep_json_anywhere() -> None:
     h2.send({"type": "StartRun", "definition_id": "wf", "revision": None, "input": {}, "labels": very})
     h2.send({"type": "StartRun", "definition_id": "wf", "revision": None, "input": {}, "parent": very})
     h2.send({"type": "StartRun", "definition_id": "wf", "revision": None, "input": {}, "bundle": very})
-    h2.send({"type": "ActivationFailed", "node": "a", "lineage": "", "attempt": 1,
-             "dispatch_id": dispatch_id("r-1", "a", "", 1), "worker_id": "w", "code": "X", "message": "m",
-             "usage": very})  # fmt: skip
+    h2.send(
+        {
+            "type": "ActivationFailed",
+            "node": "a",
+            "lineage": "",
+            "attempt": 1,
+            "dispatch_id": dispatch_id("r-1", "a", "", 1),
+            "worker_id": "w",
+            "code": "X",
+            "message": "m",
+            "usage": very,
+        }
+    )
 
 
 # ------------------------------------------------------------------ found by the generative test
@@ -335,15 +376,21 @@ def test_a_loop_through_an_empty_map_is_bounded_by_max_steps() -> None:
 def test_a_loop_through_a_failing_map_source_under_continue_is_bounded_by_max_steps() -> None:
     d = definition(
         {"m": act(map={"from": "input", "pointer": "/nope"}, on_failure="continue")},
-        routes={"m": ["m"]}, budgets={"max_steps": 3},
-    )  # fmt: skip
+        routes={"m": ["m"]},
+        budgets={"max_steps": 3},
+    )
     h = RunHarness(d).start({})
     assert h.status == "paused" and h.state["usage"]["steps"] == 3
 
 
 def test_an_empty_map_is_one_step_and_its_value_is_the_empty_list() -> None:
-    d = definition({"m": act(map={"from": "input", "pointer": "/items"}, writes={"out": {"from": "output"}}),
-                    "b": act()}, routes={"m": [{"to": "b", "when": "size(output) == 0"}]},
-                   state={"out": None})  # fmt: skip
+    d = definition(
+        {
+            "m": act(map={"from": "input", "pointer": "/items"}, writes={"out": {"from": "output"}}),
+            "b": act(),
+        },
+        routes={"m": [{"to": "b", "when": "size(output) == 0"}]},
+        state={"out": None},
+    )
     h = RunHarness(d).start({"items": []})
     assert h.state["frontier"] == ["b"] and h.state["usage"]["steps"] == 2

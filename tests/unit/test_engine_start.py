@@ -66,8 +66,14 @@ def test_budget_above_ceiling_is_rejected() -> None:
 
 
 def test_depth_limit() -> None:
-    parent = {"parent_run_id": "p", "parent_node": "n", "parent_lineage": "", "parent_dispatch_id": "d",
-              "root_run_id": "p", "depth": 4}  # fmt: skip
+    parent = {
+        "parent_run_id": "p",
+        "parent_node": "n",
+        "parent_lineage": "",
+        "parent_dispatch_id": "d",
+        "root_run_id": "p",
+        "depth": 4,
+    }
     # the default max_nesting_depth 4 allows a run tree of 4 levels: depths 0..3 (seeds 001, 003)
     h = RunHarness(simple()).start({}, parent=parent)
     assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "BudgetExceeded"
@@ -111,8 +117,18 @@ def test_commands_for_unknown_runs_are_not_found() -> None:
     ):
         h = RunHarness(simple()).send(msg)
         assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "NotFound"
-    h = RunHarness(simple()).send({"type": "ActivationCompleted", "node": "a", "lineage": "", "attempt": 1,
-                                   "dispatch_id": "x", "worker_id": "w", "output": 1, "usage": {}})  # fmt: skip
+    h = RunHarness(simple()).send(
+        {
+            "type": "ActivationCompleted",
+            "node": "a",
+            "lineage": "",
+            "attempt": 1,
+            "dispatch_id": "x",
+            "worker_id": "w",
+            "output": 1,
+            "usage": {},
+        }
+    )
     assert h.types == [] and h.last.dropped == "unknown run"
 
 

@@ -12,8 +12,10 @@ def act(**extra: object) -> dict:
 def test_parallel_entry_nodes_read_the_same_snapshot_and_merge_in_order() -> None:
     d = definition(
         {"a": act(writes={"notes": {"from": "output"}}), "b": act(writes={"notes": {"from": "output"}})},
-        entry=["a", "b"], state={"notes": []}, reducers={"notes": "append"},
-    )  # fmt: skip
+        entry=["a", "b"],
+        state={"notes": []},
+        reducers={"notes": "append"},
+    )
     h = RunHarness(d).start({})
     assert [e["node"] for e in h.last.events if e["type"] == "StepScheduled"] == ["a", "b"]
     h.complete("b", "from-b")
@@ -27,8 +29,10 @@ def test_parallel_entry_nodes_read_the_same_snapshot_and_merge_in_order() -> Non
 def test_reject_concurrent_conflict_fails_the_run_with_state_code() -> None:
     d = definition(
         {"a": act(writes={"x": {"from": "output"}}), "b": act(writes={"x": {"from": "output"}})},
-        entry=["a", "b"], state={"x": None}, reducers={"x": "reject_concurrent"},
-    )  # fmt: skip
+        entry=["a", "b"],
+        state={"x": None},
+        reducers={"x": "reject_concurrent"},
+    )
     h = RunHarness(d).start({}).complete("a", 1).complete("b", 2)
     assert h.types[-1] == "RunFailed"
     failure = h.state["failure"]
@@ -72,8 +76,9 @@ def test_route_condition_error_fails_with_evaluation() -> None:
 def test_routes_see_the_merged_state() -> None:
     d = definition(
         {"a": act(writes={"n": {"from": "output"}}), "b": act()},
-        routes={"a": [{"to": "b", "when": "state.n > 1"}]}, state={"n": 0},
-    )  # fmt: skip
+        routes={"a": [{"to": "b", "when": "state.n > 1"}]},
+        state={"n": 0},
+    )
     assert RunHarness(d).start({}).complete("a", 2).state["frontier"] == ["b"]
 
 
@@ -81,13 +86,17 @@ def test_map_fan_out_collects_outputs_in_index_order_and_writes_per_item() -> No
     d = definition(
         {
             "plan": act(writes={"queries": {"from": "output"}}),
-            "search": act(map={"from": "state", "pointer": "/queries"}, input={"q": {"from": "item"}},
-                          writes={"notes": {"from": "output"}}),
+            "search": act(
+                map={"from": "state", "pointer": "/queries"},
+                input={"q": {"from": "item"}},
+                writes={"notes": {"from": "output"}},
+            ),
             "write": act(input={"from": "state", "pointer": "/notes"}),
         },
-        routes={"plan": ["search"], "search": ["write"]}, state={"queries": [], "notes": []},
+        routes={"plan": ["search"], "search": ["write"]},
+        state={"queries": [], "notes": []},
         reducers={"notes": "append"},
-    )  # fmt: skip
+    )
     h = RunHarness(d).start({}).complete("plan", ["x", "y", "z"])
     scheduled = [e for e in h.last.events if e["type"] == "StepScheduled"]
     assert [(e["lineage"], e["input"]) for e in scheduled] == [
@@ -104,9 +113,13 @@ def test_map_fan_out_collects_outputs_in_index_order_and_writes_per_item() -> No
 
 def test_empty_map_settles_with_no_items() -> None:
     d = definition(
-        {"search": act(map={"from": "input", "pointer": "/qs"}, writes={"n": {"from": "output"}}), "next": act()},
-        routes={"search": ["next"]}, state={"n": None},
-    )  # fmt: skip
+        {
+            "search": act(map={"from": "input", "pointer": "/qs"}, writes={"n": {"from": "output"}}),
+            "next": act(),
+        },
+        routes={"search": ["next"]},
+        state={"n": None},
+    )
     h = RunHarness(d).start({"qs": []})
     assert "SuperstepCommitted" in h.types and h.state["frontier"] == ["next"]
 
@@ -134,8 +147,10 @@ def test_map_items_all_run_even_when_one_fails_and_errors_aggregate() -> None:
 def test_map_cardinality_checked_against_step_budget_before_dispatch() -> None:
     d = definition(
         {"plan": act(writes={"qs": {"from": "output"}}), "m": act(map={"from": "state", "pointer": "/qs"})},
-        routes={"plan": ["m"]}, state={"qs": []}, budgets={"max_steps": 3},
-    )  # fmt: skip
+        routes={"plan": ["m"]},
+        state={"qs": []},
+        budgets={"max_steps": 3},
+    )
     h = RunHarness(d).start({}).complete("plan", [1, 2, 3])
     assert "StepScheduled" not in h.types
     assert h.types[-2:] == ["BudgetExhausted", "RunPaused"]
@@ -147,8 +162,10 @@ def test_map_cardinality_checked_against_step_budget_before_dispatch() -> None:
 def test_loop_bounded_by_max_steps_and_attempts_accumulate() -> None:
     d = definition(
         {"count": {"kind": "state", "mutations": [{"op": "increment", "target": "n", "value": 1}]}},
-        routes={"count": [{"to": "count", "when": "state.n < 100"}]}, state={"n": 0}, budgets={"max_steps": 5},
-    )  # fmt: skip
+        routes={"count": [{"to": "count", "when": "state.n < 100"}]},
+        state={"n": 0},
+        budgets={"max_steps": 5},
+    )
     h = RunHarness(d).start({})
     assert h.state["state"]["n"] == 5 and h.status == "paused"
     assert h.step("count")["attempt"] == 5  # each loop iteration is a new attempt (fresh dispatch id)
@@ -156,11 +173,20 @@ def test_loop_bounded_by_max_steps_and_attempts_accumulate() -> None:
 
 def test_state_node_mutations_and_required_and_output() -> None:
     d = definition(
-        {"count": {"kind": "state", "mutations": [{"op": "increment", "target": "count", "value": 1},
-                                                   {"op": "set", "target": "label", "value": {"from": "input", "pointer": "/l"}}]}},
-        state={"count": 0, "label": None}, required=["count"], reducers={"count": "reject_concurrent"},
+        {
+            "count": {
+                "kind": "state",
+                "mutations": [
+                    {"op": "increment", "target": "count", "value": 1},
+                    {"op": "set", "target": "label", "value": {"from": "input", "pointer": "/l"}},
+                ],
+            }
+        },
+        state={"count": 0, "label": None},
+        required=["count"],
+        reducers={"count": "reject_concurrent"},
         output={"from": "state", "pointer": "/count"},
-    )  # fmt: skip
+    )
     h = RunHarness(d).start({"l": "hi"})
     assert h.types[-1] == "RunSucceeded" and h.state["output"] == 1 and h.state["state"]["label"] == "hi"
 
@@ -169,8 +195,12 @@ def test_required_key_null_fails_and_output_schema_checked() -> None:
     d = definition({"a": act()}, state={"brief": None}, required=["brief"])
     h = RunHarness(d).start({}).complete("a", 1)
     assert h.state["failure"]["code"] == "State" and "brief" in h.state["failure"]["message"]
-    d2 = definition({"a": act(writes={"brief": {"from": "output"}})}, state={"brief": None},
-                    output={"from": "state", "pointer": "/brief"}, output_schema={"type": "string"})  # fmt: skip
+    d2 = definition(
+        {"a": act(writes={"brief": {"from": "output"}})},
+        state={"brief": None},
+        output={"from": "state", "pointer": "/brief"},
+        output_schema={"type": "string"},
+    )
     h2 = RunHarness(d2).start({}).complete("a", 42)
     assert h2.state["failure"]["code"] == "InvalidOutput" and "42" not in h2.state["failure"]["message"]
     assert RunHarness(d2).start({}).complete("a", "ok").state["output"] == "ok"
@@ -178,9 +208,15 @@ def test_required_key_null_fails_and_output_schema_checked() -> None:
 
 def test_max_concurrency_holds_back_activations_until_slots_free() -> None:
     d = definition(
-        {"m": act(map={"from": "input", "pointer": "/qs"}, writes={"n": {"from": "output"}}), "w": {"kind": "wait", "signal": "s"}},
-        entry=["m", "w"], state={"n": []}, reducers={"n": "append"}, budgets={"max_concurrency": 2},
-    )  # fmt: skip
+        {
+            "m": act(map={"from": "input", "pointer": "/qs"}, writes={"n": {"from": "output"}}),
+            "w": {"kind": "wait", "signal": "s"},
+        },
+        entry=["m", "w"],
+        state={"n": []},
+        reducers={"n": "append"},
+        budgets={"max_concurrency": 2},
+    )
     h = RunHarness(d).start({"qs": [0, 1, 2, 3, 4]})
     scheduled = [e["lineage"] for e in h.last.events if e["type"] == "StepScheduled" and e["node"] == "m"]
     assert scheduled == ["0", "1"]  # the wait node takes no slot
@@ -200,7 +236,7 @@ def test_unconditional_route_after_a_taken_condition_is_the_else() -> None:
     d = definition(
         {"review": act(), "count": act()},
         routes={"review": [{"to": "end", "when": "output.approved"}, {"to": "count"}]},
-    )  # fmt: skip
+    )
     assert RunHarness(d).start({}).complete("review", {"approved": True}).status == "succeeded"
     h = RunHarness(d).start({}).complete("review", {"approved": False})
     assert h.state["frontier"] == ["count"]

@@ -37,9 +37,14 @@ def test_worker_tallies_apply_once_per_flush() -> None:
     assert v("runfold_worker_activations_total", {"queue": "default", "action": "charge"}) == 2
     assert v("runfold_worker_activations_total", {"queue": "agents", "action": "agent:planner"}) == 1
     assert v("runfold_worker_outcomes_total", {"action": "charge", "outcome": "completed", "code": ""}) == 1
-    assert v("runfold_worker_outcomes_total", {"action": "charge", "outcome": "failed", "code": "InvalidInput"}) == 2
-    assert v("runfold_worker_outcomes_total",
-             {"action": "agent:planner", "outcome": "cancelled", "code": ""}) == 1
+    assert (
+        v("runfold_worker_outcomes_total", {"action": "charge", "outcome": "failed", "code": "InvalidInput"})
+        == 2
+    )
+    assert (
+        v("runfold_worker_outcomes_total", {"action": "agent:planner", "outcome": "cancelled", "code": ""})
+        == 1
+    )
     assert v("runfold_worker_handler_seconds_count", {"action": "charge"}) == 2
     assert v("runfold_worker_handler_seconds_bucket", {"action": "charge", "le": "0.005"}) == 1
     assert v("runfold_worker_handler_seconds_sum", {"action": "charge"}) == pytest.approx(2.003)
@@ -51,7 +56,11 @@ def test_worker_tallies_apply_once_per_flush() -> None:
     assert v("runfold_worker_receipt_errors_total", {"outcome": "lost"}) == 1
     assert v("runfold_worker_consumer_replacements_total") == 1
     assert v("runfold_worker_dead_letters_total") == 1
-    assert (v("runfold_worker_in_flight"), v("runfold_worker_backlog"), v("runfold_worker_paused")) == (4, 0, 0)
+    assert (v("runfold_worker_in_flight"), v("runfold_worker_backlog"), v("runfold_worker_paused")) == (
+        4,
+        0,
+        0,
+    )
 
 
 def test_child_batch_counts_only_when_committed() -> None:

@@ -45,7 +45,9 @@ def _outcome(codec: Codec, kind: str, data: bytes) -> tuple[str, str]:
 @pytest.mark.parametrize(("kind", "name"), CASES)
 @_SETTINGS
 @given(data=st.data())
-def test_current_schema_records_take_the_generated_path_with_fastavro_dicts(kind: str, name: str, data: Any) -> None:
+def test_current_schema_records_take_the_generated_path_with_fastavro_dicts(
+    kind: str, name: str, data: Any
+) -> None:
     topic = CODEC._topics[kind]
     assert topic.fast_read is not None, f"{kind} has no generated reader"
     encoded = _message(data, kind, name)
@@ -58,8 +60,11 @@ def test_current_schema_records_take_the_generated_path_with_fastavro_dicts(kind
 
 @pytest.mark.parametrize(("kind", "name"), CASES)
 @_SETTINGS
-@given(data=st.data(), cut=st.integers(0, 1 << 16), flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
-                                                                   min_size=1, max_size=4))
+@given(
+    data=st.data(),
+    cut=st.integers(0, 1 << 16),
+    flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)), min_size=1, max_size=4),
+)
 def test_truncated_and_mutated_records_decode_as_fastavro_or_raise_decode_error(
     kind: str, name: str, data: Any, cut: int, flips: list[tuple[int, int]]
 ) -> None:
@@ -77,7 +82,9 @@ def test_truncated_and_mutated_records_decode_as_fastavro_or_raise_decode_error(
 @pytest.mark.parametrize("kind", TOPIC_KINDS)
 @settings(max_examples=200, deadline=None)
 @given(body=st.binary(max_size=64))
-def test_garbage_after_a_current_header_raises_only_decode_error_or_decodes_as_fastavro(kind: str, body: bytes) -> None:
+def test_garbage_after_a_current_header_raises_only_decode_error_or_decodes_as_fastavro(
+    kind: str, body: bytes
+) -> None:
     data = CODEC._topics[kind].header + body
     assert _outcome(CODEC, kind, data) == _outcome(REFERENCE, kind, data)
 
@@ -94,8 +101,10 @@ def _varint(n: int) -> bytes:
 
 def test_bogus_length_prefixes_are_bounded_by_the_bytes_left() -> None:
     topic = CODEC._topics["run_events"]
-    ok = CODEC.encode("run_events", {"type": "RunStarted", "run_id": "r", "record_id": "r:2", "ts_ms": 5,
-                                     "sequence": 2, "superstep": 1})
+    ok = CODEC.encode(
+        "run_events",
+        {"type": "RunStarted", "run_id": "r", "record_id": "r:2", "ts_ms": 5, "sequence": 2, "superstep": 1},
+    )
     # schema_version 1, then run_id's length claims 2**62 bytes
     bogus = ok[:11] + _varint(1 << 62) + b"r"
     with pytest.raises(Malformed):
@@ -110,8 +119,18 @@ def test_bogus_length_prefixes_are_bounded_by_the_bytes_left() -> None:
 
 
 def test_another_schema_version_is_refused_by_the_generated_reader_and_explained() -> None:
-    data = CODEC.encode("run_events", {"type": "RunStarted", "run_id": "r", "record_id": "r:2", "ts_ms": 5,
-                                       "sequence": 2, "superstep": 1, "schema_version": 2})
+    data = CODEC.encode(
+        "run_events",
+        {
+            "type": "RunStarted",
+            "run_id": "r",
+            "record_id": "r:2",
+            "ts_ms": 5,
+            "sequence": 2,
+            "superstep": 1,
+            "schema_version": 2,
+        },
+    )
     with pytest.raises(Malformed):
         CODEC._topics["run_events"].fast_read(data, 10)
     with pytest.raises(DecodeError) as info:
@@ -128,10 +147,19 @@ def test_every_topic_has_a_generated_reader_wired_into_decoder() -> None:
 
 @pytest.mark.parametrize("size", [0, 63, 64, 100, 4095, 4096, 8191, 8192, 70_000])
 def test_one_two_and_three_byte_lengths_are_read_by_the_generated_path(size: int) -> None:
-    msg = {"type": "StepSucceeded", "run_id": "r" * size, "record_id": "r:2", "ts_ms": 1_764_400_000_000,
-           "sequence": 1 << 40, "node": "n", "lineage": "0", "attempt": 1, "dispatch_id": "d",
-           "output": {"text": "é" * size}, "usage": {"prompt_tokens": size, "completion_tokens": -size,
-                                                     "cost_micros": -(1 << 63)}}
+    msg = {
+        "type": "StepSucceeded",
+        "run_id": "r" * size,
+        "record_id": "r:2",
+        "ts_ms": 1_764_400_000_000,
+        "sequence": 1 << 40,
+        "node": "n",
+        "lineage": "0",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "output": {"text": "é" * size},
+        "usage": {"prompt_tokens": size, "completion_tokens": -size, "cost_micros": -(1 << 63)},
+    }
     data = CODEC.encode("run_events", msg)
     got = CODEC._topics["run_events"].fast_read(data, 10)
     assert repr(got) == repr(REFERENCE.decode("run_events", data))

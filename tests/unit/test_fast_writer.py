@@ -21,15 +21,26 @@ CODEC = Codec.default()
 CASES = [(kind, name) for kind in TOPIC_KINDS for name in CODEC.record_types(kind)]
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 63) - 1)
+    | st.floats(allow_nan=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
 _wrong = (
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.text(max_size=5) | st.binary(max_size=5)
-    | st.floats() | st.tuples(st.text(max_size=3), st.integers()) | st.lists(st.integers(), max_size=2)
-    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2) | st.builds(bytearray, st.binary(max_size=3))
-)  # fmt: skip
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 70), 1 << 70)
+    | st.text(max_size=5)
+    | st.binary(max_size=5)
+    | st.floats()
+    | st.tuples(st.text(max_size=3), st.integers())
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+    | st.builds(bytearray, st.binary(max_size=3))
+)
 
 
 def _strategy(t: Any, named: dict[str, Any], valid: bool) -> st.SearchStrategy[Any]:
@@ -55,14 +66,20 @@ def _typed(t: Any, named: dict[str, Any], valid: bool) -> st.SearchStrategy[Any]
         t = kind
     return {
         "int": st.integers(-(1 << 31), (1 << 31) - 1) | st.integers(0, 63),
-        "long": st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(-70, 70)
+        "long": st.integers(-(1 << 63), (1 << 63) - 1)
+        | st.integers(-70, 70)
         | st.integers(1_700_000_000_000, 1_800_000_000_000),
-        "string": st.text(), "bytes": st.binary(), "boolean": st.booleans(), "null": st.none(),
-    }[t]  # fmt: skip
+        "string": st.text(),
+        "bytes": st.binary(),
+        "boolean": st.booleans(),
+        "null": st.none(),
+    }[t]
 
 
 def _record(schema: dict[str, Any], named: dict[str, Any], valid: bool) -> st.SearchStrategy[dict[str, Any]]:
-    fields = {f["name"]: _strategy(f["type"], named, valid) for f in schema["fields"] if f["name"] != "_branch"}
+    fields = {
+        f["name"]: _strategy(f["type"], named, valid) for f in schema["fields"] if f["name"] != "_branch"
+    }
     # fields with a default (or nullable) may be left out; without one only an invalid message omits them
     optional = {f["name"] for f in schema["fields"] if "default" in f or isinstance(f["type"], list)}
 
@@ -90,7 +107,9 @@ def _reference(flat: Any, msg: dict[str, Any]) -> bytes | None:
 @pytest.mark.parametrize(("kind", "name"), CASES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_well_typed_messages_take_the_generated_path_with_fastavro_bytes(kind: str, name: str, data: Any) -> None:
+def test_well_typed_messages_take_the_generated_path_with_fastavro_bytes(
+    kind: str, name: str, data: Any
+) -> None:
     topic = CODEC._topics[kind]
     flat, fast = topic.flat[name], topic.fast[name]
     assert fast is not None, f"{kind}/{name} has no generated writer"

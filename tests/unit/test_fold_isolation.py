@@ -28,12 +28,31 @@ from processors.runtime.fold import TxnCounters
 from processors.runtime.overlay import PartitionOverlay
 
 WF = "runfold.workflow/v1"
-WAITER = {"schema": WF, "id": "waiter", "revision": 1, "entry": ["w"], "state": {"p": None},
-          "nodes": {"w": {"kind": "wait", "signal": "go", "writes": {"p": {"from": "signal"}}}}}  # fmt: skip
-SUM2 = {"schema": WF, "id": "sum2", "revision": 1, "entry": ["a", "b"], "state": {"t": 0}, "reducers": {"t": "sum"},
-        "nodes": {n: {"kind": "action", "action": n, "writes": {"t": {"from": "output"}}} for n in "ab"}}  # fmt: skip
-SLOW = {"schema": WF, "id": "slow", "revision": 1, "entry": ["a"], "state": {},
-        "nodes": {"a": {"kind": "action", "action": "a", "timeout_ms": 2**63}}}  # fmt: skip
+WAITER = {
+    "schema": WF,
+    "id": "waiter",
+    "revision": 1,
+    "entry": ["w"],
+    "state": {"p": None},
+    "nodes": {"w": {"kind": "wait", "signal": "go", "writes": {"p": {"from": "signal"}}}},
+}
+SUM2 = {
+    "schema": WF,
+    "id": "sum2",
+    "revision": 1,
+    "entry": ["a", "b"],
+    "state": {"t": 0},
+    "reducers": {"t": "sum"},
+    "nodes": {n: {"kind": "action", "action": n, "writes": {"t": {"from": "output"}}} for n in "ab"},
+}
+SLOW = {
+    "schema": WF,
+    "id": "slow",
+    "revision": 1,
+    "entry": ["a"],
+    "state": {},
+    "nodes": {"a": {"kind": "action", "action": "a", "timeout_ms": 2**63}},
+}
 
 
 @pytest.fixture
@@ -134,8 +153,14 @@ def test_a_deep_signal_payload_is_rejected_and_the_run_still_waits(tmp_path: Pat
     r = rig(tmp_path)
     Txn(r, ("commands", {**start("w")[1], "definition_id": "waiter"}))
     waiting = r.store.state_bytes("w")
-    signal = {"type": "SignalRun", "run_id": "w", "ts_ms": TS + 2, "record_id": "s1", "signal": "go",
-              "payload": deep(depth)}  # fmt: skip
+    signal = {
+        "type": "SignalRun",
+        "run_id": "w",
+        "ts_ms": TS + 2,
+        "record_id": "s1",
+        "signal": "go",
+        "payload": deep(depth),
+    }
     txn = Txn(r, ("commands", signal))
     assert_charged(txn, 0, "")
     [rejected] = txn.events("w")
@@ -232,8 +257,13 @@ def test_a_record_whose_substitute_fails_too_leaves_only_its_dead_letter(
     Txn(r, start("x"))
     before = r.store.state_bytes("x")
     real = fold_module.decide
-    monkeypatch.setattr(fold_module, "decide", lambda s, m, c: (_ for _ in ()).throw(RuntimeError("always"))
-                        if m["run_id"] == "x" else real(s, m, c))  # fmt: skip
+    monkeypatch.setattr(
+        fold_module,
+        "decide",
+        lambda s, m, c: (
+            (_ for _ in ()).throw(RuntimeError("always")) if m["run_id"] == "x" else real(s, m, c)
+        ),
+    )
     txn = Txn(r, completed(r.activation("x"), TS + 1), start("ok"))
     assert [d["source_offset"] for d in txn.dead()] == [0]
     assert txn.events("x") == [] and r.store.state_bytes("x") == before
@@ -245,8 +275,9 @@ def test_a_codec_defect_on_some_bytes_is_a_dead_letter_not_a_crash(
 ) -> None:
     r = rig(tmp_path)
     real = r.folder._decode[TOPICS.commands]
-    r.folder._decode[TOPICS.commands] = lambda raw: (_ for _ in ()).throw(IndexError("codec bug")) \
-        if b"boom" in raw else real(raw)  # fmt: skip
+    r.folder._decode[TOPICS.commands] = lambda raw: (
+        (_ for _ in ()).throw(IndexError("codec bug")) if b"boom" in raw else real(raw)
+    )
     txn = Txn(r, ("commands", {**start("boom")[1]}), start("ok"))
     [dead] = txn.dead()
     assert dead["source_offset"] == 0 and "IndexError: codec bug" in dead["error"]

@@ -12,7 +12,15 @@ from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.timers import TimerFirer
 
-STEP = {"run_id": "r1", "ts_ms": 5, "record_id": "x", "node": "a", "lineage": "", "attempt": 2, "dispatch_id": "d"}
+STEP = {
+    "run_id": "r1",
+    "ts_ms": 5,
+    "record_id": "x",
+    "node": "a",
+    "lineage": "",
+    "attempt": 2,
+    "dispatch_id": "d",
+}
 
 
 def test_a_completed_receipt_becomes_a_non_retryable_invalid_output_failure_of_the_same_attempt() -> None:
@@ -32,8 +40,9 @@ def test_a_child_result_becomes_a_failed_child() -> None:
 
 
 def test_a_command_becomes_its_limit_rejection() -> None:
-    sub = _too_large_instead({"type": "SignalRun", "run_id": "r1", "ts_ms": 5, "record_id": "c1",
-                              "signal": "go"}, "too large")  # fmt: skip
+    sub = _too_large_instead(
+        {"type": "SignalRun", "run_id": "r1", "ts_ms": 5, "record_id": "c1", "signal": "go"}, "too large"
+    )
     assert sub is not None and sub["type"] == "RunRejected" and sub["code"] == "Limit"
     assert sub["command_type"] == "SignalRun" and sub["sequence"] == 0 and sub["run_id"] == "r1"
 
@@ -44,15 +53,25 @@ def test_any_other_input_fails_its_run_with_a_limit_failure_that_says_what_was_r
     assert (sub["type"], sub["run_id"], sub["ts_ms"], sub["record_id"]) == ("FailRun", "r1", 7, "timer:t@7")
     assert sub["code"] == "Limit" and sub["message"].startswith("the outputs of this timer are larger than")
     assert "activations record refused" in sub["message"]
-    accepted = _too_large_instead({**STEP, "type": "ActivationAccepted", "worker_id": "w", "lease_ms": 9}, "x")
+    accepted = _too_large_instead(
+        {**STEP, "type": "ActivationAccepted", "worker_id": "w", "lease_ms": 9}, "x"
+    )
     assert accepted["type"] == "FailRun" and "this ActivationAccepted receipt" in accepted["message"]
 
 
 METRICS = ProcessorMetrics()
-SLEEP_THEN_ACT = {"schema": "runfold.workflow/v1", "id": "sleepy", "revision": 1, "entry": ["s"],
-                  "state": {"b": None}, "routes": {"s": ["b"]},
-                  "nodes": {"s": {"kind": "sleep", "duration_ms": 500},
-                            "b": {"kind": "action", "action": "b", "writes": {"b": {"from": "output"}}}}}  # fmt: skip
+SLEEP_THEN_ACT = {
+    "schema": "runfold.workflow/v1",
+    "id": "sleepy",
+    "revision": 1,
+    "entry": ["s"],
+    "state": {"b": None},
+    "routes": {"s": ["b"]},
+    "nodes": {
+        "s": {"kind": "sleep", "duration_ms": 500},
+        "b": {"kind": "action", "action": "b", "writes": {"b": {"from": "output"}}},
+    },
+}
 
 
 @pytest.mark.parametrize("level", [0, 2])
@@ -68,19 +87,26 @@ def test_a_sleep_whose_wake_up_is_refused_fails_its_run_and_the_store_restores_t
     # Fired, but the firing's store write never happened (a crash after its commit): the store
     # still holds the timer, which the parked TimerFired must end as folding it would.
     fired: list[bytes] = []
-    firer = TimerFirer(CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), METRICS, 100)
+    firer = TimerFirer(
+        CODEC, TOPICS.receipts, lambda topic, value, key, **kw: fired.append(value), METRICS, 100
+    )
     firer.fire_due(rig.store, PartitionOverlay(rig.store), TS + 500)
     [timer] = [t for t in (CODEC.decode("receipts", raw) for raw in fired) if t["timer_kind"] == "sleep"]
     assert any(t.startswith("sleep") for t in timer_ids(rig.store, "r"))
     before = len(rig.out)
     ov, counters = PartitionOverlay(rig.store), TxnCounters()
-    rig.folder.park_too_large(ov, counters, TOPICS.receipts, 0, 9, b"r", CODEC.encode("receipts", timer),
-                              "record too large", level)  # fmt: skip
+    rig.folder.park_too_large(
+        ov, counters, TOPICS.receipts, 0, 9, b"r", CODEC.encode("receipts", timer), "record too large", level
+    )
     rig.folder.snapshots(ov, 0, counters)
     ov.write(None)
     out = rig.out[before:]
     [dead] = [CODEC.decode("dead_letters", v) for t, v in out if t == TOPICS.dead_letters]
-    assert (dead["source_offset"], dead["key"], dead["error"]) == (9, b"r", "output too large: record too large")
+    assert (dead["source_offset"], dead["key"], dead["error"]) == (
+        9,
+        b"r",
+        "output too large: record too large",
+    )
     assert bool(dead["original"]) is (level == 0) and counters.dead == {"output_too_large": 1}
     events = [CODEC.decode("run_events", v) for t, v in out if t == TOPICS.run_events]
     assert not [t for t, _ in out if t == TOPICS.activations("default")]  # b is never dispatched
@@ -92,7 +118,9 @@ def test_a_sleep_whose_wake_up_is_refused_fails_its_run_and_the_store_restores_t
     assert [e["type"] for e in events] == ["StepCancelled", "RunFailed"]  # no StepSucceeded for the sleep
     assert events[0]["node"] == "s" and events[0]["reason"] == "run failed: Limit"
     failure = events[-1]["failure"]
-    assert failure["code"] == "Limit" and failure["message"].startswith("the outputs of this timer are larger than")
+    assert failure["code"] == "Limit" and failure["message"].startswith(
+        "the outputs of this timer are larger than"
+    )
     assert state(rig.store, "r")["status"] == "failed"
     restored = restore(rig, tmp_path / "restored")
     assert contents(restored) == contents(rig.store)

@@ -54,7 +54,9 @@ def test_local_broker_port_is_the_default_bootstrap(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".toml"])
-def test_config_file_is_read_and_env_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
+def test_config_file_is_read_and_env_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
     path = tmp_path / f"runfold{suffix}"
     if suffix == ".yaml":
         path.write_text(
@@ -74,8 +76,12 @@ def test_config_file_is_read_and_env_wins(tmp_path: Path, monkeypatch: pytest.Mo
     s = KafkaSettings()
     assert s.topic_prefix == "prod"
     assert s.partitions == 3  # env wins over the file
-    assert s.client_overrides == {"security.protocol": "SASL_SSL", "sasl.password": "hunter2",
-                                  "socket.keepalive.enable": "true", "sasl.mechanisms": "PLAIN"}
+    assert s.client_overrides == {
+        "security.protocol": "SASL_SSL",
+        "sasl.password": "hunter2",
+        "socket.keepalive.enable": "true",
+        "sasl.mechanisms": "PLAIN",
+    }
 
 
 def test_config_file_errors_name_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,11 +115,16 @@ def test_secrets_are_redacted_in_repr_and_redacted_view(monkeypatch: pytest.Monk
     for text in (repr(s), str(s.redacted())):
         assert "hunter2" not in text and "s3cr3t" not in text and "alice" in text
     assert redact({"ssl.key.password": "x", "api.token": "y", "acks": "all"}) == {
-        "ssl.key.password": "***", "api.token": "***", "acks": "all"}
+        "ssl.key.password": "***",
+        "api.token": "***",
+        "acks": "all",
+    }
 
 
 def test_builders_layer_defaults_settings_and_call_overrides() -> None:
-    s = KafkaSettings(bootstrap_servers="b:1", client_overrides={"security.protocol": "SSL", "linger.ms": "20"})
+    s = KafkaSettings(
+        bootstrap_servers="b:1", client_overrides={"security.protocol": "SSL", "linger.ms": "20"}
+    )
     p = producer_config(s)
     assert p["bootstrap.servers"] == "b:1" and p["security.protocol"] == "SSL"
     assert p["enable.idempotence"] is True and p["acks"] == "all"
@@ -140,18 +151,30 @@ def test_builders_layer_defaults_settings_and_call_overrides() -> None:
 
 
 def test_topic_catalogue() -> None:
-    s = KafkaSettings.model_validate({"topic_prefix": "p", "partitions": 6, "activation_queues": "default,agents,tools"})
+    s = KafkaSettings.model_validate(
+        {"topic_prefix": "p", "partitions": 6, "activation_queues": "default,agents,tools"}
+    )
     n = TopicNames("p")
     assert (n.commands, n.receipts, n.run_events, n.run_state) == (
-        "p.commands", "p.receipts", "p.run-events", "p.run-state")
+        "p.commands",
+        "p.receipts",
+        "p.run-events",
+        "p.run-state",
+    )
     assert (n.child_activations, n.definitions, n.dead_letters) == (
-        "p.child-activations", "p.definitions", "p.dead-letters")
+        "p.child-activations",
+        "p.definitions",
+        "p.dead-letters",
+    )
     assert n.activations("tools") == "p.activations.tools"
     specs = {t.name: t for t in topic_specs(s)}
     assert len(specs) == 10
     assert {specs[name].partitions for name in n.copartitioned()} == {6}
     assert specs["p.definitions"].partitions == 1
-    assert specs["p.run-state"].cleanup_policy == "compact" and specs["p.definitions"].cleanup_policy == "compact"
+    assert (
+        specs["p.run-state"].cleanup_policy == "compact"
+        and specs["p.definitions"].cleanup_policy == "compact"
+    )
     assert specs["p.run-events"].config["retention.ms"] == "-1"
     assert specs["p.commands"].cleanup_policy == "delete"
 

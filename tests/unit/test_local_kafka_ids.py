@@ -38,9 +38,13 @@ def test_the_gc_log_flag_quotes_its_path_and_is_left_out_where_xlog_would_expand
 
 
 @pytest.mark.parametrize("raw", ["abc", "0", "70000", "-1"])
-def test_a_port_setting_that_is_not_a_port_is_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_setting_that_is_not_a_port_is_refused_by_name(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RUNFOLD_KAFKA_PORT", raw)
-    with pytest.raises(local_kafka.LocalKafkaError, match=rf"^RUNFOLD_KAFKA_PORT='{raw}' is not a port number"):
+    with pytest.raises(
+        local_kafka.LocalKafkaError, match=rf"^RUNFOLD_KAFKA_PORT='{raw}' is not a port number"
+    ):
         local_kafka.LocalKafkaConfig.from_env()
     monkeypatch.setenv("RUNFOLD_KAFKA_PORT", "19092")
     monkeypatch.setenv("RUNFOLD_KAFKA_CONTROLLER_PORT", raw)

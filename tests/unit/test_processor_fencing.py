@@ -114,8 +114,11 @@ class _AbortTimesOut:
         self.code = code
 
     def abort_transaction(self, timeout: float) -> None:
-        raise KafkaException(KafkaError(self.code, "Timed out waiting for operation to finish, "
-                                        "retry call to resume", retriable=True))
+        raise KafkaException(
+            KafkaError(
+                self.code, "Timed out waiting for operation to finish, retry call to resume", retriable=True
+            )
+        )
 
     def purge(self) -> None:
         self.purged = True
@@ -161,8 +164,10 @@ def test_a_producer_queue_that_stays_full_aborts_and_replays_the_batch_a_record_
 
     proc, aborted = _processor(monkeypatch)
     # offline, with room for two records: the third cannot get in, even after waiting
-    proc.producers._producers = [Producer({"bootstrap.servers": "127.0.0.1:9",
-                                           "queue.buffering.max.messages": 2}), None]
+    proc.producers._producers = [
+        Producer({"bootstrap.servers": "127.0.0.1:9", "queue.buffering.max.messages": 2}),
+        None,
+    ]
     proc.producers.slot = 0
     proc._produce("t", b"v", b"k")
     proc._produce("t", b"v", b"k")

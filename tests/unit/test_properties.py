@@ -20,16 +20,27 @@ RETRY = {"max_attempts": 3, "backoff_ms": 10}
 WORKFLOW = definition(
     {
         "a": {"kind": "action", "action": "a", "retry": RETRY, "writes": {"items": {"from": "output"}}},
-        "b": {"kind": "action", "action": "b", "on_failure": "continue", "writes": {"notes": {"from": "output"}}},
-        "m": {"kind": "action", "action": "m", "map": {"from": "state", "pointer": "/items"}, "retry": RETRY,
-              "input": {"q": {"from": "item"}}, "writes": {"notes": {"from": "output"}}},
+        "b": {
+            "kind": "action",
+            "action": "b",
+            "on_failure": "continue",
+            "writes": {"notes": {"from": "output"}},
+        },
+        "m": {
+            "kind": "action",
+            "action": "m",
+            "map": {"from": "state", "pointer": "/items"},
+            "retry": RETRY,
+            "input": {"q": {"from": "item"}},
+            "writes": {"notes": {"from": "output"}},
+        },
         "join": {"kind": "state", "mutations": [{"op": "increment", "target": "joins", "value": 1}]},
     },
     entry=["a", "b"],
     routes={"a": ["m"], "b": ["join"], "m": ["join"]},
     state={"items": [], "notes": [], "joins": 0},
     reducers={"notes": "append"},
-)  # fmt: skip
+)
 
 
 def planned_receipt(h: RunHarness, step: dict[str, Any]) -> dict[str, Any]:
@@ -38,11 +49,23 @@ def planned_receipt(h: RunHarness, step: dict[str, Any]) -> dict[str, Any]:
     ident = h.ident(node, lineage, attempt)
     if node == "b" or (node in ("a", "m") and attempt == 1 and lineage in ("", "1")):
         retryable = node != "b"
-        return {"type": "ActivationFailed", **ident, "worker_id": "w", "code": "ExecutionFailed",
-                "message": f"{node} attempt {attempt}", "retryable": retryable, "usage": {"cost_micros": 1}}  # fmt: skip
+        return {
+            "type": "ActivationFailed",
+            **ident,
+            "worker_id": "w",
+            "code": "ExecutionFailed",
+            "message": f"{node} attempt {attempt}",
+            "retryable": retryable,
+            "usage": {"cost_micros": 1},
+        }
     output: Any = ["x", "y", "z"] if node == "a" else f"{node}{lineage}"
-    return {"type": "ActivationCompleted", **ident, "worker_id": "w", "output": output,
-            "usage": {"prompt_tokens": attempt, "completion_tokens": 1, "cost_micros": 2}}  # fmt: skip
+    return {
+        "type": "ActivationCompleted",
+        **ident,
+        "worker_id": "w",
+        "output": output,
+        "usage": {"prompt_tokens": attempt, "completion_tokens": 1, "cost_micros": 2},
+    }
 
 
 def deliverable(h: RunHarness) -> list[dict[str, Any]]:
@@ -51,13 +74,24 @@ def deliverable(h: RunHarness) -> list[dict[str, Any]]:
     for key in sorted(h.state["steps"]):
         step = h.state["steps"][key]
         if step["status"] == "scheduled":
-            out.append({"type": "ActivationAccepted", **h.ident(step["node"], step["lineage"]), "worker_id": "w",
-                        "lease_ms": 60_000})  # fmt: skip
+            out.append(
+                {
+                    "type": "ActivationAccepted",
+                    **h.ident(step["node"], step["lineage"]),
+                    "worker_id": "w",
+                    "lease_ms": 60_000,
+                }
+            )
         elif step["status"] == "running":
             out.append(planned_receipt(h, step))
         elif step["status"] == "retry_wait":
-            timer = next(t for t in h.timers.values() if t["timer_kind"] == "retry_backoff" and t["node"] == step["node"]
-                         and t["lineage"] == step["lineage"])  # fmt: skip
+            timer = next(
+                t
+                for t in h.timers.values()
+                if t["timer_kind"] == "retry_backoff"
+                and t["node"] == step["node"]
+                and t["lineage"] == step["lineage"]
+            )
             out.append(dict(timer))
     return out
 
@@ -110,8 +144,19 @@ def test_scenario_content() -> None:
     assert h.step("m", "1")["attempt"] == 2 and h.state["usage"]["retries"] == 2
 
 
-MESSAGE_TYPES = ["StartRun", "CancelRun", "SignalRun", "ResumeRun", "ActivationAccepted", "ActivationHeartbeat",
-                 "ActivationCompleted", "ActivationFailed", "ActivationCancelled", "ChildRunFinished", "TimerFired"]  # fmt: skip
+MESSAGE_TYPES = [
+    "StartRun",
+    "CancelRun",
+    "SignalRun",
+    "ResumeRun",
+    "ActivationAccepted",
+    "ActivationHeartbeat",
+    "ActivationCompleted",
+    "ActivationFailed",
+    "ActivationCancelled",
+    "ChildRunFinished",
+    "TimerFired",
+]
 TIMER_KINDS = ["retry_backoff", "node_timeout", "wait_timeout", "sleep", "wall_time", "lease_expiry", "bogus"]
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
@@ -128,18 +173,32 @@ def nonsense(draw: st.DrawFn, h: RunHarness) -> dict[str, Any]:
     attempt = draw(st.integers(0, 3))
     real = draw(st.booleans())
     msg: dict[str, Any] = {
-        "type": mtype, "node": node, "lineage": lineage, "attempt": attempt,
+        "type": mtype,
+        "node": node,
+        "lineage": lineage,
+        "attempt": attempt,
         "dispatch_id": dispatch_id(h.run_id, node, lineage, attempt) if real else draw(st.text(max_size=8)),
-        "worker_id": draw(st.sampled_from(["w", "w2"])), "lease_ms": draw(st.integers(-1, 100_000)),
-        "output": draw(json_values), "usage": draw(st.sampled_from([{}, {"prompt_tokens": 3}, {"cost_micros": -1}])),
-        "code": draw(st.sampled_from(["ExecutionFailed", "Timeout", "Nope"])), "message": "m",
-        "retryable": draw(st.booleans()), "reason": "r", "child_run_id": "c",
-        "status": draw(st.sampled_from(["succeeded", "failed", "cancelled", "odd"])), "failure": None,
-        "timer_id": "t", "timer_kind": draw(st.sampled_from(TIMER_KINDS)), "due_ms": draw(st.integers(0, 2_000_000)),
-        "definition_id": draw(st.sampled_from(["wf", "missing"])), "revision": draw(st.sampled_from([None, 1, 7])),
-        "input": draw(json_values), "signal": draw(st.sampled_from(["approval", "x"])), "payload": draw(json_values),
+        "worker_id": draw(st.sampled_from(["w", "w2"])),
+        "lease_ms": draw(st.integers(-1, 100_000)),
+        "output": draw(json_values),
+        "usage": draw(st.sampled_from([{}, {"prompt_tokens": 3}, {"cost_micros": -1}])),
+        "code": draw(st.sampled_from(["ExecutionFailed", "Timeout", "Nope"])),
+        "message": "m",
+        "retryable": draw(st.booleans()),
+        "reason": "r",
+        "child_run_id": "c",
+        "status": draw(st.sampled_from(["succeeded", "failed", "cancelled", "odd"])),
+        "failure": None,
+        "timer_id": "t",
+        "timer_kind": draw(st.sampled_from(TIMER_KINDS)),
+        "due_ms": draw(st.integers(0, 2_000_000)),
+        "definition_id": draw(st.sampled_from(["wf", "missing"])),
+        "revision": draw(st.sampled_from([None, 1, 7])),
+        "input": draw(json_values),
+        "signal": draw(st.sampled_from(["approval", "x"])),
+        "payload": draw(json_values),
         "budgets": draw(st.sampled_from([None, {}, {"max_steps": 1}, {"max_steps": -1}, {"bogus": 1}, "x"])),
-    }  # fmt: skip
+    }
     if draw(st.booleans()):
         msg["run_id"] = draw(st.sampled_from([h.run_id, "other-run"]))
     return msg

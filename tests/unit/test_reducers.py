@@ -83,8 +83,11 @@ def test_reject_concurrent_allows_one_writer_and_rejects_two() -> None:
     state = {"count": 0}
     assert apply_writes(state, [("count", "inc", "", 1)], {"count": "reject_concurrent"}) == {"count": 1}
     with pytest.raises(ReducerConflict) as info:
-        apply_writes(state, [("count", "b", "", 2), ("count", "a", "1", 1), ("count", "a", "0", 1)],
-                     {"count": "reject_concurrent"})  # fmt: skip
+        apply_writes(
+            state,
+            [("count", "b", "", 2), ("count", "a", "1", 1), ("count", "a", "0", 1)],
+            {"count": "reject_concurrent"},
+        )
     assert info.value.key == "count"
     assert info.value.writers == [("a", "0"), ("a", "1"), ("b", "")]
     assert "a[0], a[1], b" in str(info.value)

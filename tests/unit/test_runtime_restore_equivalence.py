@@ -15,17 +15,41 @@ from processors.runtime.timers import TimerFirer
 WALL = 3_600_000
 # `m` maps over state /items, which is null: each activation of the superstep fails the run
 # (InvalidInput), fail-fast cancelling `a`, scheduled with a node timeout in the same record.
-MAPFAIL = {"schema": "runfold.workflow/v1", "id": "mapfail", "revision": 1, "entry": ["a", "m"],
-           "state": {"items": None},
-           "nodes": {"a": {"kind": "action", "action": "a", "timeout_ms": 7_200_000},
-                     "m": {"kind": "action", "action": "m", "map": {"from": "state", "pointer": "/items"}}},
-           "budgets": {"wall_time_ms": WALL}}  # fmt: skip
-RETRY = {"schema": "runfold.workflow/v1", "id": "retry", "revision": 1, "entry": ["a"], "state": {"a": None},
-         "nodes": {"a": {"kind": "action", "action": "a", "retry": {"max_attempts": 3, "backoff_ms": 1000},
-                         "writes": {"a": {"from": "output"}}}}}  # fmt: skip
-STATE_ONLY = {"schema": "runfold.workflow/v1", "id": "state-only", "revision": 1, "entry": ["s"],
-              "state": {"x": None},
-              "nodes": {"s": {"kind": "state", "mutations": [{"op": "set", "target": "x", "value": 1}]}}}  # fmt: skip
+MAPFAIL = {
+    "schema": "runfold.workflow/v1",
+    "id": "mapfail",
+    "revision": 1,
+    "entry": ["a", "m"],
+    "state": {"items": None},
+    "nodes": {
+        "a": {"kind": "action", "action": "a", "timeout_ms": 7_200_000},
+        "m": {"kind": "action", "action": "m", "map": {"from": "state", "pointer": "/items"}},
+    },
+    "budgets": {"wall_time_ms": WALL},
+}
+RETRY = {
+    "schema": "runfold.workflow/v1",
+    "id": "retry",
+    "revision": 1,
+    "entry": ["a"],
+    "state": {"a": None},
+    "nodes": {
+        "a": {
+            "kind": "action",
+            "action": "a",
+            "retry": {"max_attempts": 3, "backoff_ms": 1000},
+            "writes": {"a": {"from": "output"}},
+        }
+    },
+}
+STATE_ONLY = {
+    "schema": "runfold.workflow/v1",
+    "id": "state-only",
+    "revision": 1,
+    "entry": ["s"],
+    "state": {"x": None},
+    "nodes": {"s": {"kind": "state", "mutations": [{"op": "set", "target": "x", "value": 1}]}},
+}
 
 
 def rig(path: Path) -> Rig:
@@ -41,16 +65,32 @@ def begin(run_id: str, definition: str) -> tuple[str, dict[str, Any]]:
 
 
 def resume(run_id: str, ts: int) -> tuple[str, dict[str, Any]]:
-    return "commands", {"type": "ResumeRun", "run_id": run_id, "ts_ms": ts, "record_id": f"resume-{ts}",
-                        "budgets": None, "reason": "again"}  # fmt: skip
+    return "commands", {
+        "type": "ResumeRun",
+        "run_id": run_id,
+        "ts_ms": ts,
+        "record_id": f"resume-{ts}",
+        "budgets": None,
+        "reason": "again",
+    }
 
 
 def failed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
-    return "receipts", {"type": "ActivationFailed", "run_id": act["run_id"], "ts_ms": ts, "record_id": f"f-{ts}",
-                        "node": act["node"], "lineage": act["lineage"], "attempt": act["attempt"],
-                        "dispatch_id": act["dispatch_id"], "worker_id": "w", "code": "ExecutionFailed",
-                        "message": "no", "retryable": True,
-                        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}}  # fmt: skip
+    return "receipts", {
+        "type": "ActivationFailed",
+        "run_id": act["run_id"],
+        "ts_ms": ts,
+        "record_id": f"f-{ts}",
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "worker_id": "w",
+        "code": "ExecutionFailed",
+        "message": "no",
+        "retryable": True,
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+    }
 
 
 def assert_restores_the_same(r: Rig, path: Path) -> dict[str, Any]:
@@ -140,7 +180,9 @@ def test_a_purged_run_id_stays_taken_when_retention_is_switched_off(tmp_path: Pa
     assert (event["type"], event["code"]) == ("RunRejected", "Conflict")
 
 
-def test_an_entry_from_a_finish_before_a_resume_under_another_retention_does_not_purge(tmp_path: Path) -> None:
+def test_an_entry_from_a_finish_before_a_resume_under_another_retention_does_not_purge(
+    tmp_path: Path,
+) -> None:
     r = rig(tmp_path / "live")
     r.transaction(begin("r", "mapfail"))  # failed at TS: entry TS + RETENTION
     r.folder.finished_retention_ms = 10 * RETENTION  # restarted with a longer retention

@@ -34,7 +34,9 @@ def test_a_finished_run_is_purged_after_its_retention_and_a_running_one_is_not(t
     rig.transaction(start("done"))
     [rejected] = [CODEC.decode("run_events", raw) for raw in rig.events()[before:]]
     assert rejected["type"] == "RunRejected" and rejected["code"] == "Conflict"
-    assert "already ran (succeeded) and was purged" in rejected["reason"] and store.state_bytes("done") is None
+    assert (
+        "already ran (succeeded) and was purged" in rejected["reason"] and store.state_bytes("done") is None
+    )
     # the purged counts survive a reopen
     store.close()
     again = PartitionStore(tmp_path / "live", 0)
@@ -49,7 +51,13 @@ def test_a_purge_deletes_key_by_key_and_leaves_a_run_whose_id_extends_it_alone(t
     rig.transaction(completed(rig.activation("done"), finished_at))
     store = rig.store
     # a timer the finished run still holds (none is expected; the purge must take it anyway)
-    body = {"type": "TimerFired", "timer_id": "stray", "timer_kind": "sleep", "due_ms": TS + 10**9, "run_id": "done"}
+    body = {
+        "type": "TimerFired",
+        "timer_id": "stray",
+        "timer_kind": "sleep",
+        "due_ms": TS + 10**9,
+        "run_id": "done",
+    }
     ov = PartitionOverlay(store)
     ov.set_timer("done", body, orjson.dumps(body))
     ov.write(None)
@@ -79,15 +87,32 @@ def test_restore_from_the_events_sets_the_same_purge_time(tmp_path: Path) -> Non
 
 
 def failed(act: dict, ts: int) -> tuple[str, dict]:
-    return "receipts", {"type": "ActivationFailed", "run_id": act["run_id"], "ts_ms": ts, "record_id": f"f-{ts}",
-                        "node": act["node"], "lineage": act["lineage"], "attempt": act["attempt"],
-                        "dispatch_id": act["dispatch_id"], "worker_id": "w", "code": "Boom", "message": "no",
-                        "retryable": False, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}}  # fmt: skip
+    return "receipts", {
+        "type": "ActivationFailed",
+        "run_id": act["run_id"],
+        "ts_ms": ts,
+        "record_id": f"f-{ts}",
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "worker_id": "w",
+        "code": "Boom",
+        "message": "no",
+        "retryable": False,
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+    }
 
 
 def resume(run_id: str, ts: int) -> tuple[str, dict]:
-    return "commands", {"type": "ResumeRun", "run_id": run_id, "ts_ms": ts, "record_id": f"resume-{ts}",
-                        "budgets": None, "reason": "try again"}  # fmt: skip
+    return "commands", {
+        "type": "ResumeRun",
+        "run_id": run_id,
+        "ts_ms": ts,
+        "record_id": f"resume-{ts}",
+        "budgets": None,
+        "reason": "try again",
+    }
 
 
 def test_a_run_resumed_after_it_failed_is_kept_and_then_purged_from_its_second_finish(tmp_path: Path) -> None:
@@ -104,7 +129,10 @@ def test_a_run_resumed_after_it_failed_is_kept_and_then_purged_from_its_second_f
     assert purge(rig.store, done_at + RETENTION - 1) == 0 and rig.store.state_bytes("r") is not None
     assert purge(rig.store, done_at + RETENTION) == 1 and rig.store.state_bytes("r") is None
     assert {k: v for k, v in rig.store.stats.items() if k.startswith("status.")} == {
-        "status.running": 0, "status.failed": 0, "status.succeeded": 0}
+        "status.running": 0,
+        "status.failed": 0,
+        "status.succeeded": 0,
+    }
     # restore from the run's events makes the same decisions
     restored = restore(rig, tmp_path / "restored")
     assert restored.next_purge_ms == done_at + RETENTION

@@ -31,8 +31,12 @@ def test_defaults_and_derived_names(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="instance_id"):
         ProcessorSettings(topic_prefix="acme", instance_id="p7~1")
     assert producer["partitioner"] == "murmur2_random"
-    assert ProcessorSettings(topic_prefix="a", static_membership=False).input_consumer_config().get(
-        "group.instance.id") is None
+    assert (
+        ProcessorSettings(topic_prefix="a", static_membership=False)
+        .input_consumer_config()
+        .get("group.instance.id")
+        is None
+    )
 
 
 def test_consumers_prefetch_8_mib_unless_the_client_overrides_say_otherwise() -> None:
@@ -78,7 +82,11 @@ def test_json_log_lines_carry_extra_fields() -> None:
 
 def test_dead_letter_keeps_coordinates_and_bytes() -> None:
     d = deadletter.dead_letter("p.commands", 2, 41, b"k", b"\x00junk", "cannot decode", 123)
-    assert d["record_id"] == "dl:p.commands:2:41" and d["original"] == b"\x00junk" and d["producer"] == "processor"
+    assert (
+        d["record_id"] == "dl:p.commands:2:41"
+        and d["original"] == b"\x00junk"
+        and d["producer"] == "processor"
+    )
     assert deadletter.dead_letter("t", 0, 1, None, None, "x" * 5000, 1)["error"] == "x" * 2000
     assert deadletter.dead_letter("t", 0, 1, None, None, "null", 1)["original"] == b""
 

@@ -82,8 +82,9 @@ def test_a_worker_whose_receipts_topic_lookup_fails_unexpectedly_stops_with_that
         raise TypeError("a bug in the lookup")
 
     monkeypatch.setattr(runner, "topic_max_message_bytes", broken)
-    worker_runner = runner.WorkerRunner(Worker(), KafkaSettings(bootstrap_servers=f"127.0.0.1:{_closed_port()}",
-                                                                topic_prefix="lookup"))  # fmt: skip
+    worker_runner = runner.WorkerRunner(
+        Worker(), KafkaSettings(bootstrap_servers=f"127.0.0.1:{_closed_port()}", topic_prefix="lookup")
+    )
     with pytest.raises(TypeError, match="a bug in the lookup"):  # on the loop, as if called in place
         asyncio.run(worker_runner.run(install_signals=False))
 
@@ -95,16 +96,26 @@ def _closed_port() -> int:
 
 
 def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_once(tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RUNFOLD_", "KAFKA_"))},
-           "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}", "RUNFOLD_STATE_DIR": str(tmp_path)}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RUNFOLD_", "KAFKA_"))},
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}",
+        "RUNFOLD_STATE_DIR": str(tmp_path),
+    }
     commands = {  # command -> (the line that says its signal handlers are in place, the line it stops with)
         "processor": ('"processor starting"', '"stop requested during start-up"'),
         "child-executor": ("child executor starting", "child executor stopped during start-up"),
         "worker": ("starting (cluster", "stop requested, draining"),
     }
-    procs = {name: subprocess.Popen([sys.executable, "-m", "processors.cli", name], env=env, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for name in commands}  # fmt: skip
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "processors.cli", name],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for name in commands
+    }
     output: dict[str, list[str]] = {name: [] for name in commands}
     started = {name: threading.Event() for name in commands}
 
@@ -133,7 +144,10 @@ def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_onc
         for name, proc in procs.items():
             rest = "".join(output[name])
             assert proc.returncode == 0, (name, rest[-2000:])
-            assert commands[name][1] in rest and "cannot reach" not in rest and "Traceback" not in rest, (name, rest)
+            assert commands[name][1] in rest and "cannot reach" not in rest and "Traceback" not in rest, (
+                name,
+                rest,
+            )
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -20,15 +20,26 @@ def store(tmp_path: Path):
 
 
 def _timer(run_id: str, timer_id: str, due: int) -> tuple[dict, bytes]:
-    body = {"type": "TimerFired", "timer_id": timer_id, "timer_kind": "sleep", "due_ms": due, "run_id": run_id}
+    body = {
+        "type": "TimerFired",
+        "timer_id": timer_id,
+        "timer_kind": "sleep",
+        "due_ms": due,
+        "run_id": run_id,
+    }
     return body, orjson.dumps(body)
 
 
 def test_java_murmur2_vectors() -> None:
     # Vectors from Apache Kafka's UtilsTest.testMurmur2 (signed Java ints).
-    cases = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
-             b"a-little-bit-longer-string": -1486304829,
-             b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+    cases = {
+        b"21": -973932308,
+        b"foobar": -790332482,
+        b"a-little-bit-long-string": -985981536,
+        b"a-little-bit-longer-string": -1486304829,
+        b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+        b"abc": 479470107,
+    }
     for data, signed in cases.items():
         assert murmur2(data) == signed & 0xFFFFFFFF, data
 
@@ -121,7 +132,7 @@ def test_fired_timer_is_not_pending_in_its_transaction(store: PartitionStore) ->
     ov.set_timer("r", body, raw)
     ov.write(None)
     ov2 = PartitionOverlay(store)
-    (tkey, _v), = store.due_timers(100, 10)
+    ((tkey, _v),) = store.due_timers(100, 10)
     assert ov2.timer_pending(timer_ref_key("r", "t"), tkey)
     ov2.clear_timer("r", "t")
     assert not ov2.timer_pending(timer_ref_key("r", "t"), tkey)
@@ -154,7 +165,14 @@ def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_one
     s = PartitionStore(tmp_path / "p0", 0, cache_runs=10)
 
     def write(*run_ids: str, status: str = "running") -> None:
-        s.write(WriteBatch(raw_mode=True), {r: {"run_id": r, "status": status} for r in run_ids}, None, False, None, {})
+        s.write(
+            WriteBatch(raw_mode=True),
+            {r: {"run_id": r, "status": status} for r in run_ids},
+            None,
+            False,
+            None,
+            {},
+        )
 
     write(*(f"r{i}" for i in range(10)))
     write("r0")  # written again: now the most recent
@@ -169,7 +187,9 @@ def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_one
     none.close()
 
 
-def test_recently_written_timer_references_agree_with_the_database(store: PartitionStore, monkeypatch) -> None:
+def test_recently_written_timer_references_agree_with_the_database(
+    store: PartitionStore, monkeypatch
+) -> None:
     import processors.runtime.store as store_module
 
     monkeypatch.setattr(store_module, "TIMER_REF_CACHE", 3)  # evictions happen too

@@ -15,12 +15,23 @@ LEASE_MS = 10_000
 
 
 def receipt(act: dict[str, Any], rtype: str, ts: int, **extra: Any) -> tuple[str, dict[str, Any]]:
-    return "receipts", {"type": rtype, "run_id": act["run_id"], "ts_ms": ts, "record_id": f"{rtype}-{ts}",
-                        "node": act["node"], "lineage": act["lineage"], "attempt": act["attempt"],
-                        "dispatch_id": act["dispatch_id"], "worker_id": "w", **extra}  # fmt: skip
+    return "receipts", {
+        "type": rtype,
+        "run_id": act["run_id"],
+        "ts_ms": ts,
+        "record_id": f"{rtype}-{ts}",
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "worker_id": "w",
+        **extra,
+    }
 
 
-def test_a_lease_timer_fired_while_a_heartbeat_waited_in_the_input_survives_its_return(tmp_path: Path) -> None:
+def test_a_lease_timer_fired_while_a_heartbeat_waited_in_the_input_survives_its_return(
+    tmp_path: Path,
+) -> None:
     rig = Rig(tmp_path / "s")
     rig.transaction(start("r"))
     act = rig.activation("r")

@@ -14,9 +14,19 @@ from schemas import Codec, DecodeError
 from schemas.contract import SCHEMA_DIR, load_contract
 
 TS = 1_764_400_000_000
-START = {"type": "StartRun", "run_id": "r-1", "record_id": "rec-1", "ts_ms": TS, "definition_id": "d",
-         "revision": 2, "input": {"topic": "kafka"}, "parent": None, "bundle": None, "budgets": None,
-         "labels": {"a": "b"}}
+START = {
+    "type": "StartRun",
+    "run_id": "r-1",
+    "record_id": "rec-1",
+    "ts_ms": TS,
+    "definition_id": "d",
+    "revision": 2,
+    "input": {"topic": "kafka"},
+    "parent": None,
+    "bundle": None,
+    "budgets": None,
+    "labels": {"a": "b"},
+}
 
 
 def newer_commands_schema() -> dict[str, Any]:
@@ -27,8 +37,14 @@ def newer_commands_schema() -> dict[str, Any]:
     branches = fields[-1]["type"]
     start = next(b for b in branches if b["name"] == "StartRun")
     start["fields"].append({"name": "priority", "type": ["null", "int"], "default": None})
-    branches.append({"type": "record", "name": "PauseRun", "namespace": "runfold",
-                     "fields": [{"name": "reason", "type": "string", "default": ""}]})
+    branches.append(
+        {
+            "type": "record",
+            "name": "PauseRun",
+            "namespace": "runfold",
+            "fields": [{"name": "reason", "type": "string", "default": ""}],
+        }
+    )
     return schema
 
 
@@ -50,7 +66,9 @@ def test_old_reader_reads_newer_writer_ignoring_added_fields(v2: dict[str, Any])
 
 def test_new_reader_reads_old_writer_with_defaults(v2: dict[str, Any]) -> None:
     old_writer = Codec(history=[])
-    new_reader = Codec(schemas={**load_contract(), "commands": v2}, history=[("commands", load_contract()["commands"])])
+    new_reader = Codec(
+        schemas={**load_contract(), "commands": v2}, history=[("commands", load_contract()["commands"])]
+    )
     got = new_reader.decode("commands", old_writer.encode("commands", START))
     assert got == {**START, "priority": None, "trace_id": None}
     # and the new reader still reads its own records

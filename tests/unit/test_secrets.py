@@ -9,29 +9,72 @@ from processors.engine.secrets import find_secret_literals, is_secret_handle, is
 
 @pytest.mark.parametrize(
     "key",
-    ["secret", "Secrets", "token", "password", "PASSWD", "credentials", "api_key", "apiKey", "X-Api-Key",
-     "apikey", "access_key", "accessToken", "secret-key", "private_key", "client_secret", "auth_token",
-     "Authorization", "github.token", "db_password"],
-)  # fmt: skip
+    [
+        "secret",
+        "Secrets",
+        "token",
+        "password",
+        "PASSWD",
+        "credentials",
+        "api_key",
+        "apiKey",
+        "X-Api-Key",
+        "apikey",
+        "access_key",
+        "accessToken",
+        "secret-key",
+        "private_key",
+        "client_secret",
+        "auth_token",
+        "Authorization",
+        "github.token",
+        "db_password",
+    ],
+)
 def test_secret_keys(key: str) -> None:
     assert is_secret_key(key)
 
 
 @pytest.mark.parametrize(
     "key",
-    ["max_tokens", "tokens_used", "token_count", "maxTokens", "tokenizer", "secret_name", "password_ref",
-     "prompt_tokens", "completion_tokens", "keyboard", "api", "monkey", "author", "secretary", "topic",
-     "token_limit", "api_key_id"],
-)  # fmt: skip
+    [
+        "max_tokens",
+        "tokens_used",
+        "token_count",
+        "maxTokens",
+        "tokenizer",
+        "secret_name",
+        "password_ref",
+        "prompt_tokens",
+        "completion_tokens",
+        "keyboard",
+        "api",
+        "monkey",
+        "author",
+        "secretary",
+        "topic",
+        "token_limit",
+        "api_key_id",
+    ],
+)
 def test_not_secret_keys(key: str) -> None:
     assert not is_secret_key(key)
 
 
 @pytest.mark.parametrize(
     "value",
-    ["capability://vault/x", "Bearer abc", "bearer abc", "sk-proj-123", "ghp_abc", "github_pat_11A",
-     "xoxb-123", "AKIAABCDEFGHIJKLMNOP", "-----BEGIN RSA PRIVATE KEY-----\nMII"],
-)  # fmt: skip
+    [
+        "capability://vault/x",
+        "Bearer abc",
+        "bearer abc",
+        "sk-proj-123",
+        "ghp_abc",
+        "github_pat_11A",
+        "xoxb-123",
+        "AKIAABCDEFGHIJKLMNOP",
+        "-----BEGIN RSA PRIVATE KEY-----\nMII",
+    ],
+)
 def test_secret_values(value: str) -> None:
     assert is_secret_value(value)
 

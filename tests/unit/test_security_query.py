@@ -65,10 +65,24 @@ def _event(sequence: int, blob: int = 0) -> bytes:
                 "labels": {},
             },
         )
-    return CODEC.encode("run_events", {"type": "RunAccepted", "run_id": RUN, "ts_ms": sequence,
-                                       "record_id": f"e{sequence}", "sequence": sequence, "definition_id": "wf",
-                                       "revision": 1, "bundle_hash": "h", "bundle": {}, "input": {"blob": "y" * blob},
-                                       "parent": None, "budgets": {}, "labels": {}})  # fmt: skip
+    return CODEC.encode(
+        "run_events",
+        {
+            "type": "RunAccepted",
+            "run_id": RUN,
+            "ts_ms": sequence,
+            "record_id": f"e{sequence}",
+            "sequence": sequence,
+            "definition_id": "wf",
+            "revision": 1,
+            "bundle_hash": "h",
+            "bundle": {},
+            "input": {"blob": "y" * blob},
+            "parent": None,
+            "budgets": {},
+            "labels": {},
+        },
+    )
 
 
 STATE = {
@@ -224,11 +238,18 @@ def test_a_run_answers_a_summary_and_the_whole_state_only_when_asked(store: Part
         server.close()
 
 
-@pytest.mark.parametrize(("query", "says"), [
-    ("since=-2", "since must be a whole number from 0"), (f"since={2**64}", "since must be a whole number from 0"),
-    ("since=abc", "since must be"), ("since=1&since=2", "given 2 times"), ("limit=0", "limit must be"),
-    ("limit=5000", "limit must be"), ("sinse=3", "unknown parameter 'sinse'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("since=-2", "since must be a whole number from 0"),
+        (f"since={2**64}", "since must be a whole number from 0"),
+        ("since=abc", "since must be"),
+        ("since=1&since=2", "given 2 times"),
+        ("limit=0", "limit must be"),
+        ("limit=5000", "limit must be"),
+        ("sinse=3", "unknown parameter 'sinse'"),
+    ],
+)
 def test_bad_parameters_answer_400_saying_which(store: PartitionStore, query: str, says: str) -> None:
     _fill(store, 2)
     server = _server(store)
@@ -240,9 +261,14 @@ def test_bad_parameters_answer_400_saying_which(store: PartitionStore, query: st
         server.close()
 
 
-@pytest.mark.parametrize(("run_id", "says"), [
-    ("a%01b", "control character"), ("%ff%fe", "not UTF-8"), ("%20" * 3000, "not found"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("run_id", "says"),
+    [
+        ("a%01b", "control character"),
+        ("%ff%fe", "not UTF-8"),
+        ("%20" * 3000, "not found"),
+    ],
+)
 def test_bad_run_ids_answer_400(store: PartitionStore, run_id: str, says: str) -> None:
     server = _server(store)
     try:

@@ -409,12 +409,25 @@ def test_the_connection_goes_to_the_address_that_was_checked(
     assert out["status"] == 200 and asked and all(ipaddress.ip_address(h).is_loopback for h in asked)
 
 
-@pytest.mark.parametrize(("address", "kind"), [
-    ("127.0.0.1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.1", "private"), ("172.16.5.4", "private"),
-    ("169.254.169.254", "link-local"), ("100.64.0.1", "not globally routable"), ("0.0.0.0", "unspecified"),
-    ("::1", "loopback"), ("fe80::1", "link-local"), ("fd00::1", "private"), ("::ffff:127.0.0.1", "embedded"),
-    ("64:ff9b::a00:1", "embedded"), ("2002:7f00:1::", "embedded"), ("224.0.0.1", "multicast"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("192.168.0.1", "private"),
+        ("172.16.5.4", "private"),
+        ("169.254.169.254", "link-local"),
+        ("100.64.0.1", "not globally routable"),
+        ("0.0.0.0", "unspecified"),
+        ("::1", "loopback"),
+        ("fe80::1", "link-local"),
+        ("fd00::1", "private"),
+        ("::ffff:127.0.0.1", "embedded"),
+        ("64:ff9b::a00:1", "embedded"),
+        ("2002:7f00:1::", "embedded"),
+        ("224.0.0.1", "multicast"),
+    ],
+)
 def test_non_public_addresses_are_named_and_public_ones_pass(address: str, kind: str) -> None:
     from processors.executors.destinations import address_kind
 

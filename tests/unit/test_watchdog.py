@@ -138,16 +138,26 @@ def test_health_answers_503_while_the_loop_is_stalled_and_200_once_it_moves_on()
     dog.beat()
     ready = threading.Event()
     ready.set()
-    processor = SimpleNamespace(codec=Codec.default(), partitions=None, watchdog=dog, ready=ready,
-                                settings=SimpleNamespace(instance_id="p-1"))
+    processor = SimpleNamespace(
+        codec=Codec.default(),
+        partitions=None,
+        watchdog=dog,
+        ready=ready,
+        settings=SimpleNamespace(instance_id="p-1"),
+    )
     server = QueryServer(processor, "127.0.0.1", 0)  # type: ignore[arg-type]
     try:
         status, body = server.answer("/health", {})
         assert status == 200 and orjson.loads(body)["stalled_s"] == 0
         clock.now += 31.0
         status, body = server.answer("/health", {})
-        assert status == 503 and orjson.loads(body) == {"ready": True, "stalled_s": 31.0, "instance_id": "p-1",
-                                                         "owned": [], "restoring": []}
+        assert status == 503 and orjson.loads(body) == {
+            "ready": True,
+            "stalled_s": 31.0,
+            "instance_id": "p-1",
+            "owned": [],
+            "restoring": [],
+        }
         dog.beat()
         with dog.call("commit_transaction", 10.0):  # a call past its timeout is a stall too
             clock.now += 10.0 + CALL_GRACE_S

@@ -20,37 +20,89 @@ from schemas import Codec
 
 
 def test_parent_step_round_trips_the_child_id_format() -> None:
-    for parent, node, lineage, attempt in [("r-1", "write", "", 1), ("root/a[2]", "sub", "3", 2), ("x", "n", "0", 7)]:
+    for parent, node, lineage, attempt in [
+        ("r-1", "write", "", 1),
+        ("root/a[2]", "sub", "3", 2),
+        ("x", "n", "0", 7),
+    ]:
         child = child_run_id(parent, node, lineage, attempt)
         step = parent_step_from_id(child)
-        assert step == {"run_id": parent, "node": node, "lineage": lineage, "attempt": attempt,
-                        "dispatch_id": dispatch_id(parent, node, lineage, attempt)}
+        assert step == {
+            "run_id": parent,
+            "node": node,
+            "lineage": lineage,
+            "attempt": attempt,
+            "dispatch_id": dispatch_id(parent, node, lineage, attempt),
+        }
     assert parent_step_from_id("plain-root-run") is None
 
 
 def test_parent_ref_wins_and_attempt_comes_from_the_id() -> None:
-    ref = {"parent_run_id": "p", "parent_node": "w", "parent_lineage": "", "parent_dispatch_id": "abc",
-           "root_run_id": "p", "depth": 1}
-    assert parent_step_from_ref("p/w#2", ref) == {"run_id": "p", "node": "w", "lineage": "", "attempt": 2,
-                                                  "dispatch_id": "abc"}
+    ref = {
+        "parent_run_id": "p",
+        "parent_node": "w",
+        "parent_lineage": "",
+        "parent_dispatch_id": "abc",
+        "root_run_id": "p",
+        "depth": 1,
+    }
+    assert parent_step_from_ref("p/w#2", ref) == {
+        "run_id": "p",
+        "node": "w",
+        "lineage": "",
+        "attempt": 2,
+        "dispatch_id": "abc",
+    }
 
 
 def _activation() -> dict:
-    parent = {"parent_run_id": "p", "parent_node": "w", "parent_lineage": "1",
-              "parent_dispatch_id": dispatch_id("p", "w", "1", 1), "root_run_id": "p", "depth": 1}
-    return {"type": "ChildRunActivation", "run_id": "p", "ts_ms": 1, "record_id": "a", "node": "w", "lineage": "1",
-            "attempt": 1, "dispatch_id": parent["parent_dispatch_id"], "child_run_id": "p/w[1]",
-            "definition_id": "child", "revision": 2, "input": {"q": 1}, "bundle": {"root": "child@2"},
-            "parent": parent, "deadline_ms": None}
+    parent = {
+        "parent_run_id": "p",
+        "parent_node": "w",
+        "parent_lineage": "1",
+        "parent_dispatch_id": dispatch_id("p", "w", "1", 1),
+        "root_run_id": "p",
+        "depth": 1,
+    }
+    return {
+        "type": "ChildRunActivation",
+        "run_id": "p",
+        "ts_ms": 1,
+        "record_id": "a",
+        "node": "w",
+        "lineage": "1",
+        "attempt": 1,
+        "dispatch_id": parent["parent_dispatch_id"],
+        "child_run_id": "p/w[1]",
+        "definition_id": "child",
+        "revision": 2,
+        "input": {"q": 1},
+        "bundle": {"root": "child@2"},
+        "parent": parent,
+        "deadline_ms": None,
+    }
 
 
 def test_commands_encode_with_the_codec() -> None:
     codec = Codec.default()
     start = codec.decode("commands", codec.encode("commands", start_command(_activation(), 5)))
-    assert (start["type"], start["run_id"], start["revision"], start["input"]) == ("StartRun", "p/w[1]", 2, {"q": 1})
+    assert (start["type"], start["run_id"], start["revision"], start["input"]) == (
+        "StartRun",
+        "p/w[1]",
+        2,
+        {"q": 1},
+    )
     assert start["parent"]["parent_run_id"] == "p" and start["bundle"] == {"root": "child@2"}
-    cancel = {"type": "ChildRunCancel", "run_id": "p", "node": "w", "lineage": "1", "attempt": 1,
-              "dispatch_id": "d", "child_run_id": "p/w[1]", "reason": "parent cancelled"}
+    cancel = {
+        "type": "ChildRunCancel",
+        "run_id": "p",
+        "node": "w",
+        "lineage": "1",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "child_run_id": "p/w[1]",
+        "reason": "parent cancelled",
+    }
     cmd = codec.decode("commands", codec.encode("commands", cancel_command(cancel, 5)))
     assert (cmd["type"], cmd["run_id"], cmd["reason"]) == ("CancelRun", "p/w[1]", "parent cancelled")
 
@@ -60,16 +112,49 @@ def test_finished_receipts_per_outcome() -> None:
     step = parent_step_from_id("p/w[1]")
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "cost_micros": 5}
     events = [
-        ({"type": "RunSucceeded", "run_id": "p/w[1]", "sequence": 9, "output": {"ok": 1}, "usage": usage}, "succeeded"),
-        ({"type": "RunFailed", "run_id": "p/w[1]", "sequence": 9, "usage": usage,
-          "failure": {"code": "ExecutionFailed", "message": "m", "retryable": False, "node": "a", "lineage": ""}}, "failed"),
-        ({"type": "RunCancelled", "run_id": "p/w[1]", "sequence": 9, "reason": "stop", "usage": usage}, "cancelled"),
-        ({"type": "RunRejected", "run_id": "p/w[1]", "sequence": 0, "code": "BudgetExceeded", "reason": "depth",
-          "command_type": "StartRun"}, "failed"),
+        (
+            {"type": "RunSucceeded", "run_id": "p/w[1]", "sequence": 9, "output": {"ok": 1}, "usage": usage},
+            "succeeded",
+        ),
+        (
+            {
+                "type": "RunFailed",
+                "run_id": "p/w[1]",
+                "sequence": 9,
+                "usage": usage,
+                "failure": {
+                    "code": "ExecutionFailed",
+                    "message": "m",
+                    "retryable": False,
+                    "node": "a",
+                    "lineage": "",
+                },
+            },
+            "failed",
+        ),
+        (
+            {"type": "RunCancelled", "run_id": "p/w[1]", "sequence": 9, "reason": "stop", "usage": usage},
+            "cancelled",
+        ),
+        (
+            {
+                "type": "RunRejected",
+                "run_id": "p/w[1]",
+                "sequence": 0,
+                "code": "BudgetExceeded",
+                "reason": "depth",
+                "command_type": "StartRun",
+            },
+            "failed",
+        ),
     ]
     for event, status in events:
-        receipt = codec.decode("receipts", codec.encode("receipts", finished_receipt(step, "p/w[1]", event, 7)))
-        assert receipt["type"] == "ChildRunFinished" and receipt["run_id"] == "p" and receipt["status"] == status
+        receipt = codec.decode(
+            "receipts", codec.encode("receipts", finished_receipt(step, "p/w[1]", event, 7))
+        )
+        assert (
+            receipt["type"] == "ChildRunFinished" and receipt["run_id"] == "p" and receipt["status"] == status
+        )
         assert (receipt["node"], receipt["lineage"], receipt["attempt"]) == ("w", "1", 1)
         assert receipt["dispatch_id"] == dispatch_id("p", "w", "1", 1) and receipt["child_run_id"] == "p/w[1]"
     assert finished_receipt(step, "p/w[1]", events[0][0], 7)["output"] == {"ok": 1}
@@ -166,7 +251,9 @@ def test_a_revoked_run_events_partition_takes_its_known_parents_with_it() -> Non
     # a child-activations partition of the same number is not the run-events one
     executor._forget_parents(executor.consumer, [TopicPartition("t.child-activations", 1)])
     assert executor.known_parents() == 3
-    executor._forget_parents(executor.consumer, [TopicPartition("t.run-events", 0), TopicPartition("t.run-events", 5)])
+    executor._forget_parents(
+        executor.consumer, [TopicPartition("t.run-events", 0), TopicPartition("t.run-events", 5)]
+    )
     assert executor.parents == {1: {"r/n": step}} and executor.known_parents() == 1
     assert set(executor.parents) == {1}  # a record of partition 0 fetched before the revoke adds no entry
     executor.consumer.close()

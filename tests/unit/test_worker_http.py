@@ -67,10 +67,21 @@ def _policy(host: str | None) -> SecretsPolicy:
     return SecretsPolicy({"api": SecretRule(definitions=["*"], hosts=[host] if host else [])})
 
 
-def _run(host: str | None, input: dict[str, Any], caps: tuple[str, ...] = ("secret:api",)) -> tuple[Any, ActionContext]:
+def _run(
+    host: str | None, input: dict[str, Any], caps: tuple[str, ...] = ("secret:api",)
+) -> tuple[Any, ActionContext]:
     settings = WorkerSettings(http_allowed_hosts=[host] if host else [], http_timeout_s=5)
-    act = {"run_id": "r", "node": "n", "lineage": "", "attempt": 1, "dispatch_id": "d", "capabilities": list(caps)}
-    ctx = ActionContext(act, SecretResolver(SecretStore({"api": SECRET}, use_env=False), caps, _policy(host)), "w")
+    act = {
+        "run_id": "r",
+        "node": "n",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "capabilities": list(caps),
+    }
+    ctx = ActionContext(
+        act, SecretResolver(SecretStore({"api": SECRET}, use_env=False), caps, _policy(host)), "w"
+    )
     action = HttpRequestAction(settings)
 
     async def go() -> Any:
@@ -101,7 +112,11 @@ def test_denied_by_default(server: str) -> None:
 
 def test_get_json_and_text(server: str) -> None:
     out, _ = _run(server, {"url": f"{server}/status/200"})
-    assert out == {"status": 200, "headers": {"content-type": "application/json"}, "json": {"status": "as asked"}}
+    assert out == {
+        "status": 200,
+        "headers": {"content-type": "application/json"},
+        "json": {"status": "as asked"},
+    }
     out, _ = _run(server, {"url": f"{server}/plain"})
     assert out["text"] == "plain text"
     out, _ = _run(server, {"url": f"{server}/post", "method": "POST", "json": {"a": [1, 2]}})
@@ -126,7 +141,9 @@ def test_response_echoing_a_secret_is_invalid_output(server: str) -> None:
     assert err.value.code == "InvalidOutput" and SECRET not in err.value.message
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(500, True), (503, True), (429, True), (404, False), (400, False)])
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(500, True), (503, True), (429, True), (404, False), (400, False)]
+)
 def test_status_classification(server: str, status: int, retryable: bool) -> None:
     with pytest.raises(ActionError) as err:
         _run(server, {"url": f"{server}/status/{status}"})
@@ -138,9 +155,17 @@ def test_timeout_is_retryable_and_failure_receipt_has_no_secret(server: str) -> 
         _run(server, {"url": f"{server}/slow", "timeout_ms": 200, "headers": {"x": {"$secret": "api"}}})
     assert (err.value.code, err.value.retryable) == ("Timeout", True)
     settings = WorkerSettings(http_allowed_hosts=[server])
-    act = {"run_id": "r", "node": "n", "lineage": "", "attempt": 1, "dispatch_id": "d", "capabilities": ["secret:api"]}
-    ctx = ActionContext(act, SecretResolver(SecretStore({"api": SECRET}, use_env=False), ["secret:api"],
-                                            _policy(server)), "w")
+    act = {
+        "run_id": "r",
+        "node": "n",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "capabilities": ["secret:api"],
+    }
+    ctx = ActionContext(
+        act, SecretResolver(SecretStore({"api": SECRET}, use_env=False), ["secret:api"], _policy(server)), "w"
+    )
     ctx.secrets.get("api")
     receipt = terminal_receipt(ctx, error=RuntimeError(f"boom with {SECRET} inside"))
     assert SECRET not in json.dumps(receipt) and settings.http_allowed_hosts == [server]

@@ -24,17 +24,34 @@ POLICY = SecretsPolicy({"api": SecretRule(definitions=["*"]), "db": SecretRule(q
 
 
 def _activation(**extra: object) -> dict:
-    act = {"type": "ActionActivation", "run_id": "r-1", "node": "fetch", "lineage": "2", "attempt": 3,
-           "dispatch_id": "d" * 32, "kind": "action", "action": "x", "input": {}, "lease_ms": 9000,
-           "heartbeat_ms": 1000, "capabilities": ["secret:api"], "deadline_ms": None}
+    act = {
+        "type": "ActionActivation",
+        "run_id": "r-1",
+        "node": "fetch",
+        "lineage": "2",
+        "attempt": 3,
+        "dispatch_id": "d" * 32,
+        "kind": "action",
+        "action": "x",
+        "input": {},
+        "lease_ms": 9000,
+        "heartbeat_ms": 1000,
+        "capabilities": ["secret:api"],
+        "deadline_ms": None,
+    }
     act.update(extra)
     return act
 
 
 def _ctx(store: SecretStore | None = None, **extra: object) -> ActionContext:
     act = _activation(**extra)
-    return ActionContext(act, SecretResolver(store or SecretStore({"api": "s3cr3t-value"}, use_env=False),
-                                             act["capabilities"], POLICY), "w-1")
+    return ActionContext(
+        act,
+        SecretResolver(
+            store or SecretStore({"api": "s3cr3t-value"}, use_env=False), act["capabilities"], POLICY
+        ),
+        "w-1",
+    )
 
 
 def test_registry_requires_ctx_and_input_and_unique_names() -> None:
@@ -94,7 +111,9 @@ def test_secret_resolver_is_capability_scoped() -> None:
         resolver.resolve({"$secret": "api", "extra": 1})
     assert malformed.value.code == "InvalidInput"
     with pytest.raises(ActionError, match="not configured"):
-        SecretResolver(store, ["secret:nope"], SecretsPolicy({"nope": SecretRule(definitions=["*"])})).get("nope")
+        SecretResolver(store, ["secret:nope"], SecretsPolicy({"nope": SecretRule(definitions=["*"])})).get(
+            "nope"
+        )
     assert contains_handle([{"a": {"$secret": "x"}}]) and not contains_handle({"a": "$secret"})
     assert contains_any({"k": ["xx s3cr3t-value"]}, ["s3cr3t-value"]) and not contains_any({"k": 1}, ["s"])
 
@@ -114,7 +133,11 @@ def test_terminal_receipt_outcomes() -> None:
     ctx = _ctx()
     ctx.usage(prompt_tokens=5, completion_tokens=7, cost_micros=11)
     failed = terminal_receipt(ctx, error=RetryableError("flaky"))
-    assert (failed["type"], failed["code"], failed["retryable"]) == ("ActivationFailed", "ExecutionFailed", True)
+    assert (failed["type"], failed["code"], failed["retryable"]) == (
+        "ActivationFailed",
+        "ExecutionFailed",
+        True,
+    )
     assert failed["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "cost_micros": 11}
 
     not_json = terminal_receipt(_ctx(), output={"s": {1, 2}})
@@ -149,7 +172,9 @@ def test_terminal_receipt_outcomes() -> None:
 def test_lease_receipts_carry_lease_and_identity() -> None:
     act = _activation()
     a, h = accepted(act, "w-1"), heartbeat(act, "w-1", 4)
-    assert a["type"] == "ActivationAccepted" and a["lease_ms"] == 9000 and a["dispatch_id"] == act["dispatch_id"]
+    assert (
+        a["type"] == "ActivationAccepted" and a["lease_ms"] == 9000 and a["dispatch_id"] == act["dispatch_id"]
+    )
     assert h["type"] == "ActivationHeartbeat" and h["record_id"] != a["record_id"]
 
 

@@ -6,6 +6,12 @@ from processors.executors.agents.openai_compat import OpenAICompatProvider
 from processors.executors.agents.structured import ProviderRouter, run_agent
 
 __all__ = [
-    "AgentProvider", "AgentRequest", "AgentResponse", "AgentUsage", "LocalProvider",
-    "OpenAICompatProvider", "ProviderRouter", "run_agent",
+    "AgentProvider",
+    "AgentRequest",
+    "AgentResponse",
+    "AgentUsage",
+    "LocalProvider",
+    "OpenAICompatProvider",
+    "ProviderRouter",
+    "run_agent",
 ]

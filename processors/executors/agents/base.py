@@ -43,7 +43,9 @@ class AgentProvider(Protocol):
         ...
 
 
-def cost_micros(prices: dict[str, tuple[int, int]], model: str, prompt_tokens: int, completion_tokens: int) -> int:
+def cost_micros(
+    prices: dict[str, tuple[int, int]], model: str, prompt_tokens: int, completion_tokens: int
+) -> int:
     """Cost from a price table `{model or "*": (prompt, completion) micros per 1000 tokens}`."""
     price = prices.get(model) or prices.get("*")
     if price is None:

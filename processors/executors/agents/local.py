@@ -42,6 +42,8 @@ class LocalProvider:
         prompt_tokens = len(prompt_text.split())
         completion_tokens = len(text.replace(",", " ").split())
         usage = AgentUsage(
-            prompt_tokens, completion_tokens, cost_micros(self.prices, request.model, prompt_tokens, completion_tokens)
+            prompt_tokens,
+            completion_tokens,
+            cost_micros(self.prices, request.model, prompt_tokens, completion_tokens),
         )
         return AgentResponse(text=text, usage=usage, json=value)

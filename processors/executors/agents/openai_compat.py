@@ -76,7 +76,9 @@ class OpenAICompatProvider:
         completion_tokens = int(raw_usage.get("completion_tokens") or 0)
         model = str(data.get("model") or self.model or request.model)
         usage = AgentUsage(
-            prompt_tokens, completion_tokens, cost_micros(self.prices, model, prompt_tokens, completion_tokens)
+            prompt_tokens,
+            completion_tokens,
+            cost_micros(self.prices, model, prompt_tokens, completion_tokens),
         )
         return AgentResponse(text=text, usage=usage)
 

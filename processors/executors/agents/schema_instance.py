@@ -55,7 +55,11 @@ class InstanceBuilder:
         kind = self._type(schema)
         if depth >= MAX_DEPTH and kind in ("object", "array"):
             return {} if kind == "object" else []
-        return getattr(self, "_" + kind)(schema, depth) if kind in ("object", "array") else getattr(self, "_" + kind)(schema)
+        return (
+            getattr(self, "_" + kind)(schema, depth)
+            if kind in ("object", "array")
+            else getattr(self, "_" + kind)(schema)
+        )
 
     # ------------------------------------------------------------------ composition
 
@@ -138,7 +142,9 @@ class InstanceBuilder:
             if optional:
                 out[optional[0]] = self.build(props[optional[0]], depth + 1)
             elif extra is not False:
-                out[f"{self.rng.choice(self.words)}_{n}"] = self.build(extra if isinstance(extra, dict) else {}, depth + 1)
+                out[f"{self.rng.choice(self.words)}_{n}"] = self.build(
+                    extra if isinstance(extra, dict) else {}, depth + 1
+                )
             n += 1
         return out
 

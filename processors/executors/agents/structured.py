@@ -47,7 +47,9 @@ class ProviderRouter:
         for key in (f"{agent}/{model}", agent, f"*/{model}", "*"):
             if key in routes:
                 return self._provider(routes[key])
-        raise ActionError("UnknownReference", f"no agent provider is routed for agent {agent!r} model {model!r}")
+        raise ActionError(
+            "UnknownReference", f"no agent provider is routed for agent {agent!r} model {model!r}"
+        )
 
     def _provider(self, name: str) -> AgentProvider:
         if name in self._built:
@@ -101,10 +103,14 @@ def prompt_messages(prompt: Any, output_schema: dict[str, Any] | None) -> list[M
     else:
         messages = [{"role": "user", "content": _content(prompt)}]
     if output_schema is not None:
-        messages.insert(0, {
-            "role": "system",
-            "content": "Answer with one JSON value (no prose) that matches this JSON schema: " + _content(output_schema),
-        })
+        messages.insert(
+            0,
+            {
+                "role": "system",
+                "content": "Answer with one JSON value (no prose) that matches this JSON schema: "
+                + _content(output_schema),
+            },
+        )
     return messages
 
 
@@ -135,7 +141,9 @@ async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRo
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
-            raise ActionError("InvalidInput", f"agent output_schema is not a valid JSON schema: {exc.message[:200]}") from None
+            raise ActionError(
+                "InvalidInput", f"agent output_schema is not a valid JSON schema: {exc.message[:200]}"
+            ) from None
         validator = Draft202012Validator(schema)
     agent, model = str(spec.get("agent") or ""), str(spec.get("model") or "")
     provider = router.select(agent, model)
@@ -145,12 +153,17 @@ async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRo
     for _ in range(attempts):
         ctx.check_cancelled()
         remaining = ctx.remaining_ms()
-        response = await provider.complete(AgentRequest(
-            agent=agent, model=model, messages=messages, output_schema=schema,
-            capabilities=ctx.capabilities,
-            timeout_s=remaining / 1000 if remaining is not None else None,
-            idempotency_key=ctx.idempotency_key,
-        ))
+        response = await provider.complete(
+            AgentRequest(
+                agent=agent,
+                model=model,
+                messages=messages,
+                output_schema=schema,
+                capabilities=ctx.capabilities,
+                timeout_s=remaining / 1000 if remaining is not None else None,
+                idempotency_key=ctx.idempotency_key,
+            )
+        )
         ctx.usage(response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.cost_micros)
         if validator is None:
             return response.json if response.json is not None else response.text
@@ -163,8 +176,12 @@ async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRo
             if error is None:
                 return value
             problem = f"the answer does not match the schema {error}"
-        messages = [*messages, {"role": "assistant", "content": response.text}, {
-            "role": "user",
-            "content": f"Your previous answer was rejected: {problem}. Reply again with only JSON matching the schema.",
-        }]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": response.text},
+            {
+                "role": "user",
+                "content": f"Your previous answer was rejected: {problem}. Reply again with only JSON matching the schema.",
+            },
+        ]
     raise ActionError("InvalidOutput", f"agent output invalid after {attempts} attempt(s): {problem}")
