@@ -43,7 +43,8 @@ from processors.engine.ids import control_character
 from processors.runtime.fetch import connect_first
 from processors.runtime.partitioning import partition_for
 from schemas import Codec
-from topology.settings import KafkaSettings, load_settings, producer_config, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, load_settings, producer_config
 
 # Look a little further back than a snapshot's timestamp when following events after it:
 # snapshot and events are written by the same processor, but clocks of different hosts
@@ -116,6 +117,10 @@ class RunClient:
             self._reader.close()
             self._reader = None
             self._snapshots = None
+
+    @property
+    def codec(self) -> Codec:
+        return self._codec
 
     @property
     def reader(self) -> PartitionReader:

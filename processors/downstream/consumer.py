@@ -28,7 +28,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from schemas import Codec, DecodeError
-from topology.settings import KafkaSettings, consumer_config, load_settings, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, consumer_config, load_settings
 
 log = logging.getLogger("runfold.downstream")
 

@@ -32,7 +32,8 @@ from confluent_kafka import OFFSET_BEGINNING
 from processors.client.reader import PartitionReader
 from processors.engine import dump_state, evolve, run_status, state_digest
 from schemas import Codec, DecodeError
-from topology.settings import KafkaSettings, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings
 
 Progress = Callable[[int, int], None]  # (records read so far, approximate total)
 

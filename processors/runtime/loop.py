@@ -45,6 +45,7 @@ from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.preflight import check_state_dir, check_topology
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
+from processors.runtime.query import QueryServer
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
@@ -187,8 +188,6 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             if s.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
             if s.query_port is not None:
-                from processors.runtime.query import QueryServer
-
                 self._query = QueryServer(self, s.http_host, s.query_port)
                 self.query_port = self._query.port
         except CannotServe as e:  # a port in use: say which, not a traceback
