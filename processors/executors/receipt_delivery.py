@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.executors import receipts
+from processors.executors.inflight import Entry, now_ms
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.settings import WorkerSettings
 from topology.catalog import TopicNames
-
-if TYPE_CHECKING:
-    from processors.executors.runner import Entry
 
 log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
@@ -35,10 +32,6 @@ _REFUSED = frozenset(
         KafkaError.RECORD_LIST_TOO_LARGE,
     }
 )
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class ReceiptDelivery:
