@@ -344,7 +344,7 @@ def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]
         "compression.type": "lz4",
         "batch.size": 1_000_000,
         # Java's default partitioner (murmur2): commands, receipts and run-events of a run must land in
-        # the same partition number whoever produces them, in any language (processors/runtime/partitioning.py).
+        # the same partition number whoever produces them, in any language (processors/kafka/partitioning.py).
         "partitioner": "murmur2_random",
         **_base(settings),
         **_kwargs(overrides),

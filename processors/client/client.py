@@ -40,8 +40,8 @@ from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
 from processors.engine.ids import control_character
-from processors.runtime.fetch import connect_first
-from processors.runtime.partitioning import partition_for
+from processors.kafka.fetch import connect_first
+from processors.kafka.partitioning import partition_for
 from schemas import Codec
 from topology.catalog import topic_names
 from topology.settings import KafkaSettings, load_settings, producer_config

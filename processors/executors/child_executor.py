@@ -37,10 +37,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
+from processors.kafka.exits import KEEP_WAITING, StopRequested, until_stopped
+from processors.kafka.fetch import connect_first, first_then_buffered
+from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
-from processors.runtime.fetch import connect_first, first_then_buffered
-from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import (

@@ -53,8 +53,8 @@ from processors.executors.registry import Action
 from processors.executors.secrets import SecretResolver, SecretsPolicy, SecretStore
 from processors.executors.settings import WorkerSettings
 from processors.executors.worker_group import WorkerGroup
+from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.fetch import connect_first, first_then_buffered
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from processors.executors.inflight import Entry
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
-from processors.runtime.fetch import resume_now
+from processors.kafka.fetch import resume_now
 from topology.settings import KafkaSettings, consumer_config
 
 log = logging.getLogger("runfold.worker")

@@ -122,7 +122,8 @@ def read_snapshots(
         if msg is None:
             continue
         n += 1
-        key = msg.key().decode() if msg.key() is not None else None
+        raw_key = msg.key()
+        key = raw_key.decode() if raw_key is not None else None
         if msg.value() is None:
             if key is not None:
                 latest.pop(key, None)

@@ -21,9 +21,9 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
+from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
 from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import PartitionOwners
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
@@ -729,8 +729,11 @@ class Folder:
             _inc(counters.records_out, self.run_state, n)
 
     # ---- restore ---------------------------------------------------------------------------
-    def fold_committed(self, overlay: PartitionOverlay, value: bytes) -> None:
-        """Fold one committed run event (restore): state, event log, timers; no output."""
+    def fold_committed(self, overlay: PartitionOverlay, value: bytes | None) -> None:
+        """Fold one committed run event (restore): state, event log, timers; no output.
+        Raises DecodeError for bytes that are no run event (a tombstone too)."""
+        if value is None:
+            raise DecodeError("null value (a tombstone)", "run_events")
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)

@@ -44,10 +44,10 @@ from confluent_kafka.admin import AdminClient
 from processors.engine import run_status
 from processors.engine.ids import control_character
 from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, error_body
+from processors.kafka.partitioning import partition_for
+from processors.kafka.watchdog import Watchdog
 from processors.runtime.assignment import Partitions
-from processors.runtime.partitioning import partition_for
 from processors.runtime.store import StoreClosed
-from processors.runtime.watchdog import Watchdog
 from schemas import Codec
 from topology.settings import admin_config
 
