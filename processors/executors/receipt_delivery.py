@@ -176,7 +176,10 @@ class ReceiptDelivery:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
+            if synchronous:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
         except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
             log.warning("offset commit failed: %s", exc)
             self.metrics.count("offset_commits", "failed")

@@ -54,6 +54,7 @@ from processors.executors.secrets import SecretResolver, SecretsPolicy, SecretSt
 from processors.executors.settings import WorkerSettings
 from processors.executors.worker_group import WorkerGroup
 from processors.kafka.fetch import connect_first, first_then_buffered
+from processors.kafka.records import coordinates
 from processors.metrics_endpoint import CannotServe
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
@@ -314,8 +315,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
             return
-        tp = (msg.topic(), msg.partition())
-        offset = msg.offset()
+        topic, partition, offset = coordinates(msg)
+        tp = (topic, partition)
         self._tick_records += 1
         self.tracker.add(tp, offset)
         try:
@@ -374,7 +375,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.counts["dead_letters"] += 1
         self.metrics.count("dead_letters")
         log.error("undecodable activation at %s[%d]@%d: %s", tp[0], tp[1], offset, error)
-        body = {
+        original = msg.value() or b""
+        body: dict[str, Any] = {
             "record_id": f"{tp[0]}:{tp[1]}:{offset}",
             "ts_ms": now_ms(),
             "source_topic": tp[0],
@@ -382,11 +384,11 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             "source_offset": offset,
             "key": msg.key(),
             "error": error[:2000],
-            "original": msg.value() or b"",
+            "original": original,
             "producer": self.worker_id,
         }
-        if len(body["original"]) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
-            body["error"] = f"{body['error']} (original of {len(body['original'])} bytes not kept)"[:2000]
+        if len(original) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
+            body["error"] = f"{body['error']} (original of {len(original)} bytes not kept)"[:2000]
             body["original"] = b""
         done = functools.partial(self._dead_letter_delivered, tp, offset)
         self.producer.produce(
