@@ -38,8 +38,9 @@ from processors.client.errors import (
 )
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
-from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
+from processors.client.views import RunView, view_from_query, view_from_snapshot
 from processors.engine.ids import control_character
+from processors.engine.vocabulary import TERMINAL_EVENTS
 from processors.kafka.fetch import connect_first
 from processors.kafka.partitioning import partition_for
 from processors.kafka.records import coordinates

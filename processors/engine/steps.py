@@ -19,6 +19,7 @@ from processors.engine.ids import dispatch_id, instance_key, order_key, step_tim
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
 from processors.engine.vocabulary import (
     DISPATCHED_KINDS,
+    EXECUTOR_KINDS,
     IN_FLIGHT_SLOT_STATUSES,
     NOT_SCHEDULED_STATUSES,
     OPEN_STEP_STATUSES,
@@ -221,7 +222,7 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         attempt=attempt,
         dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
         kind=kind,
-        queue=node.queue if kind in ("action", "agent") else None,
+        queue=node.queue if kind in EXECUTOR_KINDS else None,
         input=node_input,
         input_hash=_input_hash(em.state, node_input),
         deadline_ms=deadline,

@@ -31,6 +31,7 @@ from processors.engine.errors import ConditionError, DefinitionError, Issue
 from processors.engine.nesting import too_deep
 from processors.engine.refs import REF_KEYS, REF_SOURCES, iter_refs, parse_pointer
 from processors.engine.secrets import find_secret_literals, is_secret_handle
+from processors.engine.vocabulary import EXECUTOR_KINDS
 
 _COMMON: Final = frozenset({"kind", "description", "on_failure"})
 _EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "writes"})
@@ -152,7 +153,7 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
     for name in REQUIRED_FIELDS[node.kind]:
         if getattr(node, name) is None:
             issues.append(Issue(f"{base}.{name}", f"is required for kind {node.kind}", rule="kind_field"))
-    if node.kind in ("action", "agent") and node.heartbeat_ms >= node.lease_ms:
+    if node.kind in EXECUTOR_KINDS and node.heartbeat_ms >= node.lease_ms:
         issues.append(Issue(f"{base}.heartbeat_ms", "must be less than lease_ms", rule="lease"))
     if node.kind == "agent" and node.structured_output_attempts > 1 and node.output_schema is None:
         issues.append(

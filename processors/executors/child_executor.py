@@ -35,6 +35,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.engine.ids import dispatch_id
+from processors.engine.vocabulary import TERMINAL_EVENTS, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
 from processors.kafka.exits import KEEP_WAITING, StopRequested, until_stopped
@@ -59,8 +60,6 @@ TXN_TIMEOUT_S = 30.0
 # (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
 ABANDON_AFTER_S = 5.0
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
-TERMINAL_STATUS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
-ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 
 
 def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
@@ -166,7 +165,7 @@ def finished_receipt(
         "status": status,
         "output": output,
         "failure": failure,
-        "usage": event.get("usage") or dict(ZERO_USAGE),
+        "usage": event.get("usage") or zero_usage(),
     }
 
 
@@ -387,7 +386,7 @@ class ChildExecutor:
             children = self.parents.get(partition)
             if children is not None:  # else fetched before its partition was revoked in this batch's consume
                 children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
-        elif rtype in TERMINAL_STATUS or (
+        elif rtype in TERMINAL_EVENTS or (
             rtype == "RunRejected"
             and record.get("command_type") == "StartRun"
             and record.get("code") != "Conflict"

@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING
 
 from processors.client.reader import PartitionReader
 from processors.engine import dump_state, evolve, run_status, state_digest
+from processors.engine.vocabulary import TERMINAL_STATUSES
 from schemas import Codec, DecodeError
 from topology.catalog import topic_names
 from topology.settings import KafkaSettings
@@ -85,9 +86,6 @@ class VerifyReport:
             "events_per_s": round(self.events_per_s, 1),
             "differences": [asdict(d) for d in self.differences],
         }
-
-
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -254,7 +252,7 @@ def verify(
             progress(n, max(total, n))
         for run_id, first in lost.items():
             snap = snaps.get(run_id)
-            if snap is None or snap.status in _FINISHED:
+            if snap is None or snap.status in TERMINAL_STATUSES:
                 report.expired += 1  # finished (or purged) before its events expired: nothing lost
             else:
                 differ(
@@ -280,7 +278,7 @@ def verify(
             )
         for run_id in states:
             if run_id not in snaps and run_id not in failed:
-                if run_id in tombstoned and run_status(states[run_id]) in _FINISHED:
+                if run_id in tombstoned and run_status(states[run_id]) in TERMINAL_STATUSES:
                     report.purged += 1  # retention ended: the table forgot it, the events remain
                     continue
                 differ(
