@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -65,6 +66,24 @@ def _options() -> Options:
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     return options
+
+
+@dataclass(slots=True)
+class ChangeSet:
+    """One committed transaction's changes to a partition's store (overlay.change_set).
+    `batch` holds every key but the deletions of `purged` runs, which `apply` adds; `states`:
+    the states it writes (for the store's cache); `timer_refs`: the timer references it puts
+    (r-key -> t-key) or deletes (r-key -> None); `min_new_due`/`min_new_purge`: the earliest
+    timer and purge it adds; `timers_deleted`: whether it deletes a timer."""
+
+    batch: WriteBatch
+    states: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    purged: list[tuple[bytes, str, str | None]] = field(default_factory=list)
+    timer_refs: dict[bytes, bytes | None] = field(default_factory=dict)
+    min_new_due: int | None = None
+    min_new_purge: int | None = None
+    timers_deleted: bool = False
 
 
 def state_key(run_id: str) -> bytes:
@@ -327,21 +346,16 @@ class PartitionStore:
                 it.next()
         return out
 
-    def write(
-        self,
-        batch: WriteBatch,
-        states: dict[str, Any],
-        min_new_due: int | None,
-        timers_deleted: bool,
-        applied_offset: int | None,
-        stats: dict[str, int],
-        min_new_purge: int | None = None,
-        purged: list[tuple[bytes, str, str | None]] | None = None,
-        timer_refs: dict[bytes, bytes | None] | None = None,
-    ) -> None:
-        """Apply one committed transaction's changes (`batch` holds every key but the
-        deletions of `purged` runs, added here; `timer_refs`: the timer references it puts,
-        r-key -> t-key, or deletes, r-key -> None)."""
+    def apply(self, changes: ChangeSet, applied_offset: int | None) -> None:
+        """Apply one committed transaction's changes, with the last run-events offset they
+        reflect (None: no run event of this partition in them)."""
+        batch, states, stats, purged = changes.batch, changes.states, changes.stats, changes.purged
+        timer_refs, min_new_due, min_new_purge = (
+            changes.timer_refs,
+            changes.min_new_due,
+            changes.min_new_purge,
+        )
+        timers_deleted = changes.timers_deleted
         refs = self.timer_refs
         try:
             if timer_refs:
