@@ -144,7 +144,7 @@ REALISTIC: list[tuple[str, str, Any, Callable[[int], Any], int]] = [
         'input.tags.filter(t, t.startsWith("p")).size() > 0',
         {},
         lambda n: {"tags": tags(n)},
-        1000,
+        400,
     ),
     (
         "size over orders",
@@ -188,7 +188,7 @@ REALISTIC: list[tuple[str, str, Any, Callable[[int], Any], int]] = [
         "size(input.items.filter(x, x.qty > 5)) < 100",
         {},
         lambda n: {"items": items(n)},
-        300,
+        250,
     ),
 ]
 

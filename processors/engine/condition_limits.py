@@ -52,35 +52,36 @@ MAX_COST_NS: Final = 40_000_000  # the estimate's budget: the worst accepted eva
 ROOTS: Final = frozenset({"state", "input", "output"})
 COMPREHENSIONS: Final = frozenset({"all", "exists", "exists_one", "existsOne", "map", "filter"})
 
-# Per-operation costs of this machine's cel 0.10 (cel-rust 0.14.5), measured by
-# benchmarks/cel_limits_bench.py (`--coefficients`): each is ~1.2-2x the fastest time measured
-# for it, and no factor is applied on top of another (the budget, MAX_COST_NS against the
-# 50 ms promised, is the only margin). Three costs of cel-rust drive the model:
-# - *conversion* (CV_*): handing a value to a program converts it node by node; a string, a key,
-#   an object or an array ~0.8-1 µs (the binding tries several conversions first), an int ~0.1 µs;
-# - *copy* (CP_*): selecting a field (`input.a`), indexing, binding a comprehension's variable
-#   and accumulating a map/filter result deep-copy the value (~20-30 ns a scalar, ~0.3 µs a
-#   small object);
-# - map / filter copy their accumulator at every step: quadratic in the results.
-CV_VALUE: Final = 200  # per JSON value or key
-CV_FLOAT: Final = 400  # on top, per float (the dearest scalar)
-CV_STRING: Final = 1_300  # on top, per string or key
-CV_CONTAINER: Final = 1_400  # on top, per object or array
-CV_ENTRY: Final = 200  # on top, per key of an object (its insertion)
+# Per-operation costs of this machine's cel 0.10 (cel-rust 0.14.5), in CPU ns, measured by
+# benchmarks/cel_limits_bench.py (`--coefficients`) on this 2-core host shared with other
+# work: each is about the median measured at a load of 15 on 2 cores (where CPU time per
+# operation is ~2x an idle host's), charged once, never a factor on a factor (the budget,
+# MAX_COST_NS against the 50 ms promised, is the only margin). Three costs drive the model:
+# - *conversion* (CV_*): handing a value to a program converts it node by node; a string, a
+#   key, an object or an array ~1-2 µs (the binding tries several conversions first), an int
+#   ~0.2 µs;
+# - *copy* (CP_*): selecting a field (`input.a`), indexing and binding a comprehension's
+#   variable deep-copy the value (~30-70 ns a scalar, ~1-1.5 µs a small object);
+# - map / filter copy their accumulator at every step: quadratic in what they keep.
+CV_VALUE: Final = 250  # per JSON value or key
+CV_FLOAT: Final = 500  # on top, per float (the dearest scalar)
+CV_STRING: Final = 1_600  # on top, per string or key
+CV_CONTAINER: Final = 1_750  # on top, per object or array
+CV_ENTRY: Final = 250  # on top, per key of an object (its insertion)
 CV_BYTE: Final = 1  # per byte of JSON text
-CP_VALUE: Final = 45  # a deep copy: per value or key
-CP_STRING: Final = 110  # on top, per string or key
-CP_CONTAINER: Final = 70  # on top, per object or array
-CP_ENTRY: Final = 40  # on top, per key of an object
+CP_VALUE: Final = 70  # a deep copy: per value or key
+CP_STRING: Final = 180  # on top, per string or key
+CP_CONTAINER: Final = 110  # on top, per object or array
+CP_ENTRY: Final = 60  # on top, per key of an object
 CP_BYTES_PER_NS: Final = 10  # copying strings: 0.1 ns a byte
 NS_EXECUTE: Final = 2_000  # one call of the program (the activation, the result's type)
 NS_NODE: Final = 150  # one syntax-tree node evaluated once
 NS_SELECT: Final = 200  # a field selection or an index, on top of copying what it yields
 NS_CALL: Final = 300  # a function or a method, on top of its work on its arguments
-NS_ITERATION: Final = 500  # one comprehension step, on top of its body and of binding the element
-NS_ACCUMULATE: Final = 50  # map/filter: per result element held, at every step, plus its `acc`:
-ACC_STRING: Final = 40  # a string held (shared, not copied) on top of twice its shallow copy
-NS_IN_ELEMENT: Final = 30  # `in` a list: per element, on top of comparing it
+NS_ITERATION: Final = 600  # one comprehension step, on top of its body and of binding the element
+NS_ACCUMULATE: Final = 80  # map/filter: per result element held, at every step, plus its `acc`:
+ACC_STRING: Final = 100  # a string held (shared, not copied) on top of twice its shallow copy
+NS_IN_ELEMENT: Final = 40  # `in` a list: per element, on top of comparing it
 NS_BYTE: Final = 1  # string work per byte (compare, scan, hash)
 NS_REGEX: Final = 2  # matches(): per subject byte and per state of the pattern's automaton
 NS_REGEX_COMPILE: Final = 100  # per state of the automaton built
@@ -556,12 +557,15 @@ class _Size(NamedTuple):
 
 class _Est(NamedTuple):
     """A bound of one subexpression: its cost (ns), its value's `_Size`, its largest element's
-    when known, and the Python value when it is a plain path of the variables."""
+    when known, the Python value when it is a plain path of the variables, and the values it
+    may take when it is a comprehension's variable (or a field of one): the elements of the
+    range, so a field of the variable is bounded by that field's values, not the element's."""
 
     cost: int
     of: _Size
     item: _Size | None = None
     value: Any = _NOTHING
+    values: list[Any] | None = None  # the values it may take, when they are known
 
 
 _SCALAR: Final = _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE, 20)
@@ -643,23 +647,26 @@ class _Sizes:
         t = type(value)
         found: _Size | None = None
         if (t is list or t is dict) and len(value) <= SCAN_ELEMENTS:
-            elements = value if t is list else list(value)
-            if not elements or all(type(e) is int or type(e) is bool or e is None for e in elements):
-                found = _SCALAR
-            elif all(type(e) is str for e in elements):
-                chars = max(map(len, elements))
-                size = 6 * chars + 2  # a character is at most 6 bytes of JSON (an escape)
-                found = _Size(
-                    chars,
-                    CP_VALUE + CP_STRING + size // CP_BYTES_PER_NS,
-                    2 * CP_VALUE + ACC_STRING,
-                    CV_VALUE + CV_STRING + CV_BYTE * size,
-                    size,
-                )
-            else:
-                found = _largest(elements)
+            found = _every(value if t is list else list(value))
         self.items[key] = found
         return found
+
+
+def _every(elements: list[Any]) -> _Size:
+    """A bound of every value of `elements` (each count the largest any has)."""
+    if not elements or all(type(e) is int or type(e) is bool or e is None for e in elements):
+        return _SCALAR
+    if all(type(e) is str for e in elements):
+        chars = max(map(len, elements))
+        size = 6 * chars + 2  # a character is at most 6 bytes of JSON (an escape)
+        return _Size(
+            chars,
+            CP_VALUE + CP_STRING + size // CP_BYTES_PER_NS,
+            2 * CP_VALUE + ACC_STRING,
+            CV_VALUE + CV_STRING + CV_BYTE * size,
+            size,
+        )
+    return _largest(elements)
 
 
 def _largest(elements: list[Any]) -> _Size:
@@ -719,8 +726,9 @@ def estimate_ns(tree: Node, variables: dict[str, Any]) -> int:
 
 
 def _within(s: _Size) -> _Size:
-    """A bound of any part of a value bounded by `s` (a field, an element)."""
-    return s._replace(n=min(s.n, s.size // 2 + 1))
+    """A bound of any part of a value bounded by `s` (a field, an element): as long as two
+    bytes of its text (`[1,2]`) allow."""
+    return s._replace(n=s.size // 2 + 1)
 
 
 def _plus(a: _Size, b: _Size) -> _Size:
@@ -738,6 +746,9 @@ def _literal(node: Node) -> str | None:
     return node[4] if node[0] == "lit" and len(node) > 4 else None
 
 
+_Env = dict[str, tuple[_Size, list[Any] | None]]  # a comprehension variable: its bound, its values
+
+
 class _Estimator:
     def __init__(self, variables: dict[str, Any], sizes: _Sizes) -> None:
         self.variables = variables
@@ -752,7 +763,7 @@ class _Estimator:
             return est.item
         return self.sizes.item(est.value)
 
-    def estimate(self, node: Node, env: dict[str, _Size]) -> _Est:
+    def estimate(self, node: Node, env: _Env) -> _Est:
         kind = node[0]
         est = self.estimate
         if kind == "lit":
@@ -774,7 +785,8 @@ class _Estimator:
         if kind == "ident":
             name = node[3]
             if name in env:
-                return _Est(NS_NODE, env[name])
+                bound, values = env[name]
+                return _Est(NS_NODE, bound, None, _NOTHING, values)
             if name in self.variables:
                 return self.known(NS_NODE, self.variables[name])
             return _Est(NS_NODE, _SCALAR)  # a type name
@@ -789,6 +801,10 @@ class _Estimator:
             if key is not _NOTHING and type(value) is dict and key in value:
                 found = self.known(0, value[key])
                 return found._replace(cost=cost + found.of.copy)
+            if key is not _NOTHING and base.values is not None:  # a field of a variable's values
+                sub = [v[key] for v in base.values if type(v) is dict and key in v]
+                bound = _every(sub)
+                return _Est(cost + bound.copy, bound, None, _NOTHING, sub)
             element = self.item(base) if kind == "index" else None
             if element is not None:  # an element: bounded by the largest
                 return _Est(cost + element.copy, element)
@@ -842,10 +858,23 @@ class _Estimator:
         # a function or method: at most linear in its arguments, its result at most their size
         return _Est(cost, args)
 
-    def macro(self, node: Node, env: dict[str, _Size]) -> _Est:
+    def macro(self, node: Node, env: _Env) -> _Est:
         rng = self.estimate(node[3], env)
-        item = self.item(rng) or _within(rng.of)
-        inner = {**env, node[5]: item}
+        n, item, values = rng.of.n, self.item(rng), None
+        if rng.value is not _NOTHING and type(rng.value) in (list, dict) and len(rng.value) <= SCAN_ELEMENTS:
+            values = rng.value if type(rng.value) is list else list(rng.value)
+        elif rng.values is not None:  # a field of an outer variable: its elements, all of them
+            values, n = [], 0
+            for v in rng.values:
+                if type(v) is list or type(v) is dict:
+                    values.extend(v)
+                    n = max(n, len(v))
+            if len(values) <= SCAN_ELEMENTS:
+                item = _every(values)
+            else:
+                values, n = None, rng.of.n
+        item = item or _within(rng.of)
+        inner = {**env, node[5]: (item, values)}
         body_cost, result = 0, _SCALAR
         for part in node[6]:
             b = self.estimate(part, inner)

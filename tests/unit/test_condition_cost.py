@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from processors.engine.condition_limits import MAX_COST_NS, ConditionLimit, estimate_ns, narrow
@@ -20,9 +20,10 @@ from processors.engine.conditions import compile_condition
 from processors.engine.errors import ConditionError
 
 CEILING = 256 * 1024  # the engine's input / payload ceiling
-# Generous: an accepted evaluation is bounded by the budget (40 ms of estimate) and measures
-# well under it; this leaves room for a loaded shared host.
-FAST_S = 0.06
+# Times are the evaluation's CPU time (`time.thread_time`: the binding runs on the calling
+# thread holding the GIL), the fastest of a few runs, so a loaded shared host's scheduling does
+# not count. Generous: an accepted evaluation is bounded by the budget (40 ms of estimate).
+FAST_S = 0.05
 
 
 def order(i: int) -> dict[str, Any]:
@@ -52,15 +53,14 @@ def items(n: int) -> list[dict[str, Any]]:
 def best_of(
     cond_expr: str, *, state: Any, input: Any, output: Any = None, runs: int = 3
 ) -> tuple[bool, float]:
-    """The result and the fastest of `runs` evaluations (seconds): the least noisy figure of
-    the evaluation's own cost on a shared host."""
+    """The result and the fastest of `runs` evaluations (CPU seconds)."""
     cond = compile_condition(cond_expr)
     times: list[float] = []
     result = False
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         result = cond.evaluate(state=state, input=input, output=output)
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return result, min(times)
 
 
@@ -72,14 +72,15 @@ REALISTIC: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         {"items": items(2000)},
         False,
     ),
-    # 600, not 1,000: filter copies its accumulator at every step, and the estimate cannot know
-    # how many strings match; 1,000 that all match take ~47 ms of CPU on this machine, over the
-    # budget, so the bound refuses 1,000 strings whatever they hold (it accepts ~650)
+    # 400, not 1,000: filter copies its accumulator at every step and the estimate cannot know
+    # how many strings match. 1,000 strings that all match take ~47 ms of CPU on this host at a
+    # load of 8 (~120 ms at 15), over the budget, so the bound refuses 1,000 strings whatever
+    # they hold; it accepts up to ~490
     (
-        "filter over 600 strings",
+        "filter over 400 strings",
         'input.tags.filter(t, t.startsWith("p")).size() > 0',
         {},
-        {"tags": [f"{'p' if i % 10 == 0 else 't'}ag{i}" for i in range(600)]},
+        {"tags": [f"{'p' if i % 10 == 0 else 't'}ag{i}" for i in range(400)]},
         True,
     ),
     ("size over a 256 KB input", "size(input.orders) > 10", {}, orders_input(), True),
@@ -97,6 +98,13 @@ REALISTIC: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         'input.orders.exists(o, o.status == "refunded" || o.total > 1e9)',
         {},
         orders_input(),
+        False,
+    ),
+    (
+        "nested exists over order lines",
+        'input.orders.exists(o, o.lines.exists(l, l.sku == "SKU-9999"))',
+        {},
+        {"orders": [order(i) for i in range(300)]},
         False,
     ),
     (
@@ -149,14 +157,14 @@ def _largest(expr: str, make: Any, limit: int = 1 << 17) -> int:
         (
             'input.tags.filter(t, t.startsWith("p")).size() > 0',
             lambda n: {"tags": [f"p{i}" for i in range(n)]},
-            600,
+            450,
         ),
         ("input.n.map(x, x * 2).size() > 0", lambda n: {"n": list(range(n))}, 300),
         ("input.n.all(x, x >= 0)", lambda n: {"n": list(range(n))}, 5000),
     ],
 )
 def test_the_estimate_accepts_realistic_list_sizes(expr: str, make: Any, at_least: int) -> None:
-    """Before the tight model these were refused from ~100-300 items."""
+    """Before the tight model these were refused from 998, 159, 262 and 8,999 items."""
     assert _largest(expr, make) >= at_least
 
 
@@ -210,22 +218,22 @@ def test_hostile_conditions_at_the_largest_accepted_data_stay_under_the_budget(
     cond = compile_condition(expr)
     times = []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             cond.evaluate(state={}, input=data, output=None)
         except ConditionLimit:
             raise
         except ConditionError:
             pass  # an evaluation error is an outcome too: it ran
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     assert min(times) < 0.05, f"{name}: n={n}, {min(times) * 1000:.1f} ms"
     # and twice the data is refused before it runs (the estimate grows with the data)
     bigger = make(max(2 * n, 1))
     if len(orjson.dumps(bigger)) <= CEILING:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         with pytest.raises(ConditionLimit):
             cond.evaluate(state={}, input=bigger, output=None)
-        assert time.perf_counter() - t0 < 0.1
+        assert time.thread_time() - t0 < 0.1
 
 
 def test_the_reviews_cases_stay_refused() -> None:
@@ -253,12 +261,12 @@ def test_estimating_costs_far_less_than_evaluating() -> None:
     variables = {k: narrow({"input": data}[k], p) for k, p in analysis.reads.items()}
     est, run = [], []
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         estimate_ns(analysis.tree, variables)
-        est.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        est.append(time.thread_time() - t0)
+        t0 = time.thread_time()
         cond._program.execute(variables)
-        run.append(time.perf_counter() - t0)
+        run.append(time.thread_time() - t0)
     assert statistics.median(est) < statistics.median(run) / 4
 
 
@@ -348,12 +356,12 @@ def test_whenever_the_estimate_accepts_the_evaluation_stays_under_the_budget(
     variables = {k: narrow({"input": data}[k], p) for k, p in cond._analysis.reads.items()}
     times = []
     for _ in range(2):
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()
         with contextlib.suppress(Exception):  # an evaluation error (no such overload, ...) ran too
             cond._program.execute(variables)
-        times.append(time.perf_counter_ns() - t0)
-    # the budget is 40 ms of estimate; the promise is under 50 ms; the best of two runs
-    # keeps a loaded host's noise out
+        times.append(time.thread_time_ns() - t0)
+    # the budget is 40 ms of estimate; the promise is under 50 ms of CPU
+    event(f"accepted, estimate {'>= 10' if cost >= 10_000_000 else '< 10'} ms")
     assert min(times) < 50_000_000, (
         f"{expr} on n={len(data['a'])}: {min(times) / 1e6:.1f} ms, estimate {cost / 1e6:.1f} ms"
     )
