@@ -35,9 +35,11 @@ cel has already compiled, so it never decides what is valid CEL, only how large 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 import orjson
@@ -54,18 +56,18 @@ COMPREHENSIONS: Final = frozenset({"all", "exists", "exists_one", "existsOne", "
 
 # Per-operation costs of this machine's cel 0.10 (cel-rust 0.14.5), in CPU ns, measured by
 # benchmarks/cel_limits_bench.py (`--coefficients`) on this 2-core host shared with other
-# work: each is about the median measured at a load of 15 on 2 cores (where CPU time per
+# work: each is about the median measured at a load of 15-25 on 2 cores (where CPU time per
 # operation is ~2x an idle host's), charged once, never a factor on a factor (the budget,
 # MAX_COST_NS against the 50 ms promised, is the only margin). Three costs drive the model:
 # - *conversion* (CV_*): handing a value to a program converts it node by node; a string, a
 #   key, an object or an array ~1-2 µs (the binding tries several conversions first), an int
-#   ~0.2 µs;
+#   ~0.2-0.3 µs, a float ~1 µs;
 # - *copy* (CP_*): selecting a field (`input.a`), indexing and binding a comprehension's
 #   variable deep-copy the value (~30-70 ns a scalar, ~1-1.5 µs a small object);
 # - map / filter copy their accumulator at every step: quadratic in what they keep.
-CV_VALUE: Final = 250  # per JSON value or key
-CV_FLOAT: Final = 500  # on top, per float (the dearest scalar)
-CV_STRING: Final = 1_600  # on top, per string or key
+CV_VALUE: Final = 300  # per JSON value or key
+CV_FLOAT: Final = 800  # on top, per float (the dearest scalar)
+CV_STRING: Final = 1_800  # on top, per string or key
 CV_CONTAINER: Final = 1_750  # on top, per object or array
 CV_ENTRY: Final = 250  # on top, per key of an object (its insertion)
 CV_BYTE: Final = 1  # per byte of JSON text
@@ -85,7 +87,7 @@ NS_IN_ELEMENT: Final = 40  # `in` a list: per element, on top of comparing it
 NS_BYTE: Final = 1  # string work per byte (compare, scan, hash)
 NS_REGEX: Final = 2  # matches(): per subject byte and per state of the pattern's automaton
 NS_REGEX_COMPILE: Final = 100  # per state of the automaton built
-SCAN_ELEMENTS: Final = 20_000  # a range up to this long has its largest element measured
+SCAN_ELEMENTS: Final = 20_000  # a range up to this long has its largest element measured (any list of ints)
 REGEX_CLASS_STATES: Final = 300  # a Unicode class (\w, \d, \pL, ., [^...]) as automaton states
 
 
@@ -519,6 +521,9 @@ def _apply(value: Any, plan: _Plan) -> Any:
             return [None] * len(value)
         if sub[0] == "fields" and all(p is None for p in sub[1].values()):  # the common case, fast
             keys = tuple(sub[1])
+            if len(keys) == 1:
+                (k,) = keys
+                return [({k: e[k]} if k in e else {}) if type(e) is dict else e for e in value]
             return [{k: e[k] for k in keys if k in e} if type(e) is dict else e for e in value]
         return [_apply(e, sub) for e in value]
     if kind == "size":
@@ -568,6 +573,7 @@ class _Est(NamedTuple):
     values: list[Any] | None = None  # the values it may take, when they are known
 
 
+_SCALARS: Final = frozenset({int, bool, type(None)})
 _SCALAR: Final = _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE, 20)
 _FLOAT: Final = _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE + CV_FLOAT, 24)
 # the characters counted in a value's JSON text (`_size`)
@@ -646,7 +652,9 @@ class _Sizes:
             return self.items[key]
         t = type(value)
         found: _Size | None = None
-        if (t is list or t is dict) and len(value) <= SCAN_ELEMENTS:
+        if t is list and set(map(type, value)) <= _SCALARS:
+            found = _SCALAR  # however long: the check is cheap
+        elif (t is list or t is dict) and len(value) <= SCAN_ELEMENTS:
             found = _every(value if t is list else list(value))
         self.items[key] = found
         return found
@@ -654,9 +662,10 @@ class _Sizes:
 
 def _every(elements: list[Any]) -> _Size:
     """A bound of every value of `elements` (each count the largest any has)."""
-    if not elements or all(type(e) is int or type(e) is bool or e is None for e in elements):
+    types = set(map(type, elements))  # at C speed: this runs on every element
+    if types <= _SCALARS:
         return _SCALAR
-    if all(type(e) is str for e in elements):
+    if types == {str}:
         chars = max(map(len, elements))
         size = 6 * chars + 2  # a character is at most 6 bytes of JSON (an escape)
         return _Size(
@@ -666,10 +675,10 @@ def _every(elements: list[Any]) -> _Size:
             CV_VALUE + CV_STRING + CV_BYTE * size,
             size,
         )
-    return _largest(elements)
+    return _largest(elements, types == {dict})
 
 
-def _largest(elements: list[Any]) -> _Size:
+def _largest(elements: list[Any], objects: bool) -> _Size:
     """Each count the largest any element's JSON text has (a sum of maxima bounds the maximum
     of sums). Flat objects (no object inside one, no brace in a string: the text then has
     exactly one `{` per element), the common case, in one text split at `},{`: an object of
@@ -677,11 +686,7 @@ def _largest(elements: list[Any]) -> _Size:
     one by one."""
     raw = orjson.dumps(elements)
     n = len(elements)
-    if (
-        raw.count(b"{") == n == raw.count(b"}")
-        and raw.count(b"[") == 1
-        and all(type(e) is dict for e in elements)
-    ):
+    if objects and raw.count(b"{") == n == raw.count(b"}") and raw.count(b"[") == 1:
         keys = max(map(len, elements))
         parts = raw[2:-2].split(b"},{")
         quotes = max(map(bytes.count, parts, repeat(b'"')))
@@ -746,7 +751,26 @@ def _literal(node: Node) -> str | None:
     return node[4] if node[0] == "lit" and len(node) > 4 else None
 
 
-_Env = dict[str, tuple[_Size, list[Any] | None]]  # a comprehension variable: its bound, its values
+class _Var:
+    """A comprehension variable: the values it may take (the range's elements, when known) and
+    the bound of each, measured only if the body uses the variable otherwise than through its
+    fields (that takes a scan of the values)."""
+
+    __slots__ = ("_bound", "_make", "values")
+
+    def __init__(self, values: list[Any] | None, make: Callable[[], _Size]) -> None:
+        self.values = values
+        self._make = make
+        self._bound: _Size | None = None
+
+    @property
+    def bound(self) -> _Size:
+        if self._bound is None:
+            self._bound = self._make()
+        return self._bound
+
+
+_Env = dict[str, _Var]
 
 
 class _Estimator:
@@ -785,13 +809,18 @@ class _Estimator:
         if kind == "ident":
             name = node[3]
             if name in env:
-                bound, values = env[name]
-                return _Est(NS_NODE, bound, None, _NOTHING, values)
+                var = env[name]
+                return _Est(NS_NODE, var.bound, None, _NOTHING, var.values)
             if name in self.variables:
                 return self.known(NS_NODE, self.variables[name])
             return _Est(NS_NODE, _SCALAR)  # a type name
         if kind in ("select", "index"):
-            base = est(node[3], env)
+            operand = node[3]
+            bound_var = env.get(operand[3]) if operand[0] == "ident" else None
+            if kind == "select" and bound_var is not None and bound_var.values is not None:
+                base = _Est(NS_NODE, _SCALAR, None, _NOTHING, bound_var.values)  # its field's values bound it
+            else:
+                base = est(operand, env)
             cost = base.cost + NS_SELECT
             key: Any = node[4] if kind == "select" else _NOTHING
             if kind == "index":
@@ -802,7 +831,10 @@ class _Estimator:
                 found = self.known(0, value[key])
                 return found._replace(cost=cost + found.of.copy)
             if key is not _NOTHING and base.values is not None:  # a field of a variable's values
-                sub = [v[key] for v in base.values if type(v) is dict and key in v]
+                try:  # at C speed when every value has the field
+                    sub = list(map(itemgetter(key), base.values))
+                except (KeyError, TypeError, IndexError):
+                    sub = [v[key] for v in base.values if type(v) is dict and key in v]
                 bound = _every(sub)
                 return _Est(cost + bound.copy, bound, None, _NOTHING, sub)
             element = self.item(base) if kind == "index" else None
@@ -860,32 +892,34 @@ class _Estimator:
 
     def macro(self, node: Node, env: _Env) -> _Est:
         rng = self.estimate(node[3], env)
-        n, item, values = rng.of.n, self.item(rng), None
+        n, values = rng.of.n, None
+        make: Callable[[], _Size] = lambda: self.item(rng) or _within(rng.of)  # noqa: E731
         if rng.value is not _NOTHING and type(rng.value) in (list, dict) and len(rng.value) <= SCAN_ELEMENTS:
             values = rng.value if type(rng.value) is list else list(rng.value)
         elif rng.values is not None:  # a field of an outer variable: its elements, all of them
-            values, n = [], 0
+            flat: list[Any] = []
             for v in rng.values:
                 if type(v) is list or type(v) is dict:
-                    values.extend(v)
-                    n = max(n, len(v))
-            if len(values) <= SCAN_ELEMENTS:
-                item = _every(values)
-            else:
-                values, n = None, rng.of.n
-        item = item or _within(rng.of)
-        inner = {**env, node[5]: (item, values)}
+                    flat.extend(v)
+            if len(flat) <= SCAN_ELEMENTS:
+                values = flat
+                make = lambda: _every(flat)  # noqa: E731
+        var = _Var(values, make)
+        inner = {**env, node[5]: var}
         body_cost, result = 0, _SCALAR
         for part in node[6]:
             b = self.estimate(part, inner)
             body_cost += b.cost
             result = b.of
-        n = rng.of.n
-        cost = rng.cost + NS_NODE + n * (NS_ITERATION + item.copy + body_cost)
+        # binding each element copies it: together at most a copy of the range
+        cost = rng.cost + NS_NODE + n * (NS_ITERATION + body_cost) + rng.of.copy
         if node[4] in ("map", "filter"):
-            kept = result if node[4] == "map" else item
-            # the accumulator is copied at every step: up to n results, n times
-            cost += n * (n + 1) // 2 * (NS_ACCUMULATE + kept.acc)
+            kept = result if node[4] == "map" else var.bound
+            # the accumulator is copied at every step: up to n results, n times (for a filter,
+            # the elements it keeps at most all of them at each step)
+            steps = n * (n + 1) // 2
+            held = steps * kept.acc if node[4] == "map" else min(steps * kept.acc, n * rng.of.acc)
+            cost += steps * NS_ACCUMULATE + held
             of = _Size(
                 n,
                 CP_CONTAINER + n * kept.copy,
