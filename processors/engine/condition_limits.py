@@ -83,6 +83,7 @@ NS_CALL: Final = 300  # a function or a method, on top of its work on its argume
 NS_ITERATION: Final = 600  # one comprehension step, on top of its body and of binding the element
 NS_ACCUMULATE: Final = 80  # map/filter: per result element held, at every step, plus its `acc`:
 ACC_STRING: Final = 100  # a string held (shared, not copied) on top of twice its shallow copy
+ACC_CONTAINER: Final = 400  # an object or array held, on top (its allocation)
 NS_IN_ELEMENT: Final = 40  # `in` a list: per element, on top of comparing it
 NS_BYTE: Final = 1  # string work per byte (compare, scan, hash)
 NS_REGEX: Final = 2  # matches(): per subject byte and per state of the pattern's automaton
@@ -594,7 +595,7 @@ def _size(counts: tuple[int, ...], n: int, size: int, words: int = 0) -> _Size:
     return _Size(
         n,
         shallow + CP_STRING * strings + size // CP_BYTES_PER_NS,
-        2 * shallow + ACC_STRING * strings,
+        2 * shallow + ACC_STRING * strings + ACC_CONTAINER * containers,
         CV_VALUE * values
         + CV_FLOAT * floats
         + CV_STRING * strings
@@ -868,7 +869,7 @@ class _Estimator:
             return _Est(cost, _larger(then.of, other.of) or then.of, _larger(then.item, other.item))
         if kind in ("list", "map", "struct"):
             item: _Size | None = _SCALAR
-            of = _Size(len(parts), CP_CONTAINER, 2 * CP_CONTAINER, CV_CONTAINER, 2)
+            of = _Size(len(parts), CP_CONTAINER, 2 * CP_CONTAINER + ACC_CONTAINER, CV_CONTAINER, 2)
             for p in parts:
                 of = _plus(of, p.of)
                 item = _larger(item, p.of)
@@ -923,7 +924,7 @@ class _Estimator:
             of = _Size(
                 n,
                 CP_CONTAINER + n * kept.copy,
-                2 * CP_CONTAINER + n * kept.acc,
+                2 * CP_CONTAINER + ACC_CONTAINER + n * kept.acc,
                 CV_CONTAINER + n * kept.conv,
                 2 + n * (kept.size + 1),
             )
