@@ -188,7 +188,7 @@ REALISTIC: list[tuple[str, str, Any, Callable[[int], Any], int]] = [
         "size(input.items.filter(x, x.qty > 5)) < 100",
         {},
         lambda n: {"items": items(n)},
-        250,
+        200,
     ),
 ]
 
