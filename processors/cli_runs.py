@@ -385,6 +385,10 @@ def events(
                 echo_json(ev)
             else:
                 console.print(_event_line(ev), highlight=False)
+                failure = ev.get("failure")
+                if isinstance(failure, dict) and "\n" in str(failure.get("message")):
+                    # a traceback a worker sent: whole, below its event (the line keeps 200 chars)
+                    console.print(Text(str(failure["message"]), style="red"), highlight=False)
 
 
 def _event_line(ev: dict[str, Any]) -> Text:

@@ -44,13 +44,14 @@ from confluent_kafka import KafkaError, Message, Producer
 from processors.executors import log_redaction, receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
-from processors.executors.errors import ActionError
+from processors.executors.errors import ActionError, Cancelled
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.receipt_delivery import ReceiptDelivery, now_ms
 from processors.executors.redaction import known_redactor
 from processors.executors.sdk import Action, Worker
 from processors.executors.secrets import SecretResolver, SecretsPolicy
+from processors.executors.tracebacks import log_handler_failure
 from processors.executors.worker_group import WorkerGroup
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.fetch import connect_first, first_then_buffered
@@ -493,6 +494,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             )
         except Exception as exc:
             receipt = receipts.terminal_receipt(ctx, error=exc)
+            log_handler_failure(
+                log, entry.label, entry.activation, exc, isinstance(exc, ActionError | Cancelled)
+            )
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1
