@@ -285,8 +285,10 @@ def list_runs(
         for v in views[:limit]:
             echo_json(v.to_dict())
         return
+    shown = min(limit, len(views))
+    matching = f", {len(views)} matching" if len(views) != sum(counts.values()) else ""
     table = Table(
-        title=f"runs ({len(views)} shown of {sum(counts.values())}: "
+        title=f"runs ({shown} shown of {sum(counts.values())}{matching}: "
         + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
         + ")"
     )

@@ -144,3 +144,11 @@ def test_sdk_raises_typed_errors(settings: ProcessorSettings, cli: Cli) -> None:
             assert client.cancel(rid).outcome == "unchanged"  # type: ignore[union-attr]
             with pytest.raises(CommandRejected, match="NotFound"):
                 client.signal("sdk-nobody", "approval", {})
+
+
+def test_runs_list_title_counts_what_it_shows(cli: Cli, system: None) -> None:
+    for i in range(4):
+        cli("runs", "start", "approval", "--run-id", f"listed-{i}")  # answered: its snapshot is written
+    out = cli("runs", "list", "--limit", "3").stdout
+    assert "3 shown of 4" in out and out.count("listed-") == 3, out
+    assert "0 shown of 4, 0 matching" in cli("runs", "list", "--limit", "3", "--status", "cancelled").stdout
