@@ -11,7 +11,7 @@ a cluster that answers, which ends in one clear line instead of an endless retry
   which logs the first of each distinct line (under `runfold.kafka`) and then holds its
   repeats back for 10 s: the next one that passes says how many were held back. A cluster
   that is down made ~30 identical "Connection refused" lines a second per client.
-- **Cluster.** `await_cluster` is the processor's pre-flight wait (preflight.check_topology:
+- **Cluster.** `await_cluster` is the processor's pre-flight wait (runtime/preflight.check_topology:
   `until_stopped` over metadata requests, then `topology.settings.cannot_reach`), for any client.
 """
 
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from processors.runtime.exits import StopRequested, until_stopped
+from processors.kafka.exits import StopRequested, until_stopped
 from processors.runtime.logs import JsonFormatter, RepeatThrottle
 from topology.settings import cannot_reach
 

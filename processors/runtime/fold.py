@@ -21,9 +21,10 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
+from processors.engine.vocabulary import COMMANDS, TERMINAL_RECEIPTS, TERMINAL_STATUSES
+from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
 from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import PartitionOwners
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
@@ -32,8 +33,6 @@ from topology.catalog import TopicNames
 Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
-_TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
-_COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 _LONG_END = 1 << 63
 
 
@@ -71,9 +70,6 @@ def _inc(d: dict[str, int], k: str, n: int = 1) -> None:
 STATUS_STAT = "status."
 
 
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-
-
 def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int, retention_ms: int) -> None:
     """Runs per status are store stats (written with the state, rebuilt by restore). A run
     that finishes gets its purge time, its last event's time + retention. A finished run that
@@ -89,9 +85,9 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
             overlay.count(STATUS_STAT + new)
     if retention_ms <= 0 or after is before:
         return
-    if old in _FINISHED:
+    if old in TERMINAL_STATUSES:
         overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
-    if new in _FINISHED:
+    if new in TERMINAL_STATUSES:
         overlay.purge_at(after["run_id"], ts_ms + retention_ms, new, after["updated_ms"])
 
 
@@ -145,9 +141,9 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
     mtype = msg.get("type")
     what = (
         "receipt"
-        if mtype in _TERMINAL_RECEIPTS
+        if mtype in TERMINAL_RECEIPTS
         else "command"
-        if mtype in _COMMANDS
+        if mtype in COMMANDS
         else ("timer" if mtype == "TimerFired" else f"{mtype} receipt")
     )
     reason = text.format(what=what, error=error[:500]) + _APPLIED
@@ -169,7 +165,7 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
             "usage": None,
             "failure": {"code": attempt_code, "message": reason},
         }
-    if mtype in _COMMANDS:
+    if mtype in COMMANDS:
         return rejection(msg, command_code, reason)
     return {
         "type": "FailRun",
@@ -447,7 +443,7 @@ class Folder:
         mtype = msg["type"]
         why = admission.implausible_time(msg["ts_ms"], timestamp, self.ts_past_ms, self.ts_future_ms)
         if why is not None:
-            if mtype in _COMMANDS:
+            if mtype in COMMANDS:
                 self._reject(
                     overlay,
                     counters,
@@ -462,7 +458,7 @@ class Folder:
         if bad_json is None:
             return msg
         reason = admission.json_problem(bad_json, mtype)
-        if mtype in _COMMANDS:
+        if mtype in COMMANDS:
             self._reject(
                 overlay, counters, partition, key, msg["run_id"], rejection(msg, "InvalidInput", reason)
             )
@@ -729,8 +725,11 @@ class Folder:
             _inc(counters.records_out, self.run_state, n)
 
     # ---- restore ---------------------------------------------------------------------------
-    def fold_committed(self, overlay: PartitionOverlay, value: bytes) -> None:
-        """Fold one committed run event (restore): state, event log, timers; no output."""
+    def fold_committed(self, overlay: PartitionOverlay, value: bytes | None) -> None:
+        """Fold one committed run event (restore): state, event log, timers; no output.
+        Raises DecodeError for bytes that are no run event (a tombstone too)."""
+        if value is None:
+            raise DecodeError("null value (a tombstone)", "run_events")
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from processors.engine.vocabulary import RUN_STATUSES
 from processors.metrics_endpoint import MetricsEndpoint
 from processors.runtime.drop_reasons import dropped_reason
 
@@ -156,5 +157,5 @@ class ProcessorMetrics(MetricsEndpoint):
             for name, value in st.items():
                 if name.startswith("status."):
                     totals[name[7:]] = totals.get(name[7:], 0) + value
-        for status in ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled"):
+        for status in RUN_STATUSES:
             self.runs_by_status.labels(status).set(totals.get(status, 0))

@@ -31,6 +31,8 @@ from typing import Any, Literal, overload
 import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
+from processors.engine.vocabulary import TERMINAL_STATUSES
+
 OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
 NO_OFFSET = -1
@@ -40,7 +42,6 @@ _SEP = b"\x1f"
 # runs are kept: a finished run gets at most a stray late receipt, and caching 100k finished
 # runs cost ~500 MiB of Python objects (~5 KiB a state; a 3-step run's JSON is ~3.3 KB).
 STATE_CACHE_RUNS = 5_000
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Timer references written recently, per partition: clearing or re-arming a timer needs the
 # t-key it points to, and a RocksDB read of one costs ~10 us (most timers are cleared within
 # a few transactions of being armed). ~240 bytes an entry (~5 MB per partition when full).
@@ -267,7 +268,7 @@ class PartitionStore:
                 finished = it.value().partition(b" ")[2]
                 if finished and int(finished) != state.get("updated_ms"):
                     status = None
-                due.append((key, run_id, status if status in _FINISHED else None))
+                due.append((key, run_id, status if status in TERMINAL_STATUSES else None))
                 it.next()
         if not due:
             self.next_purge_ms = self._first_due(now_ms + 1, b"x")
@@ -280,7 +281,7 @@ class PartitionStore:
         cache = self.cache
         for run_id, state in states.items():
             cache.pop(run_id, None)  # re-inserted below: insertion order is write order
-            if state is not None and state.get("status") not in _FINISHED:  # the engine state's field
+            if state is not None and state.get("status") not in TERMINAL_STATUSES:  # the engine state's field
                 cache[run_id] = state
         _drop_oldest(cache, self.cache_runs)
 

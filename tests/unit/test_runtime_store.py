@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from processors.kafka.partitioning import murmur2, partition_for
 from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import murmur2, partition_for
 from processors.runtime.store import NO_OFFSET, PartitionStore, timer_ref_key
 
 
