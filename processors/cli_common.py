@@ -1,8 +1,10 @@
 """Shared pieces of the client-side commands (`defs`, `runs`, `replay`, `demo`).
 
 Exit codes (documented in docs/client.md):
-  0 ok · 1 failed (invalid definition, rejected or failed run, replay differences)
+  0 ok · 1 failed (invalid definition, failed run, replay differences)
   2 usage error · 3 broker unavailable · 4 not found (definition, run, topic) · 5 timeout
+  (no answer from the processor in time, or the broker did not acknowledge) · 6 rejected
+  (the processor answered the command with a RunRejected)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from processors.client import (
     RunfoldError,
     RunfoldTimeout,
     RunNotFound,
+    RunRejected,
     TopicMissing,
     UnknownDefinition,
 )
@@ -34,7 +37,7 @@ _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
 console = Console(width=_WIDTH)
 err_console = Console(stderr=True, width=_WIDTH)
 
-EXIT_FAILED, EXIT_USAGE, EXIT_BROKER, EXIT_NOT_FOUND, EXIT_TIMEOUT = 1, 2, 3, 4, 5
+EXIT_FAILED, EXIT_USAGE, EXIT_BROKER, EXIT_NOT_FOUND, EXIT_TIMEOUT, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (one object per line) instead of text.")]
 PrefixOpt = Annotated[
@@ -46,6 +49,21 @@ BootstrapOpt = Annotated[
     typer.Option("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)."),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait.")]
+NoWaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="Send and return once the broker has it, without waiting for the processor's answer.",
+    ),
+]
+AnswerTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--answer-timeout",
+        min=0,
+        help="Seconds to wait for the processor's answer (default: RUNFOLD_ANSWER_TIMEOUT_S or 5).",
+    ),
+]
 
 
 def settings_for(topic_prefix: str | None, bootstrap: str | None) -> KafkaSettings:
@@ -70,6 +88,8 @@ def echo_json(data: Any) -> None:
 
 
 def exit_code_for(err: Exception) -> int:
+    if isinstance(err, RunRejected):
+        return EXIT_REJECTED
     if isinstance(err, BrokerUnavailable):
         return EXIT_BROKER
     if isinstance(err, UnknownDefinition | RunNotFound | TopicMissing):
@@ -83,7 +103,7 @@ def fail(as_json: bool, message: str, code: int = EXIT_FAILED, **data: Any) -> t
     if as_json:
         echo_json({"ok": False, "error": message, **data})
     else:
-        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -92,6 +112,21 @@ def cli_errors(as_json: bool) -> Iterator[None]:
     """Turn the client's typed errors into a one-line message and the documented exit code."""
     try:
         yield
+    except RunRejected as e:  # the processor's answer: its code and reason, for people and scripts
+        if as_json:
+            echo_json(
+                {
+                    "ok": False,
+                    "error": str(e),
+                    "error_type": type(e).__name__,
+                    "run_id": e.run_id,
+                    "command": getattr(e, "command", None),
+                    "code": e.code,
+                    "reason": e.reason,
+                }
+            )
+            raise typer.Exit(EXIT_REJECTED) from None
+        raise fail(False, str(e), EXIT_REJECTED) from None
     except RunfoldError as e:
         raise fail(as_json, str(e), exit_code_for(e), error_type=type(e).__name__) from None
     except KeyboardInterrupt:

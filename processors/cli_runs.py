@@ -14,8 +14,11 @@ from rich.text import Text
 
 from processors.cli_common import (
     EXIT_FAILED,
+    EXIT_REJECTED,
+    AnswerTimeoutOpt,
     BootstrapOpt,
     JsonOpt,
+    NoWaitOpt,
     PrefixOpt,
     TimeoutOpt,
     cli_errors,
@@ -27,6 +30,7 @@ from processors.cli_common import (
     parse_pairs,
 )
 from processors.client import RunView
+from processors.client.answers import CommandAnswer
 from processors.client.progress import StepBoard
 
 runs_app = typer.Typer(no_args_is_help=True, help="Start, control and inspect workflow runs.")
@@ -94,11 +98,16 @@ def start(
         bool, typer.Option("--wait", "-w", help="Wait for the outcome; exit 1 unless it succeeded.")
     ] = False,
     timeout: TimeoutOpt = 120.0,
+    no_wait: NoWaitOpt = False,
+    answer_timeout: AnswerTimeoutOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Start a run of a registered definition and print its run id.
+    """Start a run of a registered definition, wait for the processor's answer, print the run id.
+
+    A rejected start (input failing the schema, a conflicting restart) prints its code and
+    reason on stderr and exits 6; no answer within --answer-timeout exits 5.
 
     Example: `runfold runs start one-step --input '{"text": "hi"}' --wait`
     """
@@ -114,12 +123,10 @@ def start(
             revision=revision,
             labels=parse_pairs(label, "--label"),
             budgets=parse_pairs(budget, "--budget", as_int=True),
+            answer_timeout=0 if no_wait else answer_timeout,
         )
         if not wait:
-            if as_json:
-                echo_json({"ok": True, "run_id": rid})
-            else:
-                console.print(f"started [bold]{escape(rid)}[/]", highlight=False)
+            _answered(as_json, client.last_answer, "StartRun", rid)
             return
         view = client.wait(rid, timeout=timeout)
     if as_json:
@@ -130,28 +137,54 @@ def start(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _ack(as_json: bool, what: str, run_id: str) -> None:
+_DONE = {
+    "StartRun": "started",
+    "CancelRun": "cancelled",
+    "SignalRun": "signal taken by",
+    "ResumeRun": "resumed",
+}
+
+
+def _answered(as_json: bool, answer: CommandAnswer | None, what: str, run_id: str) -> None:
+    """The processor's answer to a command (None: sent with --no-wait, not waited for)."""
     if as_json:
-        echo_json({"ok": True, "run_id": run_id, "command": what})
+        echo_json(
+            answer.to_dict() if answer else {"ok": True, "run_id": run_id, "command": what, "answer": "sent"}
+        )
+    elif answer is None:
+        console.print(
+            f"{what} sent to [bold]{escape(run_id)}[/] (not waiting for the answer)", highlight=False
+        )
+    elif answer.outcome == "unchanged":
+        console.print(
+            f"{what} to [bold]{escape(run_id)}[/]: nothing to do, {escape(answer.detail)}", highlight=False
+        )
     else:
-        console.print(f"{what} sent to [bold]{escape(run_id)}[/]", highlight=False)
+        console.print(
+            f"{_DONE[what]} [bold]{escape(run_id)}[/] [dim]({answer.event_type}, seq {answer.sequence})[/]",
+            highlight=False,
+        )
 
 
 @runs_app.command("cancel")
 def cancel(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     reason: Annotated[str, typer.Option(help="Why (recorded in RunCancelled).")] = "",
+    no_wait: NoWaitOpt = False,
+    answer_timeout: AnswerTimeoutOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Cancel a run (idempotent; cascades to in-flight steps and child runs).
+    """Cancel a run (idempotent; cascades to in-flight steps and child runs) and wait for the answer.
+
+    A finished run (Conflict) or an unknown one (NotFound) exits 6 with the reason.
 
     Example: `runfold runs cancel run-1 --reason "no longer needed"`
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        client.cancel(run_id, reason)
-    _ack(as_json, "CancelRun", run_id)
+        answer = client.cancel(run_id, reason, answer_timeout=0 if no_wait else answer_timeout)
+    _answered(as_json, answer, "CancelRun", run_id)
 
 
 @runs_app.command("signal")
@@ -161,18 +194,22 @@ def signal(
     payload: Annotated[
         str | None, typer.Option("--payload", "-p", help="JSON payload, or @file.json.")
     ] = None,
+    no_wait: NoWaitOpt = False,
+    answer_timeout: AnswerTimeoutOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Send a named signal to a run (e.g. a human approval).
+    """Send a named signal to a run (e.g. a human approval) and wait for the answer.
+
+    A finished or unknown run, or a signal no wait node takes, exits 6 with the reason.
 
     Example: `runfold runs signal run-1 approval --payload '{"approved": true}'`
     """
     value = parse_json_arg(payload, "--payload")
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        client.signal(run_id, name, value)
-    _ack(as_json, "SignalRun", run_id)
+        answer = client.signal(run_id, name, value, answer_timeout=0 if no_wait else answer_timeout)
+    _answered(as_json, answer, "SignalRun", run_id)
 
 
 @runs_app.command("resume")
@@ -182,17 +219,22 @@ def resume(
         list[str], typer.Option("--budget", help="New limit: max_tokens=400000; repeatable.")
     ] = [],  # noqa: B006
     reason: Annotated[str, typer.Option(help="Why (recorded in RunResumed).")] = "",
+    no_wait: NoWaitOpt = False,
+    answer_timeout: AnswerTimeoutOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Resume a failed, paused or budget-blocked run, optionally with new budgets.
+    """Resume a failed, paused or budget-blocked run, optionally with new budgets, and wait for the answer.
+
+    A run that is running or finished well (Conflict) exits 6 with the reason.
 
     Example: `runfold runs resume run-1 --budget max_cost_micros=9000000`
     """
+    budgets = parse_pairs(budget, "--budget", as_int=True) or None
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        client.resume(run_id, parse_pairs(budget, "--budget", as_int=True) or None, reason)
-    _ack(as_json, "ResumeRun", run_id)
+        answer = client.resume(run_id, budgets, reason, answer_timeout=0 if no_wait else answer_timeout)
+    _answered(as_json, answer, "ResumeRun", run_id)
 
 
 @runs_app.command("get")
@@ -243,8 +285,10 @@ def list_runs(
         for v in views[:limit]:
             echo_json(v.to_dict())
         return
+    shown = min(limit, len(views))
+    matching = f", {len(views)} matching" if len(views) != sum(counts.values()) else ""
     table = Table(
-        title=f"runs ({len(views)} shown of {sum(counts.values())}: "
+        title=f"runs ({shown} shown of {sum(counts.values())}{matching}: "
         + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
         + ")"
     )
@@ -290,7 +334,9 @@ def watch(
 ) -> None:
     """Follow a run live: a table of its steps, updated from committed run events, until it ends.
 
-    With --json, prints each event as one JSON line instead. Exit 1 unless the run succeeded.
+    With --json, prints each event as one JSON line instead; not on a terminal, one line per
+    event and the table at the end. Exit 1 unless the run succeeded; a run whose start was
+    rejected is shown at once and exits 6.
 
     Example: `runfold runs watch run-1`
     """
@@ -301,11 +347,18 @@ def watch(
             for ev in events:
                 board.apply(ev)
                 echo_json(ev)
+        elif not console.is_terminal:  # a pipe or a log: one line per event as it comes, then the table
+            for ev in events:
+                board.apply(ev)
+                console.print(_event_line(ev), highlight=False)
+            console.print(_board_table(board))
         else:
             with Live(_board_table(board), console=console, refresh_per_second=8) as live:
                 for ev in events:
                     board.apply(ev)
                     live.update(_board_table(board))
+    if board.status == "rejected":
+        raise typer.Exit(EXIT_REJECTED)
     if board.status != "succeeded":
         raise typer.Exit(EXIT_FAILED)
 
@@ -334,6 +387,10 @@ def events(
                 echo_json(ev)
             else:
                 console.print(_event_line(ev), highlight=False)
+                failure = ev.get("failure")
+                if isinstance(failure, dict) and "\n" in str(failure.get("message")):
+                    # a traceback a worker sent: whole, below its event (the line keeps 200 chars)
+                    console.print(Text(str(failure["message"]), style="red"), highlight=False)
 
 
 def _event_line(ev: dict[str, Any]) -> Text:

@@ -1,8 +1,11 @@
 """runfold's Python client SDK: `RunClient` and its typed errors (see docs/client.md)."""
 
+from processors.client.answers import CommandAnswer
 from processors.client.client import RunClient, new_run_id
 from processors.client.errors import (
+    AnswerTimeout,
     BrokerUnavailable,
+    CommandRejected,
     DefinitionConflict,
     InvalidDefinition,
     RunfoldError,
@@ -15,7 +18,10 @@ from processors.client.reader import TopicMissing
 from processors.client.views import RunView
 
 __all__ = [
+    "AnswerTimeout",
     "BrokerUnavailable",
+    "CommandAnswer",
+    "CommandRejected",
     "DefinitionConflict",
     "InvalidDefinition",
     "RunClient",

@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer
 
+from processors.client.answers import CommandAnswer, ProcessedOffsets, Sent, await_answer, rejected_start
 from processors.client.definitions import DefinitionRegistry
 from processors.client.errors import (
     BrokerUnavailable,
@@ -53,6 +54,22 @@ from topology.settings import KafkaSettings, load_settings, producer_config
 # (after a rebalance) may disagree a little.
 _CLOCK_SLACK_MS = 5 * 60_000
 _STUCK_GRACE_S = 5.0
+# How long start/cancel/signal/resume wait for the processor's answer by default (seconds);
+# RUNFOLD_ANSWER_TIMEOUT_S or `answer_timeout_s=` changes it, 0 sends without waiting.
+DEFAULT_ANSWER_TIMEOUT_S = 5.0
+
+
+def _answer_timeout_from_env() -> float:
+    raw = os.environ.get("RUNFOLD_ANSWER_TIMEOUT_S")
+    if not raw:
+        return DEFAULT_ANSWER_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"RUNFOLD_ANSWER_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+    if not value >= 0:
+        raise ValueError(f"RUNFOLD_ANSWER_TIMEOUT_S must be >= 0, got {raw!r}")
+    return value
 
 
 def _dispose(producer: Producer) -> None:
@@ -86,8 +103,18 @@ class RunClient:
         query_url: str | None = None,
         codec: Codec | None = None,
         query_token: str | None = None,
+        answer_timeout_s: float | None = None,
+        processor_group: str | None = None,
     ) -> None:
         self.settings = settings or load_settings()
+        # start/cancel/signal/resume wait this long for the processor's answer (0: do not wait)
+        self.answer_timeout_s = _answer_timeout_from_env() if answer_timeout_s is None else answer_timeout_s
+        # whose committed offsets say a command was taken (the processor's group id, RUNFOLD_GROUP_ID)
+        self.processor_group = (
+            processor_group or os.environ.get("RUNFOLD_GROUP_ID") or f"{self.settings.topic_prefix}-processor"
+        )
+        self._offsets: ProcessedOffsets | None = None
+        self.last_answer: CommandAnswer | None = None  # the answer to the last command waited for
         self.topics = topic_names(self.settings)
         self.timeout_s = timeout_s
         self.query_url = (query_url or os.environ.get("RUNFOLD_QUERY_URL") or "").rstrip("/") or None
@@ -193,14 +220,49 @@ class RunClient:
     def partition_of(self, run_id: str) -> int:
         return partition_for(run_id, self.reader.partition_count(self.topics.run_events))
 
-    def _command(self, run_id: str, body: dict[str, Any]) -> None:
+    def _command(
+        self,
+        run_id: str,
+        body: dict[str, Any],
+        answer_timeout: float | None,
+        events_start: int | None = None,
+    ) -> CommandAnswer | None:
+        """Send one command; unless the wait is 0, wait for the processor's answer to it."""
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
         bad = control_character(run_id)
         if bad is not None:
             raise ValueError(f"run_id must be printable text; it contains the control character {bad!r}")
-        msg = {"run_id": run_id, "record_id": uuid.uuid4().hex, "ts_ms": int(time.time() * 1000), **body}
-        self.produce(self.topics.commands, run_id, self._enc_command(msg))
+        wait = self.answer_timeout_s if answer_timeout is None else answer_timeout
+        self.last_answer = None
+        events_partition = self.partition_of(run_id)
+        if wait > 0 and events_start is None:
+            events_start = self.reader.end_offset(self.topics.run_events, events_partition)
+        record_id = uuid.uuid4().hex
+        msg = {"run_id": run_id, "record_id": record_id, "ts_ms": int(time.time() * 1000), **body}
+        partition, offset = self.produce(self.topics.commands, run_id, self._enc_command(msg))
+        if wait <= 0:
+            return None
+        assert events_start is not None
+        sent = Sent(
+            run_id=run_id,
+            command=body["type"],
+            record_id=record_id,
+            commands_topic=self.topics.commands,
+            commands_partition=partition,
+            commands_offset=offset,
+            events_topic=self.topics.run_events,
+            events_partition=events_partition,
+            events_start=events_start,
+            signal=body.get("signal"),
+        )
+        if self._offsets is None:
+            self._offsets = ProcessedOffsets(self.settings, self.processor_group, self.timeout_s)
+        answer = await_answer(
+            sent, self.reader, self._dec_event, self._offsets, wait, self.settings.topic_prefix
+        )
+        self.last_answer = answer
+        return answer
 
     # ---- commands ----------------------------------------------------------------------------
     def register(self, source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -218,12 +280,16 @@ class RunClient:
         revision: int | None = None,
         labels: Mapping[str, str] | None = None,
         budgets: Mapping[str, int] | None = None,
+        answer_timeout: float | None = None,
     ) -> str:
-        """Send StartRun and return the run id (yours, or a generated one).
+        """Send StartRun, wait for the processor's answer, and return the run id (yours, or a
+        generated one).
 
-        Starting the same run id again is idempotent (the processor reports a conflict
-        event if the definition or input differ). Raises `UnknownDefinition` if the
-        definition (revision) is not registered, `BrokerUnavailable`, `RunfoldTimeout`."""
+        Starting the same run id again is idempotent (answered "unchanged"; a conflicting one is
+        rejected). Raises `CommandRejected` (`.code`, `.reason`) when the processor rejects it,
+        `AnswerTimeout` when no answer came within `answer_timeout` seconds (default: the
+        client's `answer_timeout_s`; 0 does not wait), `UnknownDefinition` if the definition
+        (revision) is not registered, `BrokerUnavailable`, `RunfoldTimeout`."""
         self.definitions.require(definition_id, revision)
         run_id = run_id or new_run_id()
         partition = self.partition_of(run_id)
@@ -238,23 +304,41 @@ class RunClient:
         }
         if budgets:
             body["budgets"] = dict(budgets)
-        self._command(run_id, body)
+        self._command(run_id, body, answer_timeout, events_start=self._started_at[run_id])
         return run_id
 
-    def cancel(self, run_id: str, reason: str = "") -> None:
-        """Ask the processor to cancel the run (idempotent; cascades to steps and child runs)."""
-        self._command(run_id, {"type": "CancelRun", "reason": reason})
+    def cancel(
+        self, run_id: str, reason: str = "", answer_timeout: float | None = None
+    ) -> CommandAnswer | None:
+        """Ask the processor to cancel the run (idempotent; cascades to steps and child runs).
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a named signal (e.g. an approval) to the run's wait nodes."""
+        Returns the processor's answer (None when `answer_timeout=0`); raises `CommandRejected`
+        (a finished run: Conflict; an unknown one: NotFound) or `AnswerTimeout`."""
+        return self._command(run_id, {"type": "CancelRun", "reason": reason}, answer_timeout)
+
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, answer_timeout: float | None = None
+    ) -> CommandAnswer | None:
+        """Deliver a named signal (e.g. an approval) to the run's wait nodes; answered like `cancel`."""
         if not name:
             raise ValueError("signal name must be a non-empty string")
-        self._command(run_id, {"type": "SignalRun", "signal": name, "payload": payload})
+        return self._command(
+            run_id, {"type": "SignalRun", "signal": name, "payload": payload}, answer_timeout
+        )
 
-    def resume(self, run_id: str, budgets: Mapping[str, int] | None = None, reason: str = "") -> None:
-        """Continue a failed, paused or budget-blocked run, optionally with new limits."""
-        self._command(
-            run_id, {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None, "reason": reason}
+    def resume(
+        self,
+        run_id: str,
+        budgets: Mapping[str, int] | None = None,
+        reason: str = "",
+        answer_timeout: float | None = None,
+    ) -> CommandAnswer | None:
+        """Continue a failed, paused or budget-blocked run, optionally with new limits; answered
+        like `cancel` (a running run: Conflict)."""
+        return self._command(
+            run_id,
+            {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None, "reason": reason},
+            answer_timeout,
         )
 
     # ---- reads -------------------------------------------------------------------------------
@@ -277,6 +361,19 @@ class RunClient:
                 return view
         snap = self.snapshot(run_id)
         if snap is None:
+            topic = self.topics.run_events
+            rejected = rejected_start(self.reader, self._dec_event, topic, self.partition_of(run_id), run_id)
+            if rejected is not None:
+                return RunView(
+                    run_id=run_id,
+                    status="rejected",
+                    sequence=0,
+                    definition_id=rejected.get("definition_id"),
+                    revision=rejected.get("revision"),
+                    failure={"code": rejected["code"], "message": rejected["reason"]},
+                    ts_ms=rejected["ts_ms"],
+                    source="events",
+                )
             raise RunNotFound(
                 f"run {run_id!r} not found (no run-state snapshot under prefix "
                 f"{self.settings.topic_prefix!r})"
@@ -330,14 +427,24 @@ class RunClient:
         partition = self.partition_of(run_id)
         key = run_id.encode()
         deadline = None if timeout is None else time.monotonic() + timeout
+        accepted = after_sequence > 0 or start != OFFSET_BEGINNING
         for msg in self.reader.read({(topic, partition): start}, follow=follow, deadline=deadline):
             if msg is None or msg.key() != key or msg.value() is None:
                 continue
             ev = self._dec_event(msg.value())
+            accepted = accepted or ev["type"] == "RunAccepted"
             if ev["sequence"] and ev["sequence"] <= after_sequence:
                 continue
             yield ev
             if follow and ev["type"] in TERMINAL_EVENTS:
+                return
+            # a start rejected before any was accepted: no run exists, so nothing more will come
+            if (
+                follow
+                and not accepted
+                and ev["type"] == "RunRejected"
+                and ev.get("command_type") == "StartRun"
+            ):
                 return
 
     def wait(self, run_id: str, timeout: float = 60.0) -> RunView:

@@ -59,3 +59,26 @@ class RunRejected(RunfoldError):
         self.code = code
         self.reason = reason
         super().__init__(f"run {run_id!r} rejected: {code}: {reason}")
+
+
+class CommandRejected(RunRejected):
+    """The processor answered this command (matched on its record id) with a `RunRejected`:
+    `.code` (a Failure code: InvalidInput, NotFound, Conflict, Limit, ...), `.reason`, and which
+    `.command` / `.record_id` it was. A subclass of `RunRejected`, so one `except` catches both."""
+
+    def __init__(self, run_id: str, command: str, record_id: str, code: str, reason: str) -> None:
+        self.command = command
+        self.record_id = record_id
+        super().__init__(run_id, code, reason)
+        self.args = (f"{command} to run {run_id!r} rejected: {code}: {reason}",)
+
+
+class AnswerTimeout(RunfoldTimeout):
+    """The command is durable on the broker, but no processor answered it within the wait
+    (none is running for this prefix, or it is far behind). The answer may still come."""
+
+    def __init__(self, run_id: str, command: str, record_id: str, message: str) -> None:
+        self.run_id = run_id
+        self.command = command
+        self.record_id = record_id
+        super().__init__(message)

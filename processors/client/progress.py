@@ -77,8 +77,11 @@ class StepBoard:
         if kind == "RunAccepted":
             self.definition = f"{ev['definition_id']}@{ev['revision']}"
         elif kind == "RunRejected":
-            self.status = "rejected"
-            self.notes.append(f"rejected: {ev['code']}: {ev['reason']}")
+            # only a start rejected before any was accepted leaves no run; a rejected signal or
+            # cancel of a live run changes nothing about it
+            if not self.definition and ev.get("command_type") == "StartRun":
+                self.status = "rejected"
+            self.notes.append(f"{ev.get('command_type', 'command')} rejected: {ev['code']}: {ev['reason']}")
         elif kind == "StepScheduled":
             row = self.steps.get((ev["node"], ev["lineage"]))
             if row is None:
@@ -124,7 +127,14 @@ class StepBoard:
                 self.notes.append(f"failed: {self.failure['code']}: {self.failure['message']}"[:200])
 
     def rows(self) -> list[StepRow]:
-        return [self.steps[k] for k in sorted(self.steps, key=lambda k: (k[0], int(k[1]) if k[1] else -1))]
+        """Steps in the order they were (last) scheduled, then skipped ones (never scheduled),
+        ties in node order."""
+
+        def when(k: tuple[str, str]) -> tuple[int, int, str, int]:
+            started = self.steps[k].started_ms
+            return (started is None, started or 0, k[0], int(k[1]) if k[1] else -1)
+
+        return [self.steps[k] for k in sorted(self.steps, key=when)]
 
 
 @dataclass

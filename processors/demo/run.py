@@ -353,7 +353,7 @@ def run_demo(
             f"[bold]{prefix}[/] ({partitions} partitions)",
             highlight=False,
         )
-        with RunClient(settings, timeout_s=20) as client:
+        with RunClient(settings, timeout_s=20, answer_timeout_s=0) as client:  # outcomes via wait_all
             for name in DEMO_DEFINITIONS:
                 client.register(EXAMPLES / name)
             console.print(

@@ -43,6 +43,7 @@ from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
+from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import (
@@ -56,6 +57,7 @@ from topology.settings import (
 
 log = logging.getLogger("runfold.child_executor")
 TXN_TIMEOUT_S = 30.0
+EXIT_NO_CLUSTER = 2  # no broker answered within connect_timeout_ms (the processor's code for it)
 # send_offsets_to_transaction can wait for good on a coordinator lost across a broker restart
 # (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
 ABANDON_AFTER_S = 5.0
@@ -178,6 +180,7 @@ class ChildExecutor:
         batch: int = 500,
         metrics_port: int | None = None,
         metrics_host: str = LOOPBACK,
+        connect_timeout_s: float = 30.0,
     ) -> None:
         self.kafka = kafka or load_settings()
         prefix = topic_prefix or self.kafka.topic_prefix
@@ -200,7 +203,13 @@ class ChildExecutor:
         self._metrics_at = (metrics_port, metrics_host)
         self.metrics_port: int | None = None  # bound /metrics port once serving
         self._tally = ChildBatchTally()  # the open transaction's work
-        self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
+        self.connect_timeout_s = connect_timeout_s
+        self.consumer = Consumer(
+            {
+                **consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True),
+                "logger": kafka_log(),
+            }
+        )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
         self.producer = Producer(
             {
@@ -208,6 +217,7 @@ class ChildExecutor:
                     self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2
                 ),
                 "error_cb": self._on_producer_error,
+                "logger": kafka_log(),  # librdkafka's lines through logging, repeats collapsed
             }
         )
         self._calls = CallThread("runfold-child-txn-call")
@@ -228,6 +238,20 @@ class ChildExecutor:
             port, host = self._metrics_at
             if port is not None:
                 self.metrics_port = self.metrics.serve(port, host)
+            try:
+                await_cluster(
+                    self.producer,
+                    self.kafka.bootstrap_servers,
+                    self.connect_timeout_s,
+                    self._stop,
+                    self.names.commands,
+                )
+            except StopRequested:
+                log.info("child executor stopped during start-up")
+                return 0
+            except ClusterUnreachable as exc:
+                log.error("child executor stopped: %s", exc)
+                return EXIT_NO_CLUSTER
             connect_first(self.producer, self.names.commands)
             try:
                 until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
@@ -278,6 +302,7 @@ class ChildExecutor:
             self.consumer.close()
             self.metrics.close()
             self._calls.close()
+            kafka_log().flush()
         return 0
 
     def _on_producer_error(self, err: KafkaError) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from processors import service_logs
 from processors.executors.sdk import Worker
 from processors.executors.settings import ChildExecutorSettings, WorkerSettings
 from topology.settings import log_level_name
@@ -36,12 +36,22 @@ def load_module(spec: str) -> Any:
     return importlib.import_module(spec)
 
 
-def _logging(level: str) -> None:
+LogFormatOpt = Annotated[
+    str | None,
+    typer.Option("--log-format", help="json or human (default: RUNFOLD_LOG_FORMAT, else json)"),
+]
+
+
+def _logging(level: str, fmt: str | None) -> None:
+    """The services' one log format (processors/service_logs.py), librdkafka's lines included."""
     try:
         name = log_level_name(level)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--log-level") from None
-    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        service_logs.configure(name, fmt)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--log-format") from None
 
 
 def worker_command(
@@ -74,9 +84,16 @@ def worker_command(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
+    log_format: LogFormatOpt = None,
 ) -> None:
-    """Run an action worker: consume activations, run handlers, send receipts. SIGTERM drains."""
-    _logging(log_level)
+    """Run an action worker: consume activations, run handlers, send receipts. SIGTERM drains.
+
+    Exits 2 with one line when no broker answers within connect_timeout_ms
+    (RUNFOLD_WORKER_CONNECT_TIMEOUT_MS, default 30000).
+
+    Example: `runfold worker --module examples/my_actions.py --queue default --log-format human`
+    """
+    _logging(log_level, log_format)
     overrides: dict[str, Any] = {
         "name": name,
         "concurrency": concurrency,
@@ -116,11 +133,18 @@ def child_executor_command(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
+    log_format: LogFormatOpt = None,
 ) -> None:
-    """Run the child-run executor: child activations -> StartRun/CancelRun, child outcomes -> receipts."""
+    """Run the child-run executor: child activations -> StartRun/CancelRun, child outcomes -> receipts.
+
+    Exits 2 with one line when no broker answers within connect_timeout_ms
+    (RUNFOLD_CHILD_EXECUTOR_CONNECT_TIMEOUT_MS, default 30000).
+
+    Example: `runfold child-executor --instance-id 0 --metrics-port 9311`
+    """
     from processors.executors.child_executor import ChildExecutor
 
-    _logging(log_level)
+    _logging(log_level, log_format)
     overrides: dict[str, Any] = {"instance_id": instance_id, "metrics_port": metrics_port}
     s = ChildExecutorSettings.load(**overrides)
     code = ChildExecutor(
@@ -129,6 +153,7 @@ def child_executor_command(
         batch=s.batch,
         metrics_port=s.metrics_port,
         metrics_host=s.metrics_host,
+        connect_timeout_s=s.connect_timeout_ms / 1000,
     ).run()
     # A producer left inside a call that never returned must not be destroyed (that can block).
     sys.stdout.flush()

@@ -4,7 +4,7 @@ A handler signals failure by raising. `ActionError(code, message, retryable)` is
 general form; `RetryableError` / `NonRetryableError` are the two common shorthands.
 Any other exception becomes `ExecutionFailed`, **retryable** (an unexpected crash is
 treated like a transient fault; the step's retry policy bounds it), with the exception
-type and message, redacted of every secret resolved for the activation (and of every other
+type and message and its traceback (tracebacks.py: at most 4,000 characters), redacted of every secret resolved for the activation (and of every other
 value in the worker's store), in the encodings `redaction.Redactor` knows.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from processors.engine.vocabulary import FAILURE_CODES
 from processors.executors.redaction import Redactor, redactor_for
+from processors.executors.tracebacks import failure_message
 
 MAX_MESSAGE_CHARS = 2000
 
@@ -64,6 +65,6 @@ def classify(exc: BaseException, secrets: Iterable[str] | Redactor = ()) -> tupl
         return exc.code, redact(exc.message, secrets), exc.retryable
     if isinstance(exc, Cancelled):
         return "Cancelled", "activation cancelled", False
-    detail = str(exc)
-    message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-    return "ExecutionFailed", redact(message, secrets), True
+    # unexpected: the type, message and traceback, redacted and bounded (tracebacks.py)
+    redactor = secrets if isinstance(secrets, Redactor) else redactor_for(secrets)
+    return "ExecutionFailed", failure_message(exc, redactor), True

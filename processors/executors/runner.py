@@ -43,7 +43,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from processors.executors import log_redaction, receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
-from processors.executors.errors import ActionError
+from processors.executors.errors import ActionError, Cancelled
 from processors.executors.inflight import Entry, now_ms
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
@@ -52,16 +52,19 @@ from processors.executors.redaction import known_redactor
 from processors.executors.registry import Action
 from processors.executors.secrets import SecretResolver, SecretsPolicy, SecretStore
 from processors.executors.settings import WorkerSettings
+from processors.executors.tracebacks import log_handler_failure
 from processors.executors.worker_group import WorkerGroup
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
 from processors.metrics_endpoint import CannotServe
+from processors.service_logs import ClusterUnreachable, StopRequested, await_cluster, kafka_log
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, load_settings, producer_config
 
 log = logging.getLogger("runfold.worker")
+EXIT_NO_CLUSTER = 2  # no broker answered within connect_timeout_ms (the processor's code for it)
 TICK_S = 0.02
 _RECEIPT_MARGIN = 1024  # record and batch overhead under a size limit
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
@@ -131,7 +134,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self._queue_of = dict(zip(self.topics, self.settings.queues, strict=True))
         self.consumer = self._new_consumer()
         config = producer_config(self.kafka, client_id=self.worker_id)
+        config["logger"] = kafka_log()  # librdkafka's lines through logging, repeats collapsed
         self.producer = Producer(config)
+        self._stop_event = threading.Event()  # set with `stopping`: ends the wait for the cluster
         self._batch_bytes = int(config["batch.size"])
         self._receipt_limit = int(config.get("message.max.bytes", 1_000_000)) - _RECEIPT_MARGIN
         self.failed: str | None = None  # why the worker stopped itself (exit 1)
@@ -154,6 +159,20 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
                 except CannotServe as e:
                     log.error("worker %s stopped: %s", self.worker_id, e)
                     return 1
+            try:
+                await asyncio.to_thread(
+                    await_cluster,
+                    self.producer,
+                    self.kafka.bootstrap_servers,
+                    self.settings.connect_timeout_ms / 1000,
+                    self._stop_event,
+                    self.names.receipts,
+                )
+            except StopRequested:
+                return 0
+            except ClusterUnreachable as e:
+                log.error("worker %s stopped: %s", self.worker_id, e)
+                return EXIT_NO_CLUSTER
             await self._fit_receipts_topic()
             if self.stopping:  # asked to stop while the cluster was not answering yet
                 return 0
@@ -194,6 +213,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             await self._drain()
         finally:
             await self._close()
+            kafka_log().flush()
         if self.failed is not None:
             log.error("worker %s stopped: %s", self.worker_id, self.failed)
             return 1
@@ -228,7 +248,12 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self._receipt_limit):
             return
         fitted = limit - _RECEIPT_MARGIN
-        self.producer = Producer(producer_config(self.kafka, client_id=self.worker_id, batch_size=fitted))
+        self.producer = Producer(
+            {
+                **producer_config(self.kafka, client_id=self.worker_id, batch_size=fitted),
+                "logger": kafka_log(),
+            }
+        )
         self._batch_bytes = fitted
         self._receipt_limit = min(self._receipt_limit, fitted)
         log.info(
@@ -242,6 +267,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         if not self.stopping:
             log.info("worker %s: stop requested, draining", self.worker_id)
         self.stopping = True
+        self._stop_event.set()
 
     async def _drain(self) -> None:
         self.backlog.clear()  # never started: uncommitted, so the next owner gets them
@@ -489,6 +515,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             )
         except Exception as exc:
             receipt = receipts.terminal_receipt(ctx, error=exc)
+            log_handler_failure(
+                log, entry.label, entry.activation, exc, isinstance(exc, ActionError | Cancelled)
+            )
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1

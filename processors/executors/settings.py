@@ -86,6 +86,8 @@ class WorkerSettings(BaseSettings):
     backlog: int = Field(default=128, ge=0)
     # how long SIGTERM waits for in-flight handlers before cancelling them
     drain_timeout_ms: int = Field(default=30_000, ge=0)
+    # how long start-up waits for a broker to answer; then exit 2 with one line (like the processor)
+    connect_timeout_ms: int = Field(default=30_000, ge=100)
     # after a cancel/deadline signal, how long an async handler has before its task is cancelled
     cancel_grace_ms: int = Field(default=5_000, ge=0)
     poll_batch: int = Field(default=500, ge=1)
@@ -148,6 +150,8 @@ class ChildExecutorSettings(BaseSettings):
         default=None, ge=0, le=65_535
     )  # Prometheus /metrics; None = off, 0 = ephemeral
     metrics_host: str = LOOPBACK
+    # how long start-up waits for a broker to answer; then exit 2 with one line (like the processor)
+    connect_timeout_ms: int = Field(default=30_000, ge=100)
 
     @classmethod
     def load(cls, **overrides: Any) -> ChildExecutorSettings:

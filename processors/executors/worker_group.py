@@ -18,6 +18,7 @@ from processors.executors.inflight import Entry
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.kafka.fetch import resume_now
+from processors.service_logs import kafka_log
 from topology.settings import KafkaSettings, consumer_config
 
 log = logging.getLogger("runfold.worker")
@@ -51,7 +52,11 @@ class WorkerGroup:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            {**consumer_config(self.kafka, self.group_id, read_committed=True), "on_commit": self._on_commit}
+            {
+                **consumer_config(self.kafka, self.group_id, read_committed=True),
+                "on_commit": self._on_commit,
+                "logger": kafka_log(),  # librdkafka's lines through logging, repeats collapsed
+            }
         )
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:

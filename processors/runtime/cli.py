@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from processors import service_logs
 from processors.runtime import logs
 
 
@@ -39,12 +40,18 @@ def processor(
     ] = None,
     query_port: Annotated[int | None, typer.Option(help="Run query HTTP port (0 = ephemeral).")] = None,
     log_level: Annotated[str | None, typer.Option(help="Log level (INFO, DEBUG, ...).")] = None,
+    log_format: Annotated[
+        str | None, typer.Option(help="json or human (default: RUNFOLD_LOG_FORMAT, else json).")
+    ] = None,
     finished_retention_ms: Annotated[
         int | None,
         typer.Option(help="How long a finished run stays in the local store (0 = forever; default 7 days)."),
     ] = None,
 ) -> None:
-    """Run the run processor: fold commands and receipts into run state, exactly once."""
+    """Run the run processor: fold commands and receipts into run state, exactly once.
+
+    Example: `runfold processor --instance-id p1 --state-dir .runfold/state --query-port 8080`
+    """
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -70,10 +77,14 @@ def processor(
         log_level=log_level,
         finished_retention_ms=finished_retention_ms,
     )
-    logs.configure(settings.log_level)
+    try:
+        service_logs.configure(settings.log_level, log_format)  # one format for every service
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--log-format") from None
     tune_gc()
     processor = Processor(settings, stop=stop, exit_on_stall=True)
     code = processor.run()
+    service_logs.kafka_log().flush()  # how many librdkafka repeats were held back
     if (
         processor.producers.stuck_calls()
     ):  # clients left inside calls that never returned: destroying them could hang

@@ -52,6 +52,7 @@ from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
 from processors.runtime.txn import ProduceFailed, RecordTooLarge, Txn, now_ms
 from processors.runtime.txn_failures import TxnFailures
+from processors.service_logs import repeat_key
 from schemas import Codec
 
 
@@ -543,7 +544,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 # (_renew_producer), a consumer's arrives as a _FATAL message (_on_consume_error).
                 self.log.error("fatal Kafka client error", extra={"error": err.str()})
         else:
-            repeats = self._client_errors.admit(err.str(), time.monotonic())
+            repeats = self._client_errors.admit(repeat_key(err.str()), time.monotonic())
             if repeats is not None:  # librdkafka repeats a down cluster many times a second
                 self.log.warning(
                     "kafka client error", extra={"error": err.str(), "repeats_suppressed": repeats}

@@ -16,6 +16,7 @@ from processors.kafka.exits import EXIT_FATAL, EXIT_FENCED, ProcessorStopped
 from processors.runtime.assignment import Partitions
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.txn import Txn
+from processors.service_logs import kafka_log
 from topology.catalog import TopicNames
 
 _REPLACE_SPACING_S = 5.0
@@ -43,7 +44,13 @@ class GroupMembership:
         def _on_client_error(self, err: KafkaError) -> None: ...
 
     def _new_consumer(self) -> Consumer:
-        return Consumer({**self.settings.input_consumer_config(), "error_cb": self._on_client_error})
+        return Consumer(
+            {
+                **self.settings.input_consumer_config(),
+                "error_cb": self._on_client_error,
+                "logger": kafka_log(),
+            }
+        )
 
     def _subscribe(self) -> None:
         assert self._consumer is not None

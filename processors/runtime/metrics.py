@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from processors.engine.vocabulary import RUN_STATUSES
 from processors.metrics_endpoint import MetricsEndpoint
+from processors.runtime.drop_reasons import dropped_reason
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
@@ -140,7 +141,7 @@ class ProcessorMetrics(MetricsEndpoint):
         for reason, n in dead.items():
             self.dead_letters.labels(reason).inc(n)
         for reason, n in dropped.items():
-            self.dropped.labels(reason).inc(n)
+            self.dropped.labels(dropped_reason(reason)).inc(n)  # a fixed set of labels
         for code, n in rejected.items():
             self.rejected.labels(code).inc(n)
         for topic, n in (misrouted or {}).items():

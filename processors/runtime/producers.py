@@ -29,6 +29,7 @@ from processors.kafka.fetch import connect_first
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
+from processors.service_logs import kafka_log
 from topology.settings import cluster_answers
 
 KAFKA_TIMEOUT_S = 30.0
@@ -91,7 +92,13 @@ class TxnProducers:
 
     def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
         s = self._settings
-        producer = Producer({**s.producer_config(slot), "error_cb": functools.partial(self.on_error, slot)})
+        producer = Producer(
+            {
+                **s.producer_config(slot),
+                "error_cb": functools.partial(self.on_error, slot),
+                "logger": kafka_log(),
+            }
+        )
         connect_first(producer, s.topics.run_events)
         try:
             with self._bounded("init_transactions", KAFKA_TIMEOUT_S):

@@ -176,6 +176,9 @@ def test_exit_codes_for_failures(cli: Cli) -> None:
         ["runs", "events"],
         ["replay"],
         ["demo"],
+        ["worker"],
+        ["child-executor"],
+        ["processor"],
     ],
 )
 def test_help_explains_with_an_example(command: list[str]) -> None:

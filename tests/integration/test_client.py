@@ -153,7 +153,7 @@ def test_typed_errors(client: RunClient, settings: ProcessorSettings) -> None:
     with pytest.raises(RunNotFound):
         client.get("no-such-run")
     # no processor running: the command is durable but nothing answers in time
-    run_id = client.start("one-step", {"text": "x"})
+    run_id = client.start("one-step", {"text": "x"}, answer_timeout=0)
     with pytest.raises(RunfoldTimeout, match=run_id):
         client.wait(run_id, timeout=1.5)
     with (
@@ -164,7 +164,10 @@ def test_typed_errors(client: RunClient, settings: ProcessorSettings) -> None:
 
 
 def test_rejected_start_raises(client: RunClient, system: None) -> None:
-    run_id = client.start("strict", {"no_topic": 1})
+    with pytest.raises(RunRejected) as at_start:  # the processor's answer, where start was called
+        client.start("strict", {"no_topic": 1})
+    assert at_start.value.code == "InvalidInput"
+    run_id = client.start("strict", {"no_topic": 1}, answer_timeout=0)  # not waited for: wait() tells
     with pytest.raises(RunRejected) as err:
         client.wait(run_id, timeout=30)
     assert err.value.code == "InvalidInput"
@@ -172,7 +175,7 @@ def test_rejected_start_raises(client: RunClient, system: None) -> None:
 
 def test_wait_all_in_one_pass(client: RunClient, system: None) -> None:
     ids = [client.start("one-step", {"text": str(i)}) for i in range(8)]
-    rejected = client.start("strict", {})
+    rejected = client.start("strict", {}, answer_timeout=0)
     outcomes = client.wait_all([*ids, rejected], timeout=60)
     assert {r: v.status for r, v in outcomes.items()} == {
         **{r: "succeeded" for r in ids},
@@ -189,7 +192,7 @@ def test_partition_matches_the_producer(client: RunClient, settings: ProcessorSe
     """The client's partition computation agrees with where librdkafka put the command."""
     ids = [f"p-{i}" for i in range(20)]
     for rid in ids:
-        client.cancel(rid)  # any command: lands on partition_for(rid)
+        client.cancel(rid, answer_timeout=0)  # any command: lands on partition_for(rid)
     consumer = Consumer(consumer_config(settings, "partition-check"))
     parts = [TopicPartition(settings.topics.commands, p, 0) for p in range(settings.partitions)]
     consumer.assign(parts)

@@ -61,7 +61,7 @@ def _workload(client: RunClient) -> list[str]:
     ids += [client.start("flaky-retry", {"fail_times": 1, "key": str(i)}) for i in range(3)]
     approved, cancelled, waiting = (client.start("approval", {}) for _ in range(3))
     client.start("one-step", {"text": "dup"}, run_id="dup-1")
-    client.start("one-step", {"text": "different"}, run_id="dup-1")  # conflicting duplicate: rejected
+    client.start("one-step", {"text": "different"}, run_id="dup-1", answer_timeout=0)  # conflicting: rejected
     for rid in [*ids, "dup-1"]:
         assert client.wait(rid, timeout=60).status == "succeeded"
     for rid in (approved, cancelled, waiting):

@@ -235,7 +235,8 @@ def test_a_canary_secret_reaches_no_topic_log_metric_or_query_answer(
     query_port, processor_metrics, worker_metrics = (_free_port() for _ in range(3))
     cli = [sys.executable, "-m", "processors.cli"]
     logs = tmp_path / "logs"
-    with RunClient(settings, timeout_s=20) as client:
+    # answer_timeout_s=0: runs are started while the processor subprocess may still be starting
+    with RunClient(settings, timeout_s=20, answer_timeout_s=0) as client:
         for definition in _definitions(echo):
             client.register(definition)
         with managed(Children(logs, env)) as children:

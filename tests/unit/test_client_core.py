@@ -11,6 +11,7 @@ from processors.cli_common import (
     EXIT_BROKER,
     EXIT_FAILED,
     EXIT_NOT_FOUND,
+    EXIT_REJECTED,
     EXIT_TIMEOUT,
     exit_code_for,
     parse_json_arg,
@@ -113,10 +114,10 @@ def test_step_board_folds_retries_map_waits_budget_and_outcome() -> None:
         b.apply(e)
     assert b.status == "waiting" and b.definition == "d@1" and b.sequence == 12 and b.superstep == 2
     rows = b.rows()
-    assert [r.label for r in rows] == ["m[2]", "m[10]", "n"]  # numeric lineage order
-    n = rows[-1]
+    assert [r.label for r in rows] == ["n", "m[10]", "m[2]"]  # in the order they were scheduled
+    n = rows[0]
     assert (n.status, n.attempt, n.worker, n.detail) == ("succeeded", 2, "w1", "")
-    assert rows[0].status == "waiting"
+    assert rows[-1].status == "waiting"
     assert any("max_steps 4/5" in note for note in b.notes)
     b.apply(ev("RunSucceeded", 13, output={"ok": 1}, usage=USAGE))
     assert (b.status, b.output, b.usage) == ("succeeded", {"ok": 1}, USAGE)
@@ -169,7 +170,7 @@ def test_cli_helpers_and_exit_codes(tmp_path: Path) -> None:
     assert exit_code_for(UnknownDefinition("d", None)) == EXIT_NOT_FOUND
     assert exit_code_for(RunNotFound("x")) == EXIT_NOT_FOUND
     assert exit_code_for(RunfoldTimeout("x")) == EXIT_TIMEOUT
-    assert exit_code_for(RunRejected("r", "InvalidInput", "bad")) == EXIT_FAILED
+    assert exit_code_for(RunRejected("r", "InvalidInput", "bad")) == EXIT_REJECTED
     assert exit_code_for(RunfoldError("x")) == EXIT_FAILED
 
 

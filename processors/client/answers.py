@@ -1,0 +1,201 @@
+"""The processor's answer to one command, found where the command was typed.
+
+A command's answer is in the run's events: a `RunRejected` whose `record_id` derives from the
+command's own record id (`<run>:rejected:<command record id>`, engine/ids.py), or the event
+the command causes (`RunAccepted` for a StartRun, `RunCancelled`, `SignalReceived` of that
+signal, `RunResumed`). A duplicate (a cancelled run cancelled again, the same StartRun twice)
+emits nothing: it is answered "unchanged" once the processor's consumer group has committed
+an offset past the command (the processor commits its input offsets in the transaction that
+writes the events, so by then any event it caused is committed too).
+
+Cheap by construction: the client notes the end of the run's run-events partition before it
+sends, and reads only that one partition from there, `read_committed`, comparing keys before
+decoding; the group's committed offset is asked for that one commands partition only, and
+only while the events are idle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from processors.client.errors import AnswerTimeout, CommandRejected
+from processors.client.reader import KAFKA_LOGGER, PartitionReader
+from processors.engine.ids import rejection_record_id
+from topology.settings import KafkaSettings, admin_config
+
+# The event each accepted command causes first (docs/messages.md).
+ANSWER_EVENTS = {
+    "StartRun": "RunAccepted",
+    "CancelRun": "RunCancelled",
+    "SignalRun": "SignalReceived",
+    "ResumeRun": "RunResumed",
+}
+_UNCHANGED = {
+    "StartRun": "the run already exists with this definition and input (StartRun is idempotent)",
+    "CancelRun": "the run is already cancelled (CancelRun is idempotent)",
+}
+# How often the processor group's committed offset is asked for while the events are idle,
+# and how long after it passed the command the events are still read: the transaction's
+# markers reach __consumer_offsets and run-events a few milliseconds apart.
+_OFFSET_POLL_S = 0.2
+_MARKER_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A command on the broker, and where its answer will be."""
+
+    run_id: str
+    command: str
+    record_id: str
+    commands_topic: str
+    commands_partition: int
+    commands_offset: int
+    events_topic: str
+    events_partition: int
+    events_start: int  # end of the run's run-events partition just before the send
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class CommandAnswer:
+    """How the processor answered one command (a rejection raises `CommandRejected` instead)."""
+
+    run_id: str
+    command: str
+    record_id: str
+    outcome: str  # "accepted" (an event answered it) | "unchanged" (a duplicate: nothing to do)
+    event_type: str | None = None
+    sequence: int | None = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "run_id": self.run_id,
+            "command": self.command,
+            "record_id": self.record_id,
+            "answer": self.outcome,
+            "event": self.event_type,
+            "sequence": self.sequence,
+            "detail": self.detail,
+        }
+
+
+def answers(sent: Sent, ev: dict[str, Any]) -> bool:
+    """Whether a run event (of this run, written after the send) is the answer to `sent`."""
+    kind = ev.get("type")
+    if kind == "RunRejected":
+        return bool(ev.get("record_id") == rejection_record_id(sent.run_id, sent.record_id))
+    if kind != ANSWER_EVENTS[sent.command]:
+        return False
+    return sent.command != "SignalRun" or ev.get("signal") == sent.signal
+
+
+class ProcessedOffsets:
+    """The processor group's committed offsets, read with the admin API (never joining the group)."""
+
+    def __init__(self, settings: KafkaSettings, group: str, timeout_s: float) -> None:
+        self.group = group
+        self.timeout_s = timeout_s
+        cfg = admin_config(settings)
+        cfg["logger"] = KAFKA_LOGGER
+        self._admin = AdminClient(cfg)
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        """The group's committed offset (the next input it will read), None if unknown/none."""
+        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(topic, partition)])
+        try:
+            futures = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
+            result = futures[self.group].result(timeout=self.timeout_s)
+        except (KafkaException, TimeoutError):  # a broker hiccup: ask again at the next idle moment
+            return None
+        [tp] = result.topic_partitions
+        return None if tp.error is not None or tp.offset < 0 else int(tp.offset)
+
+
+def await_answer(
+    sent: Sent,
+    reader: PartitionReader,
+    decode: Callable[[bytes], dict[str, Any]],
+    offsets: ProcessedOffsets,
+    timeout: float,
+    prefix: str,
+) -> CommandAnswer:
+    """Follow the run's events from `sent.events_start` until the answer to `sent`.
+
+    Raises `CommandRejected` for a `RunRejected` of this command, `AnswerTimeout` when
+    nothing answered within `timeout` seconds."""
+    key = sent.run_id.encode()
+    deadline = time.monotonic() + timeout
+    next_poll = 0.0
+    processed_at: float | None = None
+    ever_committed = False
+    start = {(sent.events_topic, sent.events_partition): sent.events_start}
+    for msg in reader.read(start, follow=True, deadline=None):
+        now = time.monotonic()
+        value = None if msg is None or msg.key() != key else msg.value()
+        if value is not None:
+            ev = decode(value)
+            if answers(sent, ev):
+                if ev["type"] == "RunRejected":
+                    raise CommandRejected(sent.run_id, sent.command, sent.record_id, ev["code"], ev["reason"])
+                return CommandAnswer(
+                    sent.run_id, sent.command, sent.record_id, "accepted", ev["type"], ev["sequence"]
+                )
+        if processed_at is not None:
+            if now - processed_at >= _MARKER_GRACE_S:
+                detail = _UNCHANGED.get(sent.command, "the processor took the command and changed nothing")
+                return CommandAnswer(sent.run_id, sent.command, sent.record_id, "unchanged", detail=detail)
+            continue
+        if now > deadline:
+            break
+        if now >= next_poll:
+            next_poll = now + _OFFSET_POLL_S
+            committed = offsets.committed(sent.commands_topic, sent.commands_partition)
+            ever_committed = ever_committed or committed is not None
+            if committed is not None and committed > sent.commands_offset:
+                processed_at = now
+    hint = (
+        f"the processor group {offsets.group!r} has not read that far yet"
+        if ever_committed
+        else f"the processor group {offsets.group!r} has committed nothing on that partition: "
+        f"is a processor running for prefix {prefix!r}?"
+    )
+    raise AnswerTimeout(
+        sent.run_id,
+        sent.command,
+        sent.record_id,
+        f"{sent.command} to run {sent.run_id!r} is written ({sent.commands_topic}[{sent.commands_partition}] "
+        f"offset {sent.commands_offset}) but no answer came within {timeout:g}s; {hint} "
+        f"(`runfold runs events {sent.run_id}` shows the answer when it comes)",
+    )
+
+
+def rejected_start(
+    reader: PartitionReader,
+    decode: Callable[[bytes], dict[str, Any]],
+    topic: str,
+    partition: int,
+    run_id: str,
+) -> dict[str, Any] | None:
+    """The last `RunRejected` of a StartRun of a run that was never accepted, read from its
+    run-events partition (one partition, keys compared before decoding), else None."""
+    key = run_id.encode()
+    found: dict[str, Any] | None = None
+    for msg in reader.read({(topic, partition): OFFSET_BEGINNING}):
+        value = None if msg is None or msg.key() != key else msg.value()
+        if value is None:
+            continue
+        ev = decode(value)
+        if ev["type"] == "RunAccepted":
+            return None
+        if ev["type"] == "RunRejected" and ev.get("command_type") == "StartRun":
+            found = ev
+    return found
