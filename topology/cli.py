@@ -176,6 +176,7 @@ def topology_create(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
             f"{len(report.created)} created, {len(report.existing)} already there on {report.bootstrap}",
             highlight=False,
         )
+        _print_replication(report.replication, report.warnings)
 
     emit(as_json, report.to_dict(), human)
 
@@ -195,6 +196,7 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
         raise fail(as_json, str(e)) from e
 
     def human() -> None:
+        _print_replication(report.replication, report.warnings)
         if report.ok:
             console.print(
                 f"[green]ok[/]: {len(report.checked)} topics under '{report.prefix}' on "
@@ -212,3 +214,15 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
     emit(as_json, report.to_dict(), human)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _print_replication(replication: dict[str, object], warnings: list[str]) -> None:
+    """The replication factor and min ISR wanted (and why), then the brokers' weak settings."""
+    if replication:
+        console.print(
+            f"replication factor {replication['replication_factor']} ({replication['replication_factor_from']}), "
+            f"min.insync.replicas {replication['min_insync_replicas']} ({replication['min_insync_replicas_from']})",
+            highlight=False,
+        )
+    for w in warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

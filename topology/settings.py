@@ -155,7 +155,10 @@ class KafkaSettings(BaseSettings):
     )
     topic_prefix: str = "runfold"
     partitions: int = Field(default=4, ge=1, le=10_000)
-    replication_factor: int = Field(default=1, ge=1, le=32)
+    # None: from the cluster (topology/replication.py: its default.replication.factor, else 3 on
+    # >= 3 brokers, else the broker count); min_insync_replicas None: RF-1, at most 2.
+    replication_factor: int | None = Field(default=None, ge=1, le=32)
+    min_insync_replicas: int | None = Field(default=None, ge=1, le=32)
     activation_queues: Annotated[tuple[str, ...], NoDecode] = ("default", "agents")
     # Retention of transient topics (commands, receipts, activations): 7 days.
     retention_ms: int = Field(default=7 * DAY_MS, ge=-1)

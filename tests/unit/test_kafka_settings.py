@@ -31,7 +31,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults() -> None:
     s = KafkaSettings()
     assert s.bootstrap_servers == "127.0.0.1:9092"
-    assert (s.topic_prefix, s.partitions, s.replication_factor) == ("runfold", 4, 1)
+    assert (s.topic_prefix, s.partitions, s.replication_factor) == ("runfold", 4, None)
     assert s.activation_queues == ("default", "agents")
     assert s.client_overrides == {}
 
