@@ -38,7 +38,14 @@ from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
+from processors.runtime.exits import (
+    EXIT_FENCED,
+    EXIT_STALLED,
+    FENCED_CODES,
+    KEEP_WAITING,
+    StopRequested,
+    until_stopped,
+)
 from processors.runtime.fetch import connect_first, first_then_buffered
 from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
@@ -54,12 +61,26 @@ from topology.settings import (
 
 log = logging.getLogger("runfold.child_executor")
 TXN_TIMEOUT_S = 30.0
+# send_offsets_to_transaction and commit_transaction: a broker lost moves its coordinators
+# within Kafka's broker session (9 s by default), so 10 s is enough and a longer wait only
+# holds the children's commands back (the processor gives them the same).
+CALL_TIMEOUT_S = 10.0
 # send_offsets_to_transaction can wait for good on a coordinator lost across a broker restart
-# (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
+# (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor leaves the
+# call and its producer behind and goes on with a new producer, as the processor does.
 ABANDON_AFTER_S = 5.0
+# Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
+MAX_STUCK_CALLS = 3
+# Exit codes (docs/executors.md, "Exit codes"): the processor's for fenced and stuck.
+EXIT_KAFKA = 1  # the cluster could not be reached, or a Kafka error no retry mends: restart
+EXIT_CONFIG = 2  # settings or a port refused: fix the configuration before restarting
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
 TERMINAL_STATUS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+class Stuck(Exception):
+    """Too many transactional calls never returned: the process must restart (exit 4)."""
 
 
 def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
@@ -202,15 +223,23 @@ class ChildExecutor:
         self._tally = ChildBatchTally()  # the open transaction's work
         self.consumer = Consumer(consumer_config(self.kafka, f"{prefix}-child-executor", read_committed=True))
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
-        self.producer = Producer(
+        self._instance_id = instance_id
+        self.producer = self._new_producer()
+        self._calls = CallThread("runfold-child-txn-call")
+        # Producers left inside a call that never returned, with its done event: never called
+        # again, nor destroyed while the call runs.
+        self._abandoned: list[tuple[Producer, threading.Event]] = []
+        self.producers_replaced = 0
+
+    def _new_producer(self) -> Producer:
+        return Producer(
             {
                 **transactional_producer_config(
-                    self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2
+                    self.kafka, f"{self.names.prefix}-child-executor-{self._instance_id}", linger_ms=2
                 ),
                 "error_cb": self._on_producer_error,
             }
         )
-        self._calls = CallThread("runfold-child-txn-call")
 
     @property
     def stopping(self) -> bool:
@@ -263,17 +292,21 @@ class ChildExecutor:
                 if msgs:
                     self._transact(msgs)
         except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() in FENCED_CODES:
+                log.error("child executor stopped: fenced (another instance has its instance id): %s", exc)
+                return EXIT_FENCED
             log.error("child executor stopped: %s", exc)
-            return 1
+            return EXIT_KAFKA
         except CannotServe as exc:
             log.error("child executor stopped: %s", exc)
-            return 1
-        except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it
-            log.error(
-                "child executor stopped: send_offsets_to_transaction: %s; exiting so that it is restarted",
-                exc,
-            )
-            return 1
+            return EXIT_CONFIG
+        except StopRequested:  # while a replaced producer waited for the cluster
+            log.info("child executor stopped")
+            return 0
+        except Stuck as exc:
+            log.error("child executor stopped: %s; exiting so that it is restarted", exc)
+            return EXIT_STALLED
         finally:
             self.consumer.close()
             self.metrics.close()
@@ -305,9 +338,12 @@ class ChildExecutor:
             committing = time.perf_counter()
             group = self.consumer.consumer_group_metadata()
             send_offsets_flushing(
-                self._calls, self.producer, positions, group, TXN_TIMEOUT_S, TXN_TIMEOUT_S + ABANDON_AFTER_S
+                self._calls, self.producer, positions, group, CALL_TIMEOUT_S, CALL_TIMEOUT_S + ABANDON_AFTER_S
             )
-            self.producer.commit_transaction(TXN_TIMEOUT_S)
+            self.producer.commit_transaction(CALL_TIMEOUT_S)
+        except CallAbandoned as exc:
+            self._abandon(exc)
+            return
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
@@ -321,6 +357,28 @@ class ChildExecutor:
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
+
+    def _abandon(self, exc: CallAbandoned) -> None:
+        """send_offsets_to_transaction did not return: leave the call, its thread and its
+        producer behind (never called nor destroyed again), and go on with a new producer,
+        whose init_transactions fences the old one and aborts its transaction at the
+        coordinator; the input is rewound to the committed offsets, as for an abort. With more
+        than MAX_STUCK_CALLS such calls still running: `Stuck` (exit 4), to free them."""
+        self._abandoned = [(p, done) for p, done in self._abandoned if not done.is_set()]
+        self._abandoned.append((self.producer, exc.done))
+        if len(self._abandoned) > MAX_STUCK_CALLS:
+            raise Stuck(
+                f"{len(self._abandoned)} send_offsets_to_transaction calls never returned "
+                f"(the last: {exc}); a restart frees the clients left inside them"
+            )
+        log.warning("replacing the transactional producer: send_offsets_to_transaction %s", exc)
+        self.counts["aborts"] += 1
+        self.metrics.aborted()
+        self.producer = self._new_producer()
+        self._producer_failed = None
+        until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+        self.producers_replaced += 1
+        self._rewind()
 
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())
