@@ -46,6 +46,9 @@ class LocalClusterConfig:
     cache_dir: Path = Path.home() / ".cache" / "runfold"
     heap: str = "256m"
     young: str = "96m"
+    # Kafka's broker.session.timeout.ms (how long the controller waits for a lost broker's
+    # heartbeat before it moves the broker's leaderships); None keeps Kafka's 9 s.
+    broker_session_ms: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.ports) != len(self.controller_ports) or not self.ports:
@@ -81,12 +84,18 @@ class LocalClusterConfig:
         )
         default_cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "runfold"
         heap = env.get("RUNFOLD_KAFKA_CLUSTER_HEAP", "256m")
+        session = env.get("RUNFOLD_KAFKA_CLUSTER_BROKER_SESSION_MS", "").strip()
+        if session and (not session.isdigit() or int(session) < 1000):
+            raise LocalKafkaError(
+                f"RUNFOLD_KAFKA_CLUSTER_BROKER_SESSION_MS={session!r} is not a number >= 1000"
+            )
         return cls(
             ports=ps,
             controller_ports=cps,
             data_dir=dd.expanduser().resolve(),
             cache_dir=Path(env.get("RUNFOLD_CACHE_DIR", default_cache)).expanduser(),
             heap=heap,
+            broker_session_ms=int(session) if session else None,
         )
 
     @property
@@ -174,6 +183,9 @@ def server_properties(cfg: LocalClusterConfig, node: int) -> str:
         "background.threads": "2",
         "log.cleaner.threads": "1",
     }
+    if cfg.broker_session_ms is not None:
+        props["broker.session.timeout.ms"] = str(cfg.broker_session_ms)
+        props["broker.heartbeat.interval.ms"] = str(max(250, min(2000, cfg.broker_session_ms // 4)))
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 

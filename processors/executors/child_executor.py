@@ -38,6 +38,7 @@ from processors.engine.ids import dispatch_id
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
 from processors.metrics_endpoint import CannotServe
+from processors.runtime.coordinators import StaleWait
 from processors.runtime.exits import (
     EXIT_FENCED,
     EXIT_STALLED,
@@ -337,8 +338,19 @@ class ChildExecutor:
             positions = self._positions(msgs)
             committing = time.perf_counter()
             group = self.consumer.consumer_group_metadata()
+            stale = StaleWait(
+                self.producer,
+                f"{self.names.prefix}-child-executor-{self._instance_id}",
+                f"{self.names.prefix}-child-executor",
+            )
             send_offsets_flushing(
-                self._calls, self.producer, positions, group, CALL_TIMEOUT_S, CALL_TIMEOUT_S + ABANDON_AFTER_S
+                self._calls,
+                self.producer,
+                positions,
+                group,
+                CALL_TIMEOUT_S,
+                CALL_TIMEOUT_S + ABANDON_AFTER_S,
+                stale.check,
             )
             self.producer.commit_transaction(CALL_TIMEOUT_S)
         except CallAbandoned as exc:
@@ -401,8 +413,28 @@ class ChildExecutor:
         return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
 
     def _rewind(self) -> None:
-        assignment = self.consumer.assignment()
-        for tp in self.consumer.committed(assignment, timeout=10):
+        """Seek every assigned partition back to its committed offset. The group coordinator
+        may be moving (a broker lost): the lookup is retried, in 5 s attempts, until it is
+        answered or a stop is requested; exiting here stopped child workflows although the
+        cluster was back seconds later."""
+        failed_since: float | None = None
+        while True:
+            assignment = self.consumer.assignment()
+            try:
+                committed = self.consumer.committed(assignment, timeout=5)
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal() or self.stopping:
+                    raise
+                now = time.monotonic()
+                if failed_since is None:
+                    failed_since = now
+                    log.warning("committed offsets unavailable (%s); retrying", err.str())
+                self._stop.wait(0.5)
+        if failed_since is not None:
+            log.info("committed offsets read after %.1f s", time.monotonic() - failed_since)
+        for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
 
     def _produce(self, topic: str, kind: str, msg: dict[str, Any]) -> None:
