@@ -46,7 +46,12 @@ def test_three_nodes_up_topics_at_rf_3_min_isr_2_verify_fails_below_down_stops_a
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_") and k != "KAFKA_BOOTSTRAP_SERVERS"
     }
-    env |= {"RUNFOLD_KAFKA_CLUSTER_DIR": str(tmp_path / "cluster"), "RUNFOLD_BROKER": "local"}
+    env |= {
+        "RUNFOLD_KAFKA_CLUSTER_DIR": str(tmp_path / "cluster"),
+        # `kafka down` also stops the single local broker of this data dir: never the developer's
+        "RUNFOLD_KAFKA_DATA_DIR": str(tmp_path / "single"),
+        "RUNFOLD_BROKER": "local",
+    }
     rc, up, err = _run(env, "kafka", "up", "--brokers", "3", "--base-port", str(base))
     pids = [n["pid"] for n in up.get("nodes", [])]
     try:
