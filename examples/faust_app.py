@@ -51,7 +51,8 @@ def make_app(settings: KafkaSettings, app_id: str | None = None, **conf: Any) ->
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
         store="memory://",  # tables are rebuilt from their changelog topics on start
         processing_guarantee="exactly_once",
-        topic_replication_factor=settings.replication_factor,
+        # None leaves runfold's own topics to the cluster (topology.replication); Faust needs a number
+        topic_replication_factor=settings.replication_factor or 1,
         topic_partitions=partitions,
         consumer_auto_offset_reset="earliest",
         web_port=int(os.environ.get("RUNFOLD_FAUST_WEB_PORT", "6066")),

@@ -6,11 +6,14 @@
     delete_topology(settings)            # tests and throwaway prefixes only
 
 A `Problem` has `kind` in {missing, partitions, copartitioning, cleanup_policy,
-replication, error}, the topic, what was expected, what was found and a message.
+replication, min_insync_replicas, error}, the topic, what was expected, what was found and a
+message. The replication factor and min ISR wanted come from topology.replication (the settings,
+else the cluster's own); `VerifyReport.warnings` names broker settings too weak for exactly-once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -20,6 +23,15 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from topology.catalog import TopicSpec, topic_specs
+from topology.replication import (
+    ClusterUnreadable,
+    Replication,
+    ReplicationUnworkable,
+    describe_cluster,
+    exactly_once_warnings,
+    sensible_min_insync,
+    wanted_replication,
+)
 from topology.settings import KafkaSettings, admin_config
 
 REQUEST_TIMEOUT_S = 30.0
@@ -35,6 +47,8 @@ class CreateReport:
     prefix: str
     created: list[str] = field(default_factory=list)
     existing: list[str] = field(default_factory=list)
+    replication: dict[str, object] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": True, **asdict(self)}
@@ -55,6 +69,9 @@ class VerifyReport:
     prefix: str
     checked: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    replication: dict[str, object] = field(default_factory=dict)  # what is wanted, and why
+    found: dict[str, dict[str, int]] = field(default_factory=dict)  # topic -> its RF and min ISR
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +84,9 @@ class VerifyReport:
             "prefix": self.prefix,
             "checked": self.checked,
             "problems": [asdict(p) for p in self.problems],
+            "replication": self.replication,
+            "found": self.found,
+            "warnings": self.warnings,
         }
 
 
@@ -104,12 +124,37 @@ def _wait_visible(admin: AdminClient, names: Iterable[str], timeout: float = REQ
         raise TopologyError(f"topics created but not visible after {timeout:.0f}s: {sorted(pending)}")
 
 
+def _wanted(admin: AdminClient, settings: KafkaSettings) -> tuple[Replication, list[str]]:
+    try:
+        facts = describe_cluster(admin, REQUEST_TIMEOUT_S)
+    except ClusterUnreadable as e:
+        raise TopologyError(f"{settings.bootstrap_servers}: {e}") from e
+    try:
+        want = wanted_replication(settings, facts)
+    except ReplicationUnworkable as e:
+        raise TopologyError(f"{settings.bootstrap_servers}: {e}") from e
+    return want, exactly_once_warnings(want, facts)
+
+
+def _replicated(spec: TopicSpec, want: Replication) -> TopicSpec:
+    """The spec with its replication factor and `min.insync.replicas` filled in (a spec's own
+    values win: a caller may pass specs of its own)."""
+    factor = spec.replication_factor or want.factor
+    isr = want.min_insync if factor == want.factor else sensible_min_insync(factor)
+    return dataclasses.replace(
+        spec, replication_factor=factor, config={"min.insync.replicas": str(isr), **spec.config}
+    )
+
+
 def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = None) -> CreateReport:
     """Create every missing topic of the catalogue; existing topics are left as they are."""
-    specs = specs if specs is not None else topic_specs(settings)
     admin = _admin(settings)
+    want, warnings = _wanted(admin, settings)
+    specs = [_replicated(s, want) for s in (specs if specs is not None else topic_specs(settings))]
     present = _partition_counts(admin, settings)
-    report = CreateReport(settings.bootstrap_servers, settings.topic_prefix)
+    report = CreateReport(
+        settings.bootstrap_servers, settings.topic_prefix, replication=want.to_dict(), warnings=warnings
+    )
     missing = [s for s in specs if s.name not in present]
     report.existing = [s.name for s in specs if s.name in present]
     if missing:
@@ -118,7 +163,7 @@ def create_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
                 NewTopic(
                     s.name,
                     num_partitions=s.partitions,
-                    replication_factor=s.replication_factor,
+                    replication_factor=s.replication_factor or want.factor,
                     config=s.config,
                 )
                 for s in missing
@@ -185,10 +230,17 @@ def _replication_factors(admin: AdminClient, names: list[str]) -> dict[str, int]
 
 def verify_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = None) -> VerifyReport:
     """Compare the cluster with the catalogue; every difference is one `Problem`."""
-    specs = specs if specs is not None else topic_specs(settings)
     admin = _admin(settings)
+    want, warnings = _wanted(admin, settings)
+    specs = [_replicated(s, want) for s in (specs if specs is not None else topic_specs(settings))]
     present = _partition_counts(admin, settings)
-    report = VerifyReport(settings.bootstrap_servers, settings.topic_prefix, checked=[s.name for s in specs])
+    report = VerifyReport(
+        settings.bootstrap_servers,
+        settings.topic_prefix,
+        checked=[s.name for s in specs],
+        replication=want.to_dict(),
+        warnings=warnings,
+    )
     existing = [s for s in specs if s.name in present]
     configs = _describe_configs(admin, [s.name for s in existing])
     replicas = _replication_factors(admin, [s.name for s in existing])
@@ -218,15 +270,32 @@ def verify_topology(settings: KafkaSettings, specs: list[TopicSpec] | None = Non
                     f"topic {s.name} has cleanup.policy={policy}, expected {s.cleanup_policy}",
                 )
             )
-        if replicas.get(s.name, s.replication_factor) < s.replication_factor:
+        factor = s.replication_factor or want.factor
+        found_rf = replicas.get(s.name, factor)
+        isr_wanted = int(s.config["min.insync.replicas"])
+        raw_isr = configs.get(s.name, {}).get("min.insync.replicas", "")
+        found_isr = int(raw_isr) if raw_isr.isdigit() else 0
+        report.found[s.name] = {"replication_factor": found_rf, "min_insync_replicas": found_isr}
+        if found_rf < factor:
             add(
                 Problem(
                     "replication",
                     s.name,
-                    str(s.replication_factor),
-                    str(replicas[s.name]),
-                    f"topic {s.name} has replication factor {replicas[s.name]}, "
-                    f"expected {s.replication_factor}",
+                    str(factor),
+                    str(found_rf),
+                    f"topic {s.name}: replication factor is {found_rf}, wanted {factor} "
+                    f"({want.factor_why}); a broker loss can lose or stop it",
+                )
+            )
+        if found_isr < isr_wanted:
+            add(
+                Problem(
+                    "min_insync_replicas",
+                    s.name,
+                    str(isr_wanted),
+                    str(found_isr),
+                    f"topic {s.name}: min.insync.replicas is {found_isr}, wanted {isr_wanted} "
+                    f"({want.min_insync_why}); an acknowledged write may live on one broker only",
                 )
             )
     group = [s for s in specs if s.role in ("commands", "receipts", "run_events", "run_state")]

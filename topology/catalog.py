@@ -76,7 +76,7 @@ class TopicSpec:
     name: str
     role: str  # commands | receipts | run_events | run_state | activations | child_activations | ...
     partitions: int
-    replication_factor: int
+    replication_factor: int | None  # None: the cluster's (topology.replication, resolved by topology.admin)
     config: dict[str, str] = field(default_factory=dict)
 
     @property

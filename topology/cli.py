@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from topology import broker, local_kafka
+from topology import broker, local_cluster, local_kafka
 
 console = Console()
 err_console = Console(stderr=True)
@@ -54,11 +54,22 @@ def _choice(as_json: bool) -> broker.BrokerChoice:
 def kafka_up(
     as_json: JsonOpt = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 90.0,
+    brokers: Annotated[
+        int, typer.Option("--brokers", min=1, max=9, help="Nodes of a local KRaft cluster (1: one broker).")
+    ] = 1,
+    base_port: Annotated[
+        int | None,
+        typer.Option(help="First broker port of a local cluster (default RUNFOLD_KAFKA_PORT or 9092)."),
+    ] = None,
 ) -> None:
     """Start a broker (or check the configured one) and wait until it answers.
 
-    Example: `runfold kafka up` (local broker on 127.0.0.1:9092; RUNFOLD_KAFKA_PORT=19092 for another port).
+    Example: `runfold kafka up` (local broker on 127.0.0.1:9092; RUNFOLD_KAFKA_PORT=19092 for another port);
+    `runfold kafka up --brokers 3` (a local 3-node cluster on 9092-9094, controllers 9192-9194).
     """
+    if brokers > 1:
+        _cluster_up(as_json, brokers, base_port, max(timeout, 180.0))
+        return
     choice = _choice(as_json)
     try:
         if choice.kind == "local":
@@ -87,15 +98,19 @@ def kafka_up(
 
 @kafka_app.command("down")
 def kafka_down(as_json: JsonOpt = False) -> None:
-    """Stop the broker runfold started (an external cluster is left alone).
+    """Stop the broker runfold started (an external cluster is left alone), and the local cluster
+    of `kafka up --brokers N` when one runs.
 
     Example: `runfold kafka down`
     """
+    cluster = _cluster_down()
     choice = _choice(as_json)
     try:
         message = broker.stop_broker(choice)
     except broker.BrokerError as e:
         raise fail(as_json, str(e), broker=choice.kind) from e
+    if cluster is not None:
+        message = f"{cluster}; {message}"
     emit(as_json, {"ok": True, "broker": choice.kind, "message": message}, lambda: console.print(message))
 
 
@@ -130,6 +145,31 @@ def kafka_status(as_json: JsonOpt = False) -> None:
     emit(as_json, data, human)
     if not answers:
         raise typer.Exit(1)
+
+
+def _cluster_up(as_json: bool, brokers: int, base_port: int | None, timeout: float) -> None:
+    try:
+        cfg = local_cluster.LocalClusterConfig.from_env(brokers=brokers, base_port=base_port)
+        st = local_cluster.up(cfg, timeout=timeout)
+    except local_kafka.LocalKafkaError as e:
+        raise fail(as_json, f"local {brokers}-node cluster: {e}", broker="local-cluster") from e
+    data = {"ok": True, "broker": "local-cluster", **st.to_dict()}
+
+    def human() -> None:
+        what = "already running" if st.already_running else f"started in {st.startup_seconds}s"
+        console.print(f"[green]Kafka cluster[/] of {brokers} [bold]{st.bootstrap}[/] {what} ({st.data_dir})")
+        console.print(f"export KAFKA_BOOTSTRAP_SERVERS={st.bootstrap}", highlight=False)
+
+    emit(as_json, data, human)
+
+
+def _cluster_down() -> str | None:
+    """Stop the local cluster recorded in its data dir; None when none runs there."""
+    cfg = local_cluster.config_from_state()
+    if cfg is None or not any(n["pid"] for n in local_cluster.get_status(cfg).nodes):
+        return None
+    local_cluster.down(cfg)
+    return f"local Kafka cluster of {cfg.size} ({cfg.bootstrap}) stopped"
 
 
 # --------------------------------------------------------------------------- topology
@@ -176,6 +216,7 @@ def topology_create(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
             f"{len(report.created)} created, {len(report.existing)} already there on {report.bootstrap}",
             highlight=False,
         )
+        _print_replication(report.replication, report.warnings)
 
     emit(as_json, report.to_dict(), human)
 
@@ -195,6 +236,7 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
         raise fail(as_json, str(e)) from e
 
     def human() -> None:
+        _print_replication(report.replication, report.warnings)
         if report.ok:
             console.print(
                 f"[green]ok[/]: {len(report.checked)} topics under '{report.prefix}' on "
@@ -212,3 +254,15 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
     emit(as_json, report.to_dict(), human)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _print_replication(replication: dict[str, object], warnings: list[str]) -> None:
+    """The replication factor and min ISR wanted (and why), then the brokers' weak settings."""
+    if replication:
+        console.print(
+            f"replication factor {replication['replication_factor']} ({replication['replication_factor_from']}), "
+            f"min.insync.replicas {replication['min_insync_replicas']} ({replication['min_insync_replicas_from']})",
+            highlight=False,
+        )
+    for w in warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

@@ -153,7 +153,10 @@ class KafkaSettings(BaseSettings):
     )
     topic_prefix: str = "runfold"
     partitions: int = Field(default=4, ge=1, le=10_000)
-    replication_factor: int = Field(default=1, ge=1, le=32)
+    # None: from the cluster (topology/replication.py: its default.replication.factor, else 3 on
+    # >= 3 brokers, else the broker count); min_insync_replicas None: RF-1, at most 2.
+    replication_factor: int | None = Field(default=None, ge=1, le=32)
+    min_insync_replicas: int | None = Field(default=None, ge=1, le=32)
     activation_queues: Annotated[tuple[str, ...], NoDecode] = ("default", "agents")
     # Retention of transient topics (commands, receipts, activations): 7 days.
     retention_ms: int = Field(default=7 * DAY_MS, ge=-1)
@@ -332,7 +335,14 @@ def _kwargs(overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _base(settings: KafkaSettings) -> dict[str, Any]:
-    return {"bootstrap.servers": settings.bootstrap_servers, **settings.client_overrides}
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        # librdkafka backs off reconnecting to a broker it lost up to 10 s: a broker back from a
+        # restart (a rolling restart, where leaderships move back to it) waited that long for
+        # clients that had nothing else to do. 1 s bounds it; a refused connect costs nothing.
+        "reconnect.backoff.max.ms": 1000,
+        **settings.client_overrides,
+    }
 
 
 def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
@@ -388,7 +398,11 @@ def consumer_config(
         # expires: librdkafka's 45 s default left a dead worker's activations, and the retries
         # its lease expiry sends to the same partitions, waiting that long. Heartbeats come from
         # librdkafka's own thread, so a busy handler or fold does not spend this budget.
-        "session.timeout.ms": 10_000,
+        # Not less than 15 s: the client times the session out itself when no heartbeat is
+        # answered, and a group coordinator's broker lost (kill -9) is fenced and its partitions
+        # moved only after Kafka's broker session (9 s) plus a heartbeat interval (3 s); at
+        # 10 s every member lost its partitions although a live coordinator was seconds away.
+        "session.timeout.ms": 15_000,
         **_base(settings),
         **_kwargs(overrides),
     }

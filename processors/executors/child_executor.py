@@ -38,7 +38,15 @@ from processors.engine.ids import dispatch_id
 from processors.engine.vocabulary import TERMINAL_EVENTS, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
-from processors.kafka.exits import KEEP_WAITING, StopRequested, until_stopped
+from processors.kafka.coordinators import StaleWait
+from processors.kafka.exits import (
+    EXIT_FENCED,
+    EXIT_STALLED,
+    FENCED_CODES,
+    KEEP_WAITING,
+    StopRequested,
+    until_stopped,
+)
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
@@ -58,10 +66,24 @@ from topology.settings import (
 log = logging.getLogger("runfold.child_executor")
 TXN_TIMEOUT_S = 30.0
 EXIT_NO_CLUSTER = 2  # no broker answered within connect_timeout_ms (the processor's code for it)
+# send_offsets_to_transaction and commit_transaction: a broker lost moves its coordinators
+# within Kafka's broker session (9 s by default), so 10 s is enough and a longer wait only
+# holds the children's commands back (the processor gives them the same).
+CALL_TIMEOUT_S = 10.0
 # send_offsets_to_transaction can wait for good on a coordinator lost across a broker restart
-# (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
+# (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor leaves the
+# call and its producer behind and goes on with a new producer, as the processor does.
 ABANDON_AFTER_S = 5.0
+# Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
+MAX_STUCK_CALLS = 3
+# Exit codes (docs/executors.md, "Exit codes"): the processor's for fenced and stuck.
+EXIT_KAFKA = 1  # the cluster could not be reached, or a Kafka error no retry mends: restart
+EXIT_CONFIG = 2  # settings or a port refused: fix the configuration before restarting
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
+
+
+class Stuck(Exception):
+    """Too many transactional calls never returned: the process must restart (exit 4)."""
 
 
 def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
@@ -211,16 +233,24 @@ class ChildExecutor:
             }
         )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
-        self.producer = Producer(
+        self._instance_id = instance_id
+        self.producer = self._new_producer()
+        self._calls = CallThread("runfold-child-txn-call")
+        # Producers left inside a call that never returned, with its done event: never called
+        # again, nor destroyed while the call runs.
+        self._abandoned: list[tuple[Producer, threading.Event]] = []
+        self.producers_replaced = 0
+
+    def _new_producer(self) -> Producer:
+        return Producer(
             {
                 **transactional_producer_config(
-                    self.kafka, f"{prefix}-child-executor-{instance_id}", linger_ms=2
+                    self.kafka, f"{self.names.prefix}-child-executor-{self._instance_id}", linger_ms=2
                 ),
                 "error_cb": self._on_producer_error,
                 "logger": kafka_log(),  # librdkafka's lines through logging, repeats collapsed
             }
         )
-        self._calls = CallThread("runfold-child-txn-call")
 
     @property
     def stopping(self) -> bool:
@@ -287,17 +317,21 @@ class ChildExecutor:
                 if msgs:
                     self._transact(msgs)
         except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() in FENCED_CODES:
+                log.error("child executor stopped: fenced (another instance has its instance id): %s", exc)
+                return EXIT_FENCED
             log.error("child executor stopped: %s", exc)
-            return 1
+            return EXIT_KAFKA
         except CannotServe as exc:
             log.error("child executor stopped: %s", exc)
-            return 1
-        except CallAbandoned as exc:  # its transaction never commits; a restart fences and aborts it
-            log.error(
-                "child executor stopped: send_offsets_to_transaction: %s; exiting so that it is restarted",
-                exc,
-            )
-            return 1
+            return EXIT_CONFIG
+        except StopRequested:  # while a replaced producer waited for the cluster
+            log.info("child executor stopped")
+            return 0
+        except Stuck as exc:
+            log.error("child executor stopped: %s; exiting so that it is restarted", exc)
+            return EXIT_STALLED
         finally:
             self.consumer.close()
             self.metrics.close()
@@ -330,10 +364,24 @@ class ChildExecutor:
             positions = self._positions(msgs)
             committing = time.perf_counter()
             group = self.consumer.consumer_group_metadata()
-            send_offsets_flushing(
-                self._calls, self.producer, positions, group, TXN_TIMEOUT_S, TXN_TIMEOUT_S + ABANDON_AFTER_S
+            stale = StaleWait(
+                self.producer,
+                f"{self.names.prefix}-child-executor-{self._instance_id}",
+                f"{self.names.prefix}-child-executor",
             )
-            self.producer.commit_transaction(TXN_TIMEOUT_S)
+            send_offsets_flushing(
+                self._calls,
+                self.producer,
+                positions,
+                group,
+                CALL_TIMEOUT_S,
+                CALL_TIMEOUT_S + ABANDON_AFTER_S,
+                stale.check,
+            )
+            self.producer.commit_transaction(CALL_TIMEOUT_S)
+        except CallAbandoned as exc:
+            self._abandon(exc)
+            return
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
@@ -347,6 +395,28 @@ class ChildExecutor:
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
+
+    def _abandon(self, exc: CallAbandoned) -> None:
+        """send_offsets_to_transaction did not return: leave the call, its thread and its
+        producer behind (never called nor destroyed again), and go on with a new producer,
+        whose init_transactions fences the old one and aborts its transaction at the
+        coordinator; the input is rewound to the committed offsets, as for an abort. With more
+        than MAX_STUCK_CALLS such calls still running: `Stuck` (exit 4), to free them."""
+        self._abandoned = [(p, done) for p, done in self._abandoned if not done.is_set()]
+        self._abandoned.append((self.producer, exc.done))
+        if len(self._abandoned) > MAX_STUCK_CALLS:
+            raise Stuck(
+                f"{len(self._abandoned)} send_offsets_to_transaction calls never returned "
+                f"(the last: {exc}); a restart frees the clients left inside them"
+            )
+        log.warning("replacing the transactional producer: send_offsets_to_transaction %s", exc)
+        self.counts["aborts"] += 1
+        self.metrics.aborted()
+        self.producer = self._new_producer()
+        self._producer_failed = None
+        until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+        self.producers_replaced += 1
+        self._rewind()
 
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())
@@ -370,8 +440,28 @@ class ChildExecutor:
         return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
 
     def _rewind(self) -> None:
-        assignment = self.consumer.assignment()
-        for tp in self.consumer.committed(assignment, timeout=10):
+        """Seek every assigned partition back to its committed offset. The group coordinator
+        may be moving (a broker lost): the lookup is retried, in 5 s attempts, until it is
+        answered or a stop is requested; exiting here stopped child workflows although the
+        cluster was back seconds later."""
+        failed_since: float | None = None
+        while True:
+            assignment = self.consumer.assignment()
+            try:
+                committed = self.consumer.committed(assignment, timeout=5)
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal() or self.stopping:
+                    raise
+                now = time.monotonic()
+                if failed_since is None:
+                    failed_since = now
+                    log.warning("committed offsets unavailable (%s); retrying", err.str())
+                self._stop.wait(0.5)
+        if failed_since is not None:
+            log.info("committed offsets read after %.1f s", time.monotonic() - failed_since)
+        for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
 
     def _produce(self, topic: str, kind: str, msg: dict[str, Any]) -> None:

@@ -63,9 +63,17 @@ class CallThread:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
 
-    def run(self, fn: Callable[[], T], wait_s: float, meanwhile: Callable[[], object] | None = None) -> T:
+    def run(
+        self,
+        fn: Callable[[], T],
+        wait_s: float,
+        meanwhile: Callable[[], object] | None = None,
+        give_up: Callable[[float], str | None] | None = None,
+    ) -> T:
         """fn()'s result or exception; CallAbandoned if it has not returned after wait_s.
-        `meanwhile` runs on the caller's thread while fn runs (its time counts in wait_s)."""
+        `meanwhile` runs on the caller's thread while fn runs (its time counts in wait_s).
+        `give_up(seconds so far)`, asked about every 0.25 s while fn runs, may give a reason to
+        abandon it before wait_s (coordinators.StaleWait)."""
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
             threading.Thread(target=self._serve, args=(self._jobs,), name=self._name, daemon=True).start()
@@ -76,10 +84,15 @@ class CallThread:
             if meanwhile is not None:
                 meanwhile()
         finally:  # also when meanwhile raised: the caller never goes on while the call runs unwatched
-            if not job.done.wait(max(0.0, wait_s - (time.monotonic() - started))):
-                self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
-                self._jobs = None
-                raise CallAbandoned(f"no return after {wait_s:.0f} s", job.done)
+            while not job.done.wait(max(0.0, min(0.25, wait_s - (time.monotonic() - started)))):
+                elapsed = time.monotonic() - started
+                why = f"no return after {wait_s:.0f} s" if elapsed >= wait_s else None
+                if why is None and give_up is not None:
+                    why = give_up(elapsed)
+                if why is not None:
+                    self._jobs.put(None)  # that thread is the call's now; it ends if the call ever does
+                    self._jobs = None
+                    raise CallAbandoned(why, job.done)
         if job.error is not None:
             raise job.error
         result: T = job.result
@@ -101,7 +114,13 @@ class CallThread:
 
 
 def send_offsets_flushing(
-    calls: CallThread, producer: Any, offsets: list[Any], group: Any, timeout_s: float, wait_s: float
+    calls: CallThread,
+    producer: Any,
+    offsets: list[Any],
+    group: Any,
+    timeout_s: float,
+    wait_s: float,
+    give_up: Callable[[float], str | None] | None = None,
 ) -> None:
     """`send_offsets_to_transaction` on `calls`' thread while this thread flushes the
     transaction's records. librdkafka sends one ProduceRequest per partition and the broker
@@ -133,7 +152,10 @@ def send_offsets_flushing(
 
     try:
         calls.run(
-            lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s), wait_s, meanwhile=flush
+            lambda: producer.send_offsets_to_transaction(offsets, group, timeout_s),
+            wait_s,
+            meanwhile=flush,
+            give_up=give_up,
         )
     except KafkaException as e:
         delivery = flush_error()

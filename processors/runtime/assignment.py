@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import EventBeforeStart
+from processors.kafka import watermarks
 from processors.kafka.fetch import resume_now
 from processors.runtime.fold import Folder
 from processors.runtime.metrics import ProcessorMetrics
@@ -181,9 +182,7 @@ class Partitions:
         if store.applied_offset == NO_OFFSET:
             return store
         try:
-            _low, log_end = self._log_end.get_watermark_offsets(
-                TopicPartition(self._events_topic, p), timeout=10, cached=False
-            )
+            log_end = watermarks.log_end(self._log_end, TopicPartition(self._events_topic, p), 10.0)
         except KafkaException as e:  # inside on_assign: raising would stop the processor
             self._log.warning(
                 "could not compare the store with run-events (broker unavailable); keeping it",
@@ -335,8 +334,8 @@ class Partitions:
     def _at_stable_end(self, p: int, r: _Restore) -> bool:
         tp = TopicPartition(self._events_topic, p)
         try:
-            _low, committed_end = self._reader.get_watermark_offsets(tp, timeout=5, cached=False)
-            _low2, log_end = self._log_end.get_watermark_offsets(tp, timeout=5, cached=False)
+            committed_end = watermarks.log_end(self._reader, tp, 5.0)
+            log_end = watermarks.log_end(self._log_end, tp, 5.0)
         except KafkaException as e:
             # Broker unreachable or the partition leaderless for a moment (restart, a broker that
             # fenced itself): not known to be at the end yet; ask again on the next recheck. A

@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from processors.kafka.coordinators import StaleWait
 from processors.kafka.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
@@ -178,9 +179,11 @@ class TxnProducers:
         if it has not returned after its timeout + ABANDON_AFTER_S."""
         producer = self.current
         assert producer is not None
+        s = self._settings
+        stale = StaleWait(producer, s.transactional_ids[self.slot], s.group)
         with self._bounded("send_offsets_to_transaction", timeout_s):
             send_offsets_flushing(
-                self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S
+                self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S, stale.check
             )
 
     def abandon(self, call: str, e: CallAbandoned) -> None:

@@ -83,6 +83,21 @@ class Fleet:
             ],
         )
 
+    def child_executor(self, name: str = "c1") -> subprocess.Popen[bytes]:
+        return self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "processors.executors.cli",
+                "child-executor",
+                "--instance-id",
+                name,
+                "--log-level",
+                "INFO",
+            ],
+        )
+
     def kill9(self, name: str) -> None:
         proc = self.procs[name]
         proc.send_signal(signal.SIGKILL)
@@ -90,6 +105,8 @@ class Fleet:
         self.kills[name] = self.kills.get(name, 0) + 1
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
+        if name.startswith("c"):
+            return self.child_executor(name)
         return self.worker(name) if name.startswith("w") else self.processor(name)
 
     def supervise(self) -> list[str]:

@@ -216,10 +216,11 @@ def test_the_child_executor_dead_letters_a_null_child_activation_and_goes_on(ks:
     assert alive and executor.counts["dead_letters"] == 1 and result == [0]
 
 
-def test_a_fenced_child_executor_process_exits_1_and_commits_nothing(ks: KafkaSettings) -> None:
+def test_a_fenced_child_executor_process_exits_3_and_commits_nothing(ks: KafkaSettings) -> None:
     """The `runfold child-executor` process end to end: a second instance with its instance id
-    fences it; its next transaction fails, and the process exits 1 (os._exit, so that a
-    supervisor restarts it) instead of hanging or committing the batch."""
+    fences it; its next transaction fails, and the process exits 3 (fenced: the processor's
+    code, so a supervisor does not restart it in a loop) instead of hanging or committing the
+    batch."""
     names = TopicNames(ks.topic_prefix)
     env = {
         **os.environ,
@@ -269,8 +270,8 @@ def test_a_fenced_child_executor_process_exits_1_and_commits_nothing(ks: KafkaSe
             proc.wait(10)
     reading.join(5)
     log = "".join(stderr)
-    assert code == 1, log
-    assert "child executor stopped" in log and "fenced" in log.lower(), log
+    assert code == 3, log
+    assert "child executor stopped: fenced" in log, log
     commands = ReceiptReader(ks, kind="commands", topic=names.commands)
     time.sleep(2)
     assert commands.poll_until(lambda r: False, 5) == []  # nothing of the fenced batch committed

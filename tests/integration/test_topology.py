@@ -91,3 +91,20 @@ def test_cli_verify_exits_1_on_problems_and_0_when_clean(kafka_settings: KafkaSe
     assert created.returncode == 0 and len(orjson.loads(created.stdout)["created"]) == 9
     clean = run("verify")
     assert clean.returncode == 0 and orjson.loads(clean.stdout)["ok"] is True
+
+
+def test_create_sets_min_insync_replicas_per_topic_and_verify_reports_what_it_found(
+    kafka_settings: KafkaSettings,
+) -> None:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    report = create_topology(kafka_settings)
+    assert report.replication["replication_factor"] == 1  # one local broker
+    admin = AdminClient(admin_config(kafka_settings))
+    res = ConfigResource(ResourceType.TOPIC, TopicNames(kafka_settings.topic_prefix).commands)
+    entry = admin.describe_configs([res])[res].result()["min.insync.replicas"]
+    assert (entry.value, entry.is_default) == ("1", False)  # the topic's own setting, not the broker's
+    check = verify_topology(kafka_settings)
+    assert check.ok, check.problems
+    assert set(check.found) == set(check.checked)
+    assert all(f == {"replication_factor": 1, "min_insync_replicas": 1} for f in check.found.values())

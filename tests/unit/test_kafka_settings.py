@@ -31,7 +31,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults() -> None:
     s = KafkaSettings()
     assert s.bootstrap_servers == "127.0.0.1:9092"
-    assert (s.topic_prefix, s.partitions, s.replication_factor) == ("runfold", 4, 1)
+    assert (s.topic_prefix, s.partitions, s.replication_factor) == ("runfold", 4, None)
     assert s.activation_queues == ("default", "agents")
     assert s.client_overrides == {}
 
@@ -142,12 +142,23 @@ def test_builders_layer_defaults_settings_and_call_overrides() -> None:
     assert c["enable.auto.commit"] is False and c["auto.offset.reset"] == "earliest"
     assert c["partition.assignment.strategy"] == "range"
     assert consumer_config(s, "g1", read_committed=False)["isolation.level"] == "read_uncommitted"
-    # a dead member's partitions wait 10 s, not librdkafka's 45; settings, then the call, override it
-    assert c["session.timeout.ms"] == 10_000
+    # a dead member's partitions wait 15 s, not librdkafka's 45; settings, then the call, override it
+    assert c["session.timeout.ms"] == 15_000  # outlasts a group coordinator's failover
     slow = KafkaSettings(client_overrides={"session.timeout.ms": "30000"})
     assert consumer_config(slow, "g1")["session.timeout.ms"] == "30000"
     assert consumer_config(slow, "g1", session_timeout_ms=6_000)["session.timeout.ms"] == 6_000
-    assert admin_config(s) == {"bootstrap.servers": "b:1", "security.protocol": "SSL", "linger.ms": "20"}
+    assert admin_config(s) == {
+        "bootstrap.servers": "b:1",
+        "reconnect.backoff.max.ms": 1000,  # a broker back from a restart is reconnected within 1 s
+        "security.protocol": "SSL",
+        "linger.ms": "20",
+    }
+    assert (
+        admin_config(KafkaSettings(client_overrides={"reconnect.backoff.max.ms": "5000"}))[
+            "reconnect.backoff.max.ms"
+        ]
+        == "5000"
+    )  # client_overrides win
 
 
 def test_topic_catalogue() -> None:

@@ -174,6 +174,10 @@ class _StuckProducer:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.committed = False
+        self.initialised = False
+
+    def init_transactions(self, timeout: float) -> None:
+        self.initialised = True
 
     def begin_transaction(self) -> None:
         pass
@@ -191,23 +195,41 @@ class _StuckProducer:
         self.committed = True
 
 
-def test_a_transaction_call_that_never_returns_is_left_behind_and_stops_the_executor(
+def test_a_transaction_call_that_never_returns_is_left_behind_and_the_executor_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """As the processor does: the stuck producer is left alone, a new one takes over (its
+    init_transactions aborts the stuck transaction), the input is rewound; only past
+    MAX_STUCK_CALLS calls still stuck does the executor stop (exit 4), never for one."""
     from processors.executors import child_executor
-    from processors.executors.child_executor import ChildExecutor
-    from processors.kafka.watchdog import CallAbandoned
+    from processors.executors.child_executor import MAX_STUCK_CALLS, ChildExecutor, Stuck
     from topology.settings import KafkaSettings
 
-    monkeypatch.setattr(child_executor, "TXN_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(child_executor, "CALL_TIMEOUT_S", 0.1)
     monkeypatch.setattr(child_executor, "ABANDON_AFTER_S", 0.2)
     executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
-    stuck = executor.producer = _StuckProducer()  # type: ignore[assignment]
+    made: list[_StuckProducer] = []
+
+    def new_producer() -> _StuckProducer:
+        made.append(_StuckProducer())
+        return made[-1]
+
+    rewinds: list[int] = []
+    monkeypatch.setattr(executor, "_new_producer", new_producer)
+    monkeypatch.setattr(executor, "_rewind", lambda: rewinds.append(1))
+    first = executor.producer = new_producer()  # type: ignore[assignment]
     started = time.monotonic()
-    with pytest.raises(CallAbandoned):
+    executor._transact([])  # returns: recovered in-process
+    assert time.monotonic() - started < 5 and not first.committed  # given up on, never committed
+    assert executor.producer is made[1] and made[1].initialised  # a new producer, initialised
+    assert executor.producers_replaced == 1 and rewinds == [1] and executor.counts["aborts"] == 1
+    for _ in range(MAX_STUCK_CALLS - 1):
         executor._transact([])
-    assert time.monotonic() - started < 5 and not stuck.committed  # given up on, never committed
-    stuck.release.set()
+    with pytest.raises(Stuck, match="never returned"):
+        executor._transact([])
+    first.release.set()  # a call that returns since lets its producer go: not counted any more
+    for p in made:
+        p.release.set()
     executor.consumer.close()
 
 
@@ -257,3 +279,21 @@ def test_a_revoked_run_events_partition_takes_its_known_parents_with_it() -> Non
     assert executor.parents == {1: {"r/n": step}} and executor.known_parents() == 1
     assert set(executor.parents) == {1}  # a record of partition 0 fetched before the revoke adds no entry
     executor.consumer.close()
+
+
+def test_a_metrics_port_taken_is_a_configuration_exit_2_not_a_crash_to_restart() -> None:
+    import socket
+
+    from processors.executors.child_executor import EXIT_CONFIG, ChildExecutor
+    from topology.settings import KafkaSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        executor = ChildExecutor(
+            KafkaSettings(bootstrap_servers="127.0.0.1:9"),
+            topic_prefix="t",
+            metrics_port=taken.getsockname()[1],
+            metrics_host="127.0.0.1",
+        )
+        assert executor.run(install_signals=False) == EXIT_CONFIG == 2

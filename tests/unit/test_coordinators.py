@@ -1,0 +1,113 @@
+"""Where a transaction's coordinators are (Kafka's partitionFor), and StaleWait: a
+send_offsets_to_transaction is given up early only while both coordinators answer."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from processors.runtime.coordinators import StaleWait, java_string_hash, partition_for
+from processors.runtime.watchdog import CallAbandoned, CallThread
+
+from processors.runtime import coordinators
+
+
+def test_java_string_hash_matches_java() -> None:
+    # "…".hashCode() as printed by Java 17 (java H.java)
+    assert java_string_hash("") == 0
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("runfold-processor-p1") == 360249341
+    assert java_string_hash("ü€") == 16176
+    assert java_string_hash("polygenelubricants") == -(2**31)
+    assert partition_for("polygenelubricants", 50) == 0  # Kafka's Utils.abs(MIN_VALUE) is 0
+
+
+@given(st.text(max_size=60), st.integers(1, 200))
+def test_partition_for_is_in_range(key: str, partitions: int) -> None:
+    assert 0 <= partition_for(key, partitions) < partitions
+
+
+@dataclass
+class _Broker:
+    host: str
+    port: int
+
+
+@dataclass
+class _Partition:
+    leader: int
+
+
+@dataclass
+class _Topic:
+    partitions: dict[int, _Partition]
+
+
+@dataclass
+class _Metadata:
+    brokers: dict[int, _Broker]
+    topics: dict[str, _Topic] = field(default_factory=dict)
+
+
+class _Client:
+    """list_topics answers that every coordinator partition is led by broker 1 at `port`."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def list_topics(self, timeout: float) -> Any:
+        parts = {i: _Partition(1) for i in range(8)}
+        return _Metadata(
+            {1: _Broker("127.0.0.1", self.port)},
+            {"__transaction_state": _Topic(parts), "__consumer_offsets": _Topic(parts)},
+        )
+
+
+def test_gives_up_only_after_the_grace_with_both_coordinators_answering() -> None:
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen(16)
+        clock = [0.0]
+        wait = StaleWait(_Client(live.getsockname()[1]), "t-processor-p1", "t-processor", lambda: clock[0])
+        assert wait.check(0.5) is None  # too early to look
+        assert wait.check(1.0) is None  # healthy from now
+        clock[0] = coordinators.GRACE_S - 0.1
+        assert wait.check(2.0) is None
+        clock[0] = coordinators.GRACE_S
+        why = wait.check(3.0)
+        assert why is not None and "have answered for" in why
+
+
+def test_never_gives_up_while_a_coordinator_is_down() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # bound, never listening: connections are refused
+        clock = [0.0]
+        wait = StaleWait(_Client(dead), "t-processor-p1", "t-processor", lambda: clock[0])
+        for t in range(1, 30):
+            clock[0] = float(t)
+            assert wait.check(float(t)) is None
+
+
+def test_call_thread_abandons_when_give_up_says_so_and_not_before() -> None:
+    release = threading.Event()
+    calls = CallThread("test")
+    started = time.monotonic()
+    asked: list[float] = []
+
+    def give_up(elapsed: float) -> str | None:
+        asked.append(elapsed)
+        return "stale" if elapsed >= 0.6 else None
+
+    with pytest.raises(CallAbandoned, match="stale"):
+        calls.run(release.wait, 30.0, give_up=give_up)
+    assert 0.6 <= time.monotonic() - started < 3.0 and len(asked) >= 2
+    release.set()
+    assert calls.run(lambda: 7, 1.0, give_up=lambda _e: "never asked once it returned") == 7
+    calls.close()
