@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from processors.runtime.coordinators import StaleWait, java_string_hash, partition_for
-from processors.runtime.watchdog import CallAbandoned, CallThread
 
-from processors.runtime import coordinators
+from processors.kafka import coordinators
+from processors.kafka.coordinators import StaleWait, java_string_hash, partition_for
+from processors.kafka.watchdog import CallAbandoned, CallThread
 
 
 def test_java_string_hash_matches_java() -> None:

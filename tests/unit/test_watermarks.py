@@ -1,4 +1,4 @@
-"""A log-end query asked in slices with a metadata refresh between (processors.runtime.watermarks):
+"""A log-end query asked in slices with a metadata refresh between (processors.kafka.watermarks):
 answered as soon as the cluster answers, not after one whole timeout spent on a lost leader."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from processors.runtime.watermarks import log_end
+
+from processors.kafka.watermarks import log_end
 
 
 class _LeaderMoves:
