@@ -188,7 +188,7 @@ def main() -> None:
     try:
         stream = record(args.runs, args.batch, codec, topics, root)
         if args.tune_gc:
-            from processors.runtime.cli import tune_gc
+            from processors.cli.processor import tune_gc
 
             tune_gc()
         prof = cProfile.Profile() if args.profile else None

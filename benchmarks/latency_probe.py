@@ -2,7 +2,7 @@
 
 Starts the processor and an executor as subprocesses — the instant responder of
 `processor_bench.py` (default) or the real action worker (`--executor worker`,
-`python -m processors.executors.cli worker`, built-in `noop`) — sends 1-step runs at a
+`python -m processors.cli.worker worker`, built-in `noop`) — sends 1-step runs at a
 fixed rate, and reads (read_committed) the run-events and receipts topics. Every record's
 CreateTime is the moment its producer called `produce`, so per run:
 
@@ -178,7 +178,7 @@ def spawn_worker(settings: ProcessorSettings, log: Any) -> subprocess.Popen[byte
         [
             sys.executable,
             "-m",
-            "processors.executors.cli",
+            "processors.cli.worker",
             "worker",
             "--queue",
             "default",

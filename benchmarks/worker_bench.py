@@ -1,7 +1,7 @@
 """Action-worker throughput: no-op activations through the broker, end to end.
 
 Pre-produces N `noop` activations on `<prefix>.activations.default`, starts ONE worker process
-(`python -m processors.executors.cli worker`), and reads `<prefix>.receipts` until every
+(`python -m processors.cli.worker worker`), and reads `<prefix>.receipts` until every
 activation has its ActivationAccepted + ActivationCompleted (2 receipts each). Reports
 activations/s from the first receipt to the last (steady state) and including worker startup.
 
@@ -104,7 +104,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "processors.executors.cli",
+                "processors.cli.worker",
                 "worker",
                 "--queue",
                 "default",

@@ -1,7 +1,7 @@
 """Workflow throughput: completed runs/s and run events/s, 3 no-op steps, 1 and 2 processors.
 
 Separate processes, as in production: the processor(s) (`python -m processors.runtime`), one
-action worker serving the built-in `noop` action (`python -m processors.executors.cli worker`),
+action worker serving the built-in `noop` action (`python -m processors.cli.worker worker`),
 and a load generator (this module, `--role loadgen`) that produces the StartRun commands.
 The harness process only reads `<p>.run-events` read_committed and times it:
 
@@ -144,7 +144,7 @@ class Rig:
             [
                 sys.executable,
                 "-m",
-                "processors.executors.cli",
+                "processors.cli.worker",
                 "worker",
                 "--queue",
                 "default",

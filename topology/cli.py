@@ -1,6 +1,6 @@
 """`runfold kafka ...` and `runfold topology ...`: the broker and topic commands.
 
-Both sub-apps are mounted on the root app in `processors/cli.py`. Every command
+Both sub-apps are mounted on the root app in `processors/cli/main.py`. Every command
 prints a human summary (rich) or, with `--json`, one JSON object on stdout, and
 exits non-zero when it failed.
 """

@@ -1,5 +1,5 @@
 """`python -m processors.runtime` = `runfold processor`."""
 
-from processors.runtime.cli import main
+from processors.cli.processor import main
 
 main()

@@ -1,6 +1,6 @@
 """Processes the chaos scenarios start, kill -9 and restart: processors and noop/sleep workers.
 
-Each is a real subprocess (`python -m processors.runtime`, `python -m processors.executors.cli
+Each is a real subprocess (`python -m processors.runtime`, `python -m processors.cli.worker
 worker`) with its own log file under the test's tmp dir; `ready()` waits until the
 processor group is Stable with every processor holding partitions.
 """
@@ -72,7 +72,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "processors.executors.cli",
+                "processors.cli.worker",
                 "worker",
                 "--queue",
                 "default",
@@ -89,7 +89,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "processors.executors.cli",
+                "processors.cli.worker",
                 "child-executor",
                 "--instance-id",
                 name,

@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from processors.cli.processor import main
 from processors.runtime import fold
-from processors.runtime.cli import main
 
 
 def _marked(value: Any, mark: str) -> bool:

@@ -171,7 +171,7 @@ def _spawn_worker(settings: ProcessorSettings, name: str) -> subprocess.Popen[by
         [
             sys.executable,
             "-m",
-            "processors.executors.cli",
+            "processors.cli.worker",
             "worker",
             "--module",
             "actions_for_tests",

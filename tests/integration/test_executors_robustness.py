@@ -229,7 +229,7 @@ def test_a_fenced_child_executor_process_exits_3_and_commits_nothing(ks: KafkaSe
     }
     env.pop("RUNFOLD_BOOTSTRAP_SERVERS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "processors.executors.cli", "child-executor", "--instance-id", "x"],
+        [sys.executable, "-m", "processors.cli.worker", "child-executor", "--instance-id", "x"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

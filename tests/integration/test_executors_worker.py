@@ -165,7 +165,7 @@ def _spawn_worker(settings: KafkaSettings, name: str) -> subprocess.Popen[bytes]
         [
             sys.executable,
             "-m",
-            "processors.executors.cli",
+            "processors.cli.worker",
             "worker",
             "--module",
             "actions_for_tests",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from processors.cli_common import (
+from processors.cli.common import (
     EXIT_BROKER,
     EXIT_FAILED,
     EXIT_NOT_FOUND,

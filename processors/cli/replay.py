@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from processors.cli_common import (
+from processors.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     BootstrapOpt,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from processors.cli_common import EXIT_FAILED, JsonOpt, cli_errors, console, echo_json, fail
+from processors.cli.common import EXIT_FAILED, JsonOpt, cli_errors, console, echo_json, fail
 
 
 def demo(

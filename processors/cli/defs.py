@@ -11,7 +11,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from processors.cli_common import (
+from processors.cli.common import (
     EXIT_FAILED,
     BootstrapOpt,
     JsonOpt,

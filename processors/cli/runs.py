@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from processors.cli_common import (
+from processors.cli.common import (
     EXIT_FAILED,
     EXIT_REJECTED,
     AnswerTimeoutOpt,

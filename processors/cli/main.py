@@ -1,12 +1,16 @@
-"""The `runfold` command: one root typer app; each area mounts its sub-app here with one line."""
+"""The `runfold` command: the root typer app; each area mounts its sub-app here with one line."""
 
 from __future__ import annotations
 
 import typer
 
-from processors import cli_bench, cli_defs, cli_demo, cli_replay, cli_runs
-from processors.executors import cli as executors_cli
-from processors.runtime import cli as runtime_cli
+from processors.cli import bench as cli_bench
+from processors.cli import defs as cli_defs
+from processors.cli import demo as cli_demo
+from processors.cli import processor as runtime_cli
+from processors.cli import replay as cli_replay
+from processors.cli import runs as cli_runs
+from processors.cli import worker as executors_cli
 from topology.cli import kafka_app, topology_app
 from topology.settings import exit_on_settings_error
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import orjson
 import typer
 
-from processors.cli_common import console
+from processors.cli.common import console
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: results in benchmarks/results/ (JSON + PNG).")
 Rounds = Annotated[int, typer.Option(help="Measured rounds (median and spread over these).")]

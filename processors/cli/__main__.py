@@ -1,0 +1,5 @@
+"""`python -m processors.cli` = `runfold`."""
+
+from processors.cli.main import main
+
+main()
