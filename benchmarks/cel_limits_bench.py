@@ -26,6 +26,7 @@ with the median wall time beside it. Ratios are CPU time / estimate.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -329,7 +330,7 @@ def hostile(repeat: int) -> list[dict[str, Any]]:
     rows = []
     for family, expr, shapes in FAMILIES:
         for shape in shapes:
-            n = largest(expr, {}, lambda n, shape=shape: _data(shape, n), limit=1 << 17)
+            n = largest(expr, {}, functools.partial(_data, shape), limit=1 << 17)
             if n < 0:
                 rows.append({"family": family, "shape": shape, "n": -1, "cpu_ms": None})
                 continue
@@ -400,7 +401,7 @@ def main() -> None:
     real, bad = realistic(args.repeat), hostile(args.repeat)
     accepted = [r for r in real + bad if r.get("cpu_ms") is not None and r.get("accepted", True)]
     worst = max(accepted, key=lambda r: r["cpu_ms"])
-    result = {
+    result: dict[str, Any] = {
         "coefficients": coefs,
         "realistic": real,
         "hostile": bad,

@@ -169,7 +169,9 @@ def responder(settings: ProcessorSettings) -> None:
                 "output": {"ok": True},
                 "usage": ZERO,
             }
-            _produce(p, receipts, enc(r), m.key())
+            key = m.key()
+            assert key is not None  # run events are keyed by run id
+            _produce(p, receipts, enc(r), key)
         p.poll(0)
     p.flush(10)
     c.close()

@@ -3,7 +3,7 @@ purged a page (`store.PURGE_PAGE`) per transaction as the processor's housekeepi
 (`due_purges`, then the overlay's commit-time write). Reports runs purged per second and the
 slowest page: while a backlog drains, each page holds up the loop.
 
-    .venv/bin/python benchmarks/purge_bench.py [--runs 20000] [--page 1000]
+    .venv/bin/python -m benchmarks.purge_bench [--runs 20000] [--page 1000]   (from the checkout)
 
 Prints one JSON object.
 """

@@ -24,7 +24,7 @@ from rocksdict import WriteBatch
 
 from processors.runtime.query import QueryServer
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.store import PartitionStore, event_key, state_key
+from processors.runtime.store import ChangeSet, PartitionStore, event_key, state_key
 from schemas import Codec
 
 RUN = "run-1"
@@ -62,7 +62,7 @@ def main() -> None:
         state_key(RUN),
         orjson.dumps({"run_id": RUN, "status": "succeeded", "sequence": args.events, "waits": {}}),
     )
-    store.write(batch, {}, None, False, None, {})
+    store.apply(ChangeSet(batch), None)
 
     class Partitions:
         restoring: set[int] = set()
@@ -83,7 +83,7 @@ def main() -> None:
         ready=ready,
         settings=ProcessorSettings(http_host="127.0.0.1"),
     )
-    server = QueryServer(processor, "127.0.0.1", 0)  # type: ignore[arg-type]
+    server = QueryServer(processor, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.port}/runs/{RUN}/events"
     stop = threading.Event()
 
@@ -106,7 +106,7 @@ def main() -> None:
         small = WriteBatch(raw_mode=True)
         small.put(b"z%d" % len(waits), b"v")
         started = time.perf_counter()
-        store.write(small, {}, None, False, None, {})
+        store.apply(ChangeSet(small), None)
         waits.append(time.perf_counter() - started)
         time.sleep(0.005)
     stop.set()

@@ -5,7 +5,7 @@ state is then read back from RocksDB twice: with `load_state` (the bundle become
 one shared object) and with a plain JSON parse (each state its own bundle copy: what a
 restored or re-read state held before 2026-11-30). tracemalloc gives the bytes per state.
 
-    .venv/bin/python benchmarks/state_memory.py [--runs 10000]
+    .venv/bin/python -m benchmarks.state_memory [--runs 10000]   (from the checkout)
 
 Prints one JSON object.
 """

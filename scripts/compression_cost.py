@@ -3,7 +3,7 @@
 events, snapshots, activations), compressed in batches of 200 records as a producer batch is,
 with cramjam's LZ4 (frame), snappy and zstd (level 3) and zlib's gzip (level 6).
 
-    .venv/bin/python scripts/compression_cost.py [--runs 2000] [--batch 200]
+    .venv/bin/python -m scripts.compression_cost [--runs 2000] [--batch 200]   (from the checkout)
 
 Prints, per topic: records, bytes per record, and per codec the compression ratio and the CPU
 microseconds per record. Not librdkafka's own codec calls: an estimate of the relative cost.

@@ -11,7 +11,7 @@ ensure_venv
 # The checks first (seconds): lint, format, types (strict on the engine, see pyproject.toml).
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy processors schemas topology
+.venv/bin/mypy --explicit-package-bases processors schemas topology benchmarks
 
 trap stop_broker_if_started EXIT
 ensure_broker

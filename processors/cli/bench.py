@@ -8,13 +8,36 @@ deletes its topics afterwards. Benchmarks are not tests: they measure, they neve
 
 from __future__ import annotations
 
+import importlib
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Annotated
 
 import orjson
 import typer
 
 from processors.cli.common import console
+
+# The benchmarks live in the source checkout, beside the results they write; the installed
+# package is the product alone (pyproject.toml packages processors, schemas and topology).
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def _benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py of the checkout this runfold was installed from (editable)."""
+    if not (CHECKOUT / "benchmarks" / f"{name}.py").is_file():
+        console.print(
+            f"runfold bench runs from a source checkout: benchmarks/{name}.py is not under {CHECKOUT} "
+            "(the benchmarks are not part of the installed package; clone the repository and "
+            "`pip install -e .` there)",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    return importlib.import_module(f"benchmarks.{name}")
+
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: results in benchmarks/results/ (JSON + PNG).")
 Rounds = Annotated[int, typer.Option(help="Measured rounds (median and spread over these).")]
@@ -57,7 +80,7 @@ def keyed_fold(
 ) -> None:
     """Keyed fold (count + sum per key), exactly-once: runfold's runtime vs Quix Streams vs Faust,
     with the raw transactional passthrough as the physical limit."""
-    from benchmarks import keyed_fold as kf
+    kf = _benchmark("keyed_fold")
 
     b = kf.run(
         records,
@@ -78,7 +101,7 @@ def workflow_throughput(
     warmup: Warmup = 1,
 ) -> None:
     """Completed runs/s and run events/s: processor(s) + noop worker + load generator processes."""
-    from benchmarks import workflow_throughput as wt
+    wt = _benchmark("workflow_throughput")
 
     b = wt.run(runs, tuple(int(x) for x in processors.split(",")), rounds=rounds, warmup=warmup)
     _show(b, ["runs_per_s", "events_per_s"])
@@ -94,7 +117,7 @@ def latency(
     warmup: Warmup = 1,
 ) -> None:
     """p50/p95/p99 start -> terminal at 25/50/80% of max load; commit interval 10/50/200 ms."""
-    from benchmarks import latency as lt
+    lt = _benchmark("latency")
 
     b = lt.run(seconds, max_runs_per_s, rounds=rounds, warmup=warmup)
     _show(b, ["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"])
@@ -107,7 +130,7 @@ def replay(
     warmup: Warmup = 1,
 ) -> None:
     """Events/s folded by `runfold replay --rebuild` (and `--verify`)."""
-    from benchmarks import replay_bench as rb
+    rb = _benchmark("replay_bench")
 
     b = rb.run(runs, rounds=rounds, warmup=warmup)
     _show(b, ["events", "events_per_s", "complete"])
@@ -120,7 +143,7 @@ def memory(
     rounds: Rounds = 1,
 ) -> None:
     """Processor RSS with N completed runs in its store, then with W runs waiting on timers."""
-    from benchmarks import memory as mem
+    mem = _benchmark("memory")
 
     b = mem.run(runs, timers, rounds=rounds)
     _show(b, ["rss_mib", "store_mib"])
@@ -140,7 +163,7 @@ def all_benchmarks(
     ] = None,
 ) -> None:
     """Every benchmark in order; benchmarks/results/summary.json holds the headline table."""
-    from benchmarks import run_all
+    run_all = _benchmark("run_all")
 
     summary = run_all.run(quick, rounds, only.split(",") if only else None)
     console.print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode(), highlight=False)
