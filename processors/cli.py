@@ -6,6 +6,7 @@ import typer
 
 from processors import cli_bench, cli_defs, cli_demo, cli_replay, cli_runs
 from processors.executors import cli as executors_cli
+from processors.index import cli as index_cli
 from processors.runtime import cli as runtime_cli
 from topology.cli import kafka_app, topology_app
 from topology.settings import exit_on_settings_error
@@ -27,6 +28,7 @@ app.add_typer(cli_runs.runs_app, name="runs")  # `runfold runs start|cancel|...|
 app.command("replay")(cli_replay.replay)  # `runfold replay --verify | --rebuild`
 app.add_typer(cli_bench.bench_app, name="bench")  # `runfold bench keyed-fold|workflow-throughput|...|all`
 app.command("demo")(cli_demo.demo)  # `runfold demo`
+app.add_typer(index_cli.index_app, name="index")  # `runfold index run|status`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 
