@@ -8,6 +8,7 @@ from processors import cli_bench, cli_defs, cli_demo, cli_replay, cli_runs
 from processors.executors import cli as executors_cli
 from processors.index import cli as index_cli
 from processors.runtime import cli as runtime_cli
+from processors.ui import cli as ui_cli
 from topology.cli import kafka_app, topology_app
 from topology.settings import exit_on_settings_error
 
@@ -29,6 +30,7 @@ app.command("replay")(cli_replay.replay)  # `runfold replay --verify | --rebuild
 app.add_typer(cli_bench.bench_app, name="bench")  # `runfold bench keyed-fold|workflow-throughput|...|all`
 app.command("demo")(cli_demo.demo)  # `runfold demo`
 app.add_typer(index_cli.index_app, name="index")  # `runfold index run|status`
+app.command("ui")(ui_cli.ui)  # `runfold ui`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)
 # ----------------------------------------------------------------------------------------------
 

@@ -414,6 +414,10 @@ class SQLiteIndex:
         cur = self._conn().execute("SELECT * FROM rejections ORDER BY ts_ms DESC LIMIT ?", (limit,))
         return [_row_dict(cur, row) for row in cur.fetchall()]
 
+    def version(self) -> int:
+        """Grows whenever the ingest wrote a batch (the sum of its next offsets): cheap to poll."""
+        return int(self._conn().execute("SELECT COALESCE(SUM(next_offset), 0) FROM offsets").fetchone()[0])
+
     def stats(self) -> dict[str, Any]:
         conn = self._conn()
         prefix = conn.execute("SELECT value FROM meta WHERE key = 'topic_prefix'").fetchone()
