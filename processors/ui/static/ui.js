@@ -13,14 +13,20 @@
     const g = new dagre.graphlib.Graph();
     g.setGraph({ rankdir: "LR", nodesep: 20, ranksep: 40, marginx: 8, marginy: 8 });
     g.setDefaultEdgeLabel(function () { return {}; });
-    for (const n of data.nodes) g.setNode(n.id, { width: Math.max(90, 8 * n.id.length + 20), height: 44, data: n });
+    for (const n of data.nodes) {
+      n.caption = n.status ? `${n.status}${n.instances > 1 ? " ×" + n.instances : ""}${n.attempts > n.instances ? " (" + n.attempts + " att.)" : ""}` : n.kind;
+      g.setNode(n.id, { width: Math.max(90, 8 * n.id.length + 20, 6.5 * n.caption.length + 20), height: 44, data: n });
+    }
     for (const e of data.edges) g.setEdge(e.from, e.to);
     dagre.layout(g);
     const size = g.graph();
     const svg = el("svg", { width: size.width, height: size.height, viewBox: `0 0 ${size.width} ${size.height}` });
+    const marker = el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7,
+      markerHeight: 7, orient: "auto-start-reverse" }, el("defs", {}, svg));
+    el("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6b7280" }, marker);
     for (const id of g.edges()) {
       const pts = g.edge(id).points;
-      el("path", { d: "M" + pts.map(p => `${p.x},${p.y}`).join(" L"), "marker-end": "" }, svg);
+      el("path", { d: "M" + pts.map(p => `${p.x},${p.y}`).join(" L"), "marker-end": "url(#arrow)" }, svg);
     }
     for (const id of g.nodes()) {
       const n = g.node(id), d = n.data;
@@ -30,7 +36,7 @@
       const t = el("text", { x: n.x, y: n.y - 4, "text-anchor": "middle" }, grp);
       t.textContent = id;
       const s = el("text", { x: n.x, y: n.y + 12, "text-anchor": "middle", "font-size": "10" }, grp);
-      s.textContent = d.status ? `${d.status}${d.instances > 1 ? " ×" + d.instances : ""}${d.attempts > 1 ? " (" + d.attempts + " att.)" : ""}` : d.kind;
+      s.textContent = d.caption;
     }
     holder.replaceChildren(svg);
   }
