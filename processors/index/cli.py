@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,8 +24,8 @@ from processors.cli_common import (
     settings_for,
 )
 from processors.index.ingest import Indexer
-from processors.index.settings import INDEX_ENV, index_path, open_reader, parse_time
-from processors.index.store import CursorError, IndexError_, RunFilter, SQLiteIndex
+from processors.index.settings import INDEX_ENV, index_path, open_index, open_reader, parse_time
+from processors.index.store import CursorError, IndexError_, RunFilter, describe
 
 index_app = typer.Typer(
     no_args_is_help=True,
@@ -35,7 +34,10 @@ index_app = typer.Typer(
 
 DbOpt = Annotated[
     str | None,
-    typer.Option("--db", help=f"Index file (default: {INDEX_ENV}, else .runfold/index.sqlite)."),
+    typer.Option(
+        "--db",
+        help=f"Index: an SQLite file or a postgresql:// URL (default: {INDEX_ENV}, else .runfold/index.sqlite).",
+    ),
 ]
 
 
@@ -67,7 +69,7 @@ def run(
     settings = settings_for(topic_prefix, bootstrap)
     path = index_path(db)
     try:
-        index = SQLiteIndex(path)
+        index = open_index(path)
         if rebuild:
             index.reset()
         indexer = Indexer(
@@ -80,7 +82,7 @@ def run(
         signal.signal(sig, lambda *_: stop.set())
     if not as_json:
         err_console.print(
-            f"indexing {settings.topic_prefix}.run-events into {path}"
+            f"indexing {settings.topic_prefix}.run-events into {describe(path)}"
             + (" (to the end)" if once else " (following; Ctrl-C stops)"),
             highlight=False,
         )
@@ -89,7 +91,7 @@ def run(
     except Exception as e:  # a broker or database error: say which, exit non-zero
         raise fail(as_json, f"index ingest stopped: {e}") from None
     if as_json:
-        echo_json({"ok": True, "db": str(path), **report.to_dict()})
+        echo_json({"ok": True, "db": describe(path), **report.to_dict()})
     else:
         d = report.to_dict()
         console.print(
@@ -115,7 +117,7 @@ def status(db: DbOpt = None, as_json: JsonOpt = False) -> None:
 
 
 def list_from_index(
-    path: Path,
+    path: str,
     *,
     status: list[str],
     definition: str | None,
@@ -157,7 +159,7 @@ def list_from_index(
     table = Table(
         title=f"runs ({len(page.runs)} shown of {total}: "
         + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
-        + f") from the index {path}"
+        + f") from the index {describe(path)}"
     )
     for col in ("run id", "definition", "status", "steps", "created", "updated", "labels"):
         table.add_column(col)

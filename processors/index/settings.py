@@ -1,4 +1,5 @@
-"""Where the run index lives: `RUNFOLD_INDEX_DB` (a path to an SQLite file), or the default file."""
+"""Where the run index lives: `RUNFOLD_INDEX_DB` (an SQLite file's path, or a `postgresql://`
+URL), or the default file `.runfold/index.sqlite`."""
 
 from __future__ import annotations
 
@@ -7,27 +8,35 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from processors.index.store import SQLiteIndex, default_path
+from processors.index.postgres import PostgresIndex
+from processors.index.store import SQLiteIndex, default_path, is_dsn
 
 INDEX_ENV = "RUNFOLD_INDEX_DB"
 
 
-def configured_index() -> Path | None:
-    """The index file named by RUNFOLD_INDEX_DB, or None when no index is configured."""
+def configured_index() -> str | None:
+    """The index RUNFOLD_INDEX_DB names, or None when no index is configured."""
     value = os.environ.get(INDEX_ENV, "").strip()
-    return Path(value) if value else None
+    return value or None
 
 
-def index_path(explicit: str | Path | None = None) -> Path:
-    """The index file to write: an explicit path, else RUNFOLD_INDEX_DB, else `.runfold/index.sqlite`."""
+def index_path(explicit: str | Path | None = None) -> str:
+    """The index to write: an explicit one, else RUNFOLD_INDEX_DB, else `.runfold/index.sqlite`."""
     if explicit:
-        return Path(explicit)
-    return configured_index() or default_path()
+        return str(explicit)
+    return configured_index() or str(default_path())
 
 
-def open_reader(path: str | Path) -> SQLiteIndex:
-    """A read-only handle on an index file (its ingest writes it from another process)."""
-    return SQLiteIndex(path, readonly=True)
+def open_index(target: str | Path, *, readonly: bool = False) -> SQLiteIndex:
+    """The index at `target`: PostgreSQL for a `postgresql://` URL, else an SQLite file."""
+    if is_dsn(target):
+        return PostgresIndex(str(target), readonly=readonly)
+    return SQLiteIndex(target, readonly=readonly)
+
+
+def open_reader(target: str | Path) -> SQLiteIndex:
+    """A read-only handle on an index (its ingest writes it from another process)."""
+    return open_index(target, readonly=True)
 
 
 _UNITS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -77,10 +77,10 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (run_id, sequence)
 );
 CREATE TABLE IF NOT EXISTS rejections (
-    partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    partition INTEGER NOT NULL, record_offset INTEGER NOT NULL,
     run_id TEXT NOT NULL, ts_ms INTEGER NOT NULL, command_type TEXT NOT NULL, code TEXT NOT NULL,
     reason TEXT NOT NULL, definition_id TEXT, revision INTEGER,
-    PRIMARY KEY (partition, offset)
+    PRIMARY KEY (partition, record_offset)
 );
 CREATE INDEX IF NOT EXISTS rejections_by_run ON rejections (run_id);
 """
@@ -189,8 +189,24 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     return created_ms, run_id
 
 
-def _row_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
+def _row_dict(cursor: Any, row: Sequence[Any]) -> dict[str, Any]:
     return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+
+def is_dsn(target: str | Path) -> bool:
+    """A PostgreSQL URL (`postgresql://...`) rather than an SQLite file."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def describe(target: str | Path) -> str:
+    """The target as safe to print: a URL's password masked."""
+    text = str(target)
+    if is_dsn(text):
+        scheme, _, rest = text.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        if at and ":" in userinfo:
+            text = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+    return text
 
 
 def default_path() -> Path:
@@ -201,26 +217,34 @@ def default_path() -> Path:
 class SQLiteIndex:
     """The index in one SQLite file. Thread-safe for readers (one connection per thread)."""
 
+    _BEGIN = "BEGIN IMMEDIATE"
+
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
         self._local = threading.local()
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = self._conn()
-            conn.executescript(_SCHEMA)
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise IndexError_(
-                    f"{self.path} holds index schema {row[0]}, newer than this runfold's ({SCHEMA_VERSION})"
-                )
+            self._create_schema(_SCHEMA)
         elif not self.path.exists():
             raise IndexError_(f"no run index at {self.path}: start one with `runfold index run`")
 
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def _create_schema(self, schema: str) -> None:
+        conn = self._conn()
+        conn.executescript(schema)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise IndexError_(
+                f"{self} holds index schema {row[0]}, newer than this runfold's ({SCHEMA_VERSION})"
+            )
+
     # ---------------------------------------------------------------- connections
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> Any:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             if self.readonly:
@@ -240,9 +264,9 @@ class SQLiteIndex:
             self._local.conn = None
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[Any]:
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(self._BEGIN)
         try:
             yield conn
         except BaseException:
@@ -259,7 +283,7 @@ class SQLiteIndex:
                 db.execute("INSERT INTO meta VALUES ('topic_prefix', ?)", (prefix,))
             elif row[0] != prefix:
                 raise IndexError_(
-                    f"{self.path} indexes the topic prefix {row[0]!r}, not {prefix!r}: "
+                    f"{self} indexes the topic prefix {row[0]!r}, not {prefix!r}: "
                     "use another index file (RUNFOLD_INDEX_DB) or --rebuild"
                 )
 
@@ -303,12 +327,19 @@ class SQLiteIndex:
                     db.executemany(_UPSERT_STEP, steps)
             labels = [(r.run_id, k, v, r.created_ms) for r in batch.new_runs for k, v in r.labels.items()]
             if labels:
-                db.executemany("INSERT OR REPLACE INTO run_labels VALUES (?, ?, ?, ?)", labels)
+                db.executemany(
+                    "INSERT INTO run_labels VALUES (?, ?, ?, ?) ON CONFLICT (run_id, key) "
+                    "DO UPDATE SET value = excluded.value, created_ms = excluded.created_ms",
+                    labels,
+                )
             if batch.events:
-                db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch.events)
+                db.executemany(
+                    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", batch.events
+                )
             if batch.rejections:
                 db.executemany(
-                    "INSERT OR IGNORE INTO rejections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", batch.rejections
+                    "INSERT INTO rejections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    batch.rejections,
                 )
             db.executemany(
                 "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
@@ -422,7 +453,7 @@ class SQLiteIndex:
         conn = self._conn()
         prefix = conn.execute("SELECT value FROM meta WHERE key = 'topic_prefix'").fetchone()
         return {
-            "path": str(self.path),
+            "path": str(self),
             "topic_prefix": prefix[0] if prefix else None,
             "runs": conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0],
             "events": conn.execute("SELECT COUNT(*) FROM events").fetchone()[0],

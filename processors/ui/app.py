@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from processors.client import RunClient, RunfoldError
 from processors.engine.vocabulary import RUN_STATUSES
-from processors.index.settings import parse_time
+from processors.index.settings import open_reader, parse_time
 from processors.index.store import CursorError, IndexError_, RunFilter, SQLiteIndex
 from processors.ui.graph import definition_of_bundle, graph
 from processors.ui.redact import mask
@@ -58,7 +58,7 @@ ACKS = {"SignalRun": ("SignalReceived",), "CancelRun": ("RunCancelled",), "Resum
 
 @dataclass
 class UiConfig:
-    index_path: Path
+    index_path: str | Path  # an SQLite file or a postgresql:// URL
     settings: KafkaSettings
     token: str | None = None
     action_timeout_s: float = 10.0
@@ -113,7 +113,7 @@ class Ui:
     @property
     def index(self) -> SQLiteIndex:
         if self._index is None:
-            self._index = SQLiteIndex(self.config.index_path, readonly=True)
+            self._index = open_reader(self.config.index_path)
         return self._index
 
     @property
@@ -343,7 +343,11 @@ class Ui:
         index = self.index
         run = index.get(run_id)
         after = run["sequence"] if run else 0
-        seen = {(r["partition"], r["offset"]) for r in index.rejections(limit=1000) if r["run_id"] == run_id}
+        seen = {
+            (r["partition"], r["record_offset"])
+            for r in index.rejections(limit=1000)
+            if r["run_id"] == run_id
+        }
         try:
             send()
         except RunfoldError as e:
@@ -355,7 +359,7 @@ class Ui:
             for r in index.rejections(limit=1000):
                 if (
                     r["run_id"] == run_id
-                    and (r["partition"], r["offset"]) not in seen
+                    and (r["partition"], r["record_offset"]) not in seen
                     and r["command_type"] == command
                 ):
                     return {"ok": False, "message": f"rejected: {r['code']}: {r['reason']}"}

@@ -15,8 +15,8 @@ import uvicorn
 from processors.cli_common import BootstrapOpt, PrefixOpt, err_console, fail, settings_for
 from processors.index.cli import DbOpt
 from processors.index.ingest import Indexer
-from processors.index.settings import index_path
-from processors.index.store import IndexError_, SQLiteIndex
+from processors.index.settings import index_path, open_index
+from processors.index.store import IndexError_, describe, is_dsn
 from processors.ui.app import UiConfig, create_app
 
 log = logging.getLogger("runfold.ui")
@@ -74,15 +74,15 @@ def ui(
     stop = threading.Event()
     if ingest:
         try:
-            indexer = Indexer(settings, SQLiteIndex(path))
+            indexer = Indexer(settings, open_index(path))
         except IndexError_ as e:
             raise fail(False, str(e)) from None
         threading.Thread(target=indexer.run, kwargs={"stop": stop}, name="index-ingest", daemon=True).start()
-    elif not path.exists():
+    elif not is_dsn(path) and not Path(path).exists():
         raise fail(False, f"no run index at {path}: run `runfold index run` or drop --no-ingest")
     app = create_app(UiConfig(index_path=path, settings=settings, token=token))
     err_console.print(
-        f"runfold UI on http://{host}:{port}/ (index {path}{', ingesting' if ingest else ''}"
+        f"runfold UI on http://{host}:{port}/ (index {describe(path)}{', ingesting' if ingest else ''}"
         f"{', token required' if token else ''})",
         highlight=False,
     )
