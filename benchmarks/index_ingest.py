@@ -35,23 +35,25 @@ from benchmarks.harness import bootstrap, delete_topics_containing, percentile, 
 from benchmarks.replay_bench import synthesize_runs
 from processors.index import Indexer, RunFilter, SQLiteIndex
 from processors.index.projection import RunRow, accept, apply
+from processors.index.settings import open_index
 from processors.index.store import Batch
 from schemas import Codec
 from topology.admin import create_topology
 from topology.settings import KafkaSettings
 
 
-def kafka_ingest(runs: int, store_events: bool) -> dict[str, Any]:
+def kafka_ingest(runs: int, store_events: bool, postgres: str | None = None) -> dict[str, Any]:
     prefix = unique_prefix("idx")
     settings = KafkaSettings(bootstrap_servers=bootstrap(), topic_prefix=prefix, partitions=4)
     create_topology(settings)
     try:
         events = synthesize_runs(settings, "noop-3", runs, snapshots=False)
         with tempfile.TemporaryDirectory() as tmp:
-            index = SQLiteIndex(Path(tmp) / "index.sqlite")
+            index = open_index(postgres or Path(tmp) / "index.sqlite")
+            index.reset()
             indexer = Indexer(settings, index, store_events=store_events)
             report = indexer.run(follow=False, stop=threading.Event())
-            size = (Path(tmp) / "index.sqlite").stat().st_size
+            size = 0 if postgres else (Path(tmp) / "index.sqlite").stat().st_size
             index.close()
         d = report.to_dict()
         return {
@@ -62,6 +64,7 @@ def kafka_ingest(runs: int, store_events: bool) -> dict[str, Any]:
             "events_per_s": d["events_per_s"],
             "batches": d["batches"],
             "store_events": store_events,
+            "database": "postgresql" if postgres else "sqlite",
             "db_mb": round(size / 1e6, 1),
         }
     finally:
@@ -213,12 +216,17 @@ def main() -> None:
     ap.add_argument("--search-runs", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--skip-kafka", action="store_true", help="no broker: store ingest and search only")
+    ap.add_argument(
+        "--postgres", help="also ingest into this PostgreSQL (a postgresql:// URL; its tables are reset)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out: dict[str, Any] = {}
     if not args.skip_kafka:
         out["kafka_ingest"] = kafka_ingest(args.runs, store_events=True)
         out["kafka_ingest_no_events"] = kafka_ingest(args.runs, store_events=False)
+        if args.postgres:
+            out["kafka_ingest_postgres"] = kafka_ingest(args.runs, store_events=True, postgres=args.postgres)
     template = _template(Codec.default())
     with tempfile.TemporaryDirectory() as tmp:
         out["store_ingest"] = store_ingest(template, args.runs, Path(tmp) / "s.sqlite", store_events=True)
