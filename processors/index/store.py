@@ -182,7 +182,7 @@ def encode_cursor(created_ms: int, run_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[int, str]:
     try:
         created_ms, run_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if type(created_ms) is not int or type(run_id) is not str:
+        if type(created_ms) is not int or type(run_id) is not str or not -(2**63) <= created_ms < 2**63:
             raise ValueError
     except (ValueError, TypeError) as e:
         raise CursorError(f"not a cursor this index gave out: {cursor[:40]!r}") from e

@@ -223,6 +223,23 @@ class Ui:
                 budgets.append(
                     {"label": label, "used": value, "limit": limit, "pct": min(100, 100 * value // limit)}
                 )
+        supersteps = []
+        previous = (definition or {}).get("state")
+        for commit in commits:  # what each superstep changed in the state (top-level keys)
+            now = commit["state"]
+            if isinstance(now, dict) and isinstance(previous, dict):
+                changed = {k: now.get(k) for k in sorted({*now, *previous}) if now.get(k) != previous.get(k)}
+            else:
+                changed = {"(state)": now}
+            supersteps.append(
+                {
+                    "superstep": commit["superstep"],
+                    "ts_ms": commit["ts_ms"],
+                    "next": commit.get("next_frontier"),
+                    "changed": changed,
+                }
+            )
+            previous = now
         failures = [s for s in steps if s["failure_code"]]
         shown_events = [e for e in events if not types or e["type"] in types]
         return {
@@ -232,6 +249,7 @@ class Ui:
             "event_types": sorted({e["type"] for e in events}),
             "graph": graph(definition, steps) if definition else None,
             "state": state,
+            "supersteps": supersteps,
             "timeline": timeline,
             "duration": (run["finished_ms"] - start) if run["finished_ms"] else None,
             "budgets": budgets,
