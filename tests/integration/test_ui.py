@@ -75,6 +75,7 @@ def test_pages_actions_token_and_no_secret(
             assert "<script>alert(1)</script>" not in http.get(f"/runs/{done}").text  # escaped
             detail = http.get(f"/runs/{failed}").text
             assert 'id="run-status" data-status="failed"' in detail and "graph-data" in detail
+            assert "what it changed in the state" in http.get(f"/runs/{done}").text
             assert http.get("/runs/no-such-run").status_code == 404
             assert http.get("/", params={"since": "yesterday-ish"}).status_code == 400
             assert http.get("/", params={"cursor": "nope"}).status_code == 400
