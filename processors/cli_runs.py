@@ -270,13 +270,13 @@ def list_runs(
             f"--label/--since/--until/--parent/--failure-code/--cursor search the run index: set {index_settings.INDEX_ENV} (docs/index.md)",
             EXIT_USAGE,
         )
-    err_console.print(
-        f"(no run index: scanning the run-state topic; set {index_settings.INDEX_ENV} to use one)",
-        highlight=False,
-    )
     # ---- end of the index hook
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         views = client.runs()
+    err_console.print(  # index hook: say it scanned (after the settings and the scan succeeded)
+        f"(no run index: scanned the run-state topic; set {index_settings.INDEX_ENV} to use one)",
+        highlight=False,
+    )
     counts: dict[str, int] = {}
     for v in views:
         counts[v.status] = counts.get(v.status, 0) + 1

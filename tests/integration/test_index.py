@@ -214,7 +214,9 @@ def _dump(db: Path) -> dict[str, Any]:
     try:
         return {
             table: sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
-            for table in ("runs", "steps", "events", "run_labels", "rejections", "offsets")
+            # not the offsets: a transaction marker committed after the last event (the live
+            # processor's) moves one index's end offset and not the other's; the rows are the test
+            for table in ("runs", "steps", "events", "run_labels", "rejections")
         }
     finally:
         conn.close()

@@ -26,7 +26,9 @@ from processors.client import RunClient
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-TABLES = ("runs", "steps", "events", "run_labels", "rejections", "offsets")
+# not the offsets: a transaction marker the live processor commits after the last event moves
+# one index's end offset and not the other's; the rows are what must be equal
+TABLES = ("runs", "steps", "events", "run_labels", "rejections")
 
 
 @pytest.fixture(scope="module")
