@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from benchmarks.harness import Bench, RoundContext, delete_topics_containing, error_text, spawn_log
+from processors.kafka.records import coordinates
 from topology.admin import create_topology
 from topology.settings import KafkaSettings, admin_config, consumer_config, producer_config
 
@@ -122,12 +123,16 @@ def check_output(settings: KafkaSettings, topic: str, expected: Expected) -> dic
     deadline = time.monotonic() + 60
     while len(eof) < parts and time.monotonic() < deadline:
         for m in c.consume(5000, 0.5):
-            if m.error() is not None:
-                if m.error().code() == -191:  # _PARTITION_EOF
-                    eof.add(m.partition())
+            err = m.error()
+            if err is not None:
+                if err.code() == -191 and (p := m.partition()) is not None:  # _PARTITION_EOF
+                    eof.add(p)
                 continue
-            eof.discard(m.partition())
-            rec = orjson.loads(m.value())
+            eof.discard(coordinates(m)[1])
+            value = m.value()
+            if value is None:
+                continue
+            rec = orjson.loads(value)
             last[rec["key"]] = rec
             n += 1
     c.close()

@@ -20,6 +20,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from processors.kafka.records import coordinates
 from processors.runtime.settings import ProcessorSettings
 from schemas import Codec
 from topology.settings import admin_config, producer_config
@@ -82,8 +83,9 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
             for m in msgs:
                 if m.error() is not None:
                     continue
-                producer.produce(dst, m.value(), m.key(), partition=m.partition())
-                nxt[(m.topic(), m.partition())] = m.offset() + 1
+                topic, partition, offset = coordinates(m)
+                producer.produce(dst, m.value(), m.key(), partition=partition)
+                nxt[(topic, partition)] = offset + 1
                 done += 1
             in_txn += len(msgs)
         if open_txn and (not msgs or in_txn >= batch or time.monotonic() >= deadline):

@@ -1,5 +1,5 @@
 """How long a paused input partition takes to deliver again after it is resumed: librdkafka's
-plain `resume()` against `processors.runtime.fetch.resume_now` (resume + a request that wakes
+plain `resume()` against `processors.kafka.fetch.resume_now` (resume + a request that wakes
 the leader's broker thread). The processor resumes every partition it restores, the worker
 every partition it paused under backpressure.
 
@@ -24,7 +24,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from processors.runtime.fetch import resume_now
+from processors.kafka.fetch import resume_now
 from topology.settings import KafkaSettings, admin_config, consumer_config, producer_config
 
 

@@ -387,8 +387,11 @@ class EventWatch:
             if m.error() is not None:
                 continue
             n += 1
-            if body_branch(m.value()) in TERMINAL_BRANCHES:  # decode only terminal events
-                self.terminal[m.key().decode()] = now
+            value, key = m.value(), m.key()
+            if value is None or key is None:
+                continue
+            if body_branch(value) in TERMINAL_BRANCHES:  # decode only terminal events
+                self.terminal[key.decode()] = now
                 self.last_terminal_at = now
         if n:
             self.events += n

@@ -59,48 +59,16 @@ from schemas.contract import (
     load_contract,
     read_history,
 )
+from schemas.errors import DecodeError, EncodeError, InvalidJsonField
 from schemas.fast_reader import compile_reader
 from schemas.fast_writer import compile_writer
+from schemas.registry import RegistryFraming
 
 __all__ = ["TOPIC_KINDS", "Codec", "DecodeError", "EncodeError", "InvalidJsonField", "get_codec"]
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # far above any Kafka message.max.bytes we configure
-
-
-class DecodeError(ValueError):
-    """Bytes that are not a record of this topic's contract."""
-
-    def __init__(self, reason: str, topic_kind: str = "") -> None:
-        super().__init__(f"cannot decode {topic_kind or 'record'}: {reason}")
-        self.reason = reason
-        self.topic_kind = topic_kind
-
-
-class InvalidJsonField(DecodeError):
-    """The record decodes, but json fields hold text that is not JSON. `message` is the flat
-    message with those fields set to None; `fields` lists (path, what is wrong) with paths
-    relative to the message (`input`, `agent.prompt`) and orjson's words for what is wrong."""
-
-    def __init__(self, topic_kind: str, message: dict[str, Any], fields: list[tuple[str, str]]) -> None:
-        super().__init__(
-            "; ".join(f"invalid JSON text in json field {path} ({why})" for path, why in fields), topic_kind
-        )
-        self.message = message
-        self.fields = fields
-
-
-class EncodeError(ValueError):
-    """A message that does not fit its schema."""
-
-    def __init__(self, reason: str, topic_kind: str, record_type: str | None, field: str | None) -> None:
-        where = f"{record_type}.{field}" if field else (record_type or "message")
-        super().__init__(f"cannot encode {topic_kind} {where}: {reason}")
-        self.reason = reason
-        self.topic_kind = topic_kind
-        self.record_type = record_type
-        self.field = field
 
 
 # --- the `json` logical type: fastavro keys custom logical types as "<avro type>-<logicalType>"
@@ -345,7 +313,7 @@ class _Topic:
             return
         raise InvalidJsonField(self.kind, self._flat(rec), bad) from None
 
-    registry: Any = None  # schemas.registry.RegistryFraming when configured
+    registry: RegistryFraming | None = None  # when a schema registry is configured
 
     def _registry_writer(self, data: bytes) -> tuple[Any, Any]:
         if len(data) < 5:
@@ -505,8 +473,6 @@ class Codec:
             self._topics[kind].add_writer(schema)
         self.registry = None
         if registry_url or registry_client is not None:
-            from schemas.registry import RegistryFraming
-
             self.registry = RegistryFraming(registry_url, registry_client)
             for topic in self._topics.values():
                 topic.registry = self.registry

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from schemas.codec import DecodeError
+from schemas.errors import DecodeError
 
 
 def confluent_header(schema_id: int) -> bytes:

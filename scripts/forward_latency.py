@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 from processor_support import CODEC, Reader, make_settings, running, setup_topology
 
-from processors.runtime.partitioning import partition_for
+from processors.kafka.partitioning import partition_for
 from topology.admin import delete_topology
 from topology.settings import producer_config
 

@@ -116,3 +116,8 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
         TopicSpec(n.dead_letters, "dead_letters", p, rf, _delete(settings.dead_letter_retention_ms)),
     ]
     return specs
+
+
+def topic_names(settings: KafkaSettings) -> TopicNames:
+    """The `TopicNames` for the settings' prefix."""
+    return TopicNames(settings.topic_prefix)

@@ -5,15 +5,16 @@ Stable public interface (the processor, executors, client and tests import these
     from topology.settings import (
         KafkaSettings, load_settings,
         producer_config, transactional_producer_config, consumer_config, admin_config,
-        redact, topic_names,
+        redact,
     )
+    from topology.catalog import topic_names
 
     s = load_settings()                                  # env + optional config file
     p = Producer(producer_config(s, linger_ms=0))        # kwargs: `_` becomes `.` (linger_ms -> linger.ms)
     t = Producer(transactional_producer_config(s, "runfold-processor-0"))
     c = Consumer(consumer_config(s, "runfold-processor"))  # read_committed, manual commits
     a = AdminClient(admin_config(s))
-    names = topic_names(s)                                # topology.catalog.TopicNames
+    names = topic_names(s)                                # every topic's name
 
 Where settings come from (later wins):
   defaults < config file < environment < explicit constructor arguments.
@@ -47,7 +48,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -59,9 +60,6 @@ from pydantic_settings import (
     SettingsConfigDict,
     SettingsError,
 )
-
-if TYPE_CHECKING:
-    from topology.catalog import TopicNames
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _S = TypeVar("_S")
@@ -346,7 +344,7 @@ def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]
         "compression.type": "lz4",
         "batch.size": 1_000_000,
         # Java's default partitioner (murmur2): commands, receipts and run-events of a run must land in
-        # the same partition number whoever produces them, in any language (processors/runtime/partitioning.py).
+        # the same partition number whoever produces them, in any language (processors/kafka/partitioning.py).
         "partitioner": "murmur2_random",
         **_base(settings),
         **_kwargs(overrides),
@@ -398,10 +396,3 @@ def consumer_config(
 
 def admin_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
     return {**_base(settings), **_kwargs(overrides)}
-
-
-def topic_names(settings: KafkaSettings) -> TopicNames:
-    """The `TopicNames` for the settings' prefix (see topology.catalog)."""
-    from topology.catalog import TopicNames
-
-    return TopicNames(settings.topic_prefix)

@@ -38,12 +38,15 @@ from processors.client.errors import (
 )
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
-from processors.client.views import TERMINAL_EVENTS, RunView, view_from_query, view_from_snapshot
+from processors.client.views import RunView, view_from_query, view_from_snapshot
 from processors.engine.ids import control_character
-from processors.runtime.fetch import connect_first
-from processors.runtime.partitioning import partition_for
+from processors.engine.vocabulary import TERMINAL_EVENTS
+from processors.kafka.fetch import connect_first
+from processors.kafka.partitioning import partition_for
+from processors.kafka.records import coordinates
 from schemas import Codec
-from topology.settings import KafkaSettings, load_settings, producer_config, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, load_settings, producer_config
 
 # Look a little further back than a snapshot's timestamp when following events after it:
 # snapshot and events are written by the same processor, but clocks of different hosts
@@ -116,6 +119,10 @@ class RunClient:
             self._reader.close()
             self._reader = None
             self._snapshots = None
+
+    @property
+    def codec(self) -> Codec:
+        return self._codec
 
     @property
     def reader(self) -> PartitionReader:
@@ -353,7 +360,7 @@ class RunClient:
             if start is None:  # events after the snapshot were written after it: skip older history
                 _, ts = record.timestamp()
                 start = self.reader.offset_for_time(
-                    self.topics.run_events, record.partition(), max(ts - _CLOCK_SLACK_MS, 0)
+                    self.topics.run_events, coordinates(record)[1], max(ts - _CLOCK_SLACK_MS, 0)
                 )
         remaining = max(deadline - time.monotonic(), 0.0)
         try:
@@ -400,13 +407,16 @@ class RunClient:
             return out
         try:
             for msg in self.reader.read(starts, follow=True, deadline=deadline):
-                if msg is None or msg.value() is None:
+                if msg is None:
                     continue
-                pending_id = pending.get(msg.key())
+                key, value = msg.key(), msg.value()
+                if key is None or value is None:
+                    continue
+                pending_id = pending.get(key)
                 if pending_id is None:
                     continue
                 run_id = pending_id
-                ev = self._dec_event(msg.value())
+                ev = self._dec_event(value)
                 if ev["type"] == "RunAccepted":
                     definition[run_id] = (ev["definition_id"], ev["revision"])
                     continue
@@ -427,7 +437,7 @@ class RunClient:
                     out[run_id] = RunView.from_terminal_event(ev, *definition.get(run_id, (None, None)))
                 else:
                     continue
-                del pending[msg.key()]
+                del pending[key]
                 if not pending:
                     break
         except RunfoldTimeout:

@@ -10,17 +10,34 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from processors.client.errors import DefinitionConflict, InvalidDefinition, UnknownDefinition
+from processors.client.reader import PartitionReader
 from processors.engine.catalog import Catalog, content_hash
 from processors.engine.definition import read_source
 from processors.engine.errors import DefinitionError
+from schemas import Codec
+from topology.catalog import TopicNames
 
-if TYPE_CHECKING:
-    from processors.client.client import RunClient
+
+class ClientLink(Protocol):
+    """What the registry uses of the client that owns it (client.py): its reader and
+    producer, topic names, codec and timeout."""
+
+    timeout_s: float
+
+    topics: TopicNames
+
+    @property
+    def codec(self) -> Codec: ...
+
+    @property
+    def reader(self) -> PartitionReader: ...
+
+    def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]: ...
 
 
 def _describe(err: DefinitionError) -> str:
@@ -49,14 +66,14 @@ def load_source(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
 
 
 class DefinitionRegistry:
-    def __init__(self, client: RunClient) -> None:
+    def __init__(self, client: ClientLink) -> None:
         self._client = client
         self._records: dict[str, dict[int, dict[str, Any]]] | None = None
 
     def refresh(self) -> dict[str, dict[int, dict[str, Any]]]:
         """Re-read the whole definitions topic (committed records only)."""
         c = self._client
-        decode = c._codec.decoder("definitions")
+        decode = c.codec.decoder("definitions")
         records: dict[str, dict[int, dict[str, Any]]] = {}
         deadline = time.monotonic() + c.timeout_s * 4
         for msg in c.reader.read_all(c.topics.definitions, deadline=deadline):
@@ -120,7 +137,7 @@ class DefinitionRegistry:
             "registered_ms": int(time.time() * 1000),
         }
         c = self._client
-        c.produce(c.topics.definitions, defn.key, c._codec.encode("definitions", record))
+        c.produce(c.topics.definitions, defn.key, c.codec.encode("definitions", record))
         assert self._records is not None
         self._records.setdefault(defn.id, {})[defn.revision] = record
         return record

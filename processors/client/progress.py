@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.client.views import TERMINAL_EVENTS
+from processors.engine.vocabulary import TERMINAL_EVENTS
 
 _STEP_STATUS = {
     "StepScheduled": "scheduled",

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTimeout
-from processors.runtime.fetch import first_then_buffered
+from processors.kafka.fetch import first_then_buffered
 from topology.settings import KafkaSettings, consumer_config
 
 T = TypeVar("T")

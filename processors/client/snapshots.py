@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Message
 
 from processors.client.reader import PartitionReader
+from processors.kafka.records import coordinates
 
 
 @dataclass
@@ -36,13 +37,14 @@ class SnapshotIndex:
         for msg in self._reader.read({(self._topic, partition): part.position}, deadline=deadline):
             if msg is None:
                 continue
+            _, _, offset = coordinates(msg)
             key = msg.key()
             if key is not None:
                 if msg.value() is None:  # a tombstone deletes the run's snapshot
                     part.latest.pop(key, None)
                 else:
-                    part.latest[key] = (msg.offset(), msg.timestamp()[1])
-            part.position = msg.offset() + 1
+                    part.latest[key] = (offset, msg.timestamp()[1])
+            part.position = offset + 1
         return part
 
     def latest(self, run_id: str, partition: int) -> Message | None:
@@ -53,7 +55,7 @@ class SnapshotIndex:
             return None
         deadline = time.monotonic() + self._timeout_s
         for msg in self._reader.read({(self._topic, partition): where[0]}, deadline=deadline):
-            if msg is not None and msg.offset() >= where[0]:
+            if msg is not None and coordinates(msg)[2] >= where[0]:
                 if msg.key() == key and msg.value() is not None:
                     return msg
                 break  # compacted away meanwhile: fall back to a fresh scan
@@ -62,6 +64,6 @@ class SnapshotIndex:
         if fresh is None:
             return None
         for msg in self._reader.read({(self._topic, partition): fresh[0]}, deadline=deadline):
-            if msg is not None and msg.offset() >= fresh[0]:
+            if msg is not None and coordinates(msg)[2] >= fresh[0]:
                 return msg if msg.key() == key and msg.value() is not None else None
         return None

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-TERMINAL_EVENTS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
+from processors.engine.vocabulary import TERMINAL_EVENTS, TERMINAL_STATUSES
 
 
 @dataclass(frozen=True)

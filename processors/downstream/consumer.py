@@ -27,8 +27,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from processors.kafka.records import coordinates
 from schemas import Codec, DecodeError
-from topology.settings import KafkaSettings, consumer_config, load_settings, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, consumer_config, load_settings
 
 log = logging.getLogger("runfold.downstream")
 
@@ -83,9 +85,8 @@ class RunEventConsumer:
             self._pending = None
             self.handled += 1
             try:
-                self._consumer.store_offsets(
-                    offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)]
-                )
+                topic, partition, offset = coordinates(msg)
+                self._consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset + 1)])
             except KafkaException as e:  # partition revoked meanwhile: the new owner re-delivers it
                 log.warning(
                     "could not store offset of %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), e

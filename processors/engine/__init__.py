@@ -3,11 +3,12 @@
 from processors.engine.catalog import Bundle, Catalog
 from processors.engine.context import Decision, EngineContext
 from processors.engine.decider import decide
-from processors.engine.definition import Ceilings, Definition, load_definition
+from processors.engine.definition import Ceilings, Definition
 from processors.engine.effects import Effects, effects
 from processors.engine.errors import DefinitionError, EventBeforeStart
 from processors.engine.evolve import evolve
 from processors.engine.state import RunState, dump_state, load_state, run_status, state_digest
+from processors.engine.validation import load_definition
 
 __all__ = [
     "Bundle",

@@ -9,7 +9,7 @@ budget continues (docs/semantics.md, "Budgets").
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 from processors.engine.definition import LIMIT_DIMENSIONS, Budgets, Ceilings
 from processors.engine.emitter import Emitter
@@ -107,40 +107,35 @@ def fits(state: RunState, dimension: str, amount: int) -> bool:
     return cap <= 0 or used(state, dimension) + amount <= cap
 
 
-def pause_for(em: Emitter, dimension: str, reason: str, amount: int = 0) -> None:
-    """BudgetExhausted + cancel in-flight steps + RunPaused (code BudgetExceeded)."""
-    from processors.engine.steps import cancel_open_steps  # steps imports this module
+class Overrun(NamedTuple):
+    """A budget dimension that does not fit: what `steps.pause_for` reports and pauses for.
+    `amount`: what was about to be spent on top of the recorded usage (0: already spent)."""
 
-    state = em.state
-    em.emit(
-        "BudgetExhausted",
-        dimension=dimension,
-        used=used(state, dimension, em.ts) + amount,
-        limit=limit(state, dimension),
-    )
-    cancel_open_steps(em, f"run paused: {reason}")
-    em.emit("RunPaused", code="BudgetExceeded", reason=reason)
+    dimension: str
+    reason: str
+    amount: int = 0
 
 
-def reserve(em: Emitter, steps: int, agents: int, mapped: bool) -> bool:
-    """Check the steps and agents about to be dispatched; pause (False) if they do not fit."""
-    if not fits(em.state, "steps", steps):
+def overrun(state: RunState, steps: int, agents: int, mapped: bool) -> Overrun | None:
+    """Whether the steps and agents about to be dispatched overrun a budget, and which."""
+    if not fits(state, "steps", steps):
         reason = (
             "map cardinality exceeds remaining workflow step budget"
             if mapped
             else "workflow step budget exhausted"
         )
-        pause_for(em, "steps", reason, steps)
-        return False
-    if not fits(em.state, "agents", agents):
-        pause_for(em, "agents", "workflow agent budget exhausted", agents)
-        return False
-    return True
+        return Overrun("steps", reason, steps)
+    if not fits(state, "agents", agents):
+        return Overrun("agents", "workflow agent budget exhausted", agents)
+    return None
 
 
-def enforce(em: Emitter) -> bool:
-    """Warn once per dimension at warn_at_percent; pause when recorded usage overran a
-    limit. True if the run was paused."""
+WALL_TIME_OVERRUN: Final = Overrun("wall_time_ms", "workflow wall-time budget exceeded")
+
+
+def enforce(em: Emitter) -> Overrun | None:
+    """Warn once per dimension at warn_at_percent (BudgetWarning); the recorded usage that
+    overran a limit, if any (the caller pauses the run)."""
     state = em.state
     limits = state["budgets"]
     percent = int(limits.get("warn_at_percent") or 80)
@@ -151,9 +146,8 @@ def enforce(em: Emitter) -> bool:
         if cap <= 0 or amount * 100 < cap * percent:
             continue
         if dimension in RECORDED_AFTER and amount > cap:
-            pause_for(em, dimension, f"workflow {dimension.replace('_', ' ')} budget exhausted")
-            return True
+            return Overrun(dimension, f"workflow {dimension.replace('_', ' ')} budget exhausted")
         if dimension not in state["warned"]:
             em.emit("BudgetWarning", dimension=dimension, used=amount, limit=cap)
             state = em.state
-    return False
+    return None

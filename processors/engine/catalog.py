@@ -21,11 +21,11 @@ from processors.engine.definition import (
     Ceilings,
     Definition,
     definition_key,
-    load_definition,
     parse_definition,
 )
 from processors.engine.errors import DefinitionError, Issue
 from processors.engine.refs import canonical_json
+from processors.engine.validation import load_definition
 
 __all__ = ["Bundle", "Catalog", "Ceilings", "bundle_hash", "content_hash", "parse_key"]
 

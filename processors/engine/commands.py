@@ -15,7 +15,7 @@ from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import cancel_open_steps, plan_superstep
 from processors.engine.superstep import fail_run, progress
-from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES
+from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES, ZERO_USAGE
 
 Message = dict[str, Any]
 # A command's free-text reason is copied into the run's events and every cancelled step:
@@ -98,7 +98,7 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         "StepSucceeded",
         step,
         output=payload,
-        usage={"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0},
+        usage=dict(ZERO_USAGE),
     )
     progress(em)
     return em.decision()

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails
 
 from processors.engine.errors import DefinitionError, Issue
-from processors.engine.nesting import too_deep
 
 SCHEMA_V1 = "runfold.workflow/v1"
 END = "end"  # route target that ends the run
@@ -259,25 +258,6 @@ def parse_definition(raw: dict[str, Any]) -> Definition:
         return Definition.model_validate(raw)
     except ValidationError as exc:
         raise DefinitionError([_issue_from_pydantic(err) for err in exc.errors()]) from None
-
-
-def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | None = None) -> Definition:
-    """Parse and fully validate a definition from a dict, YAML/JSON text (`str`), or a file
-    (`Path` — the only I/O here). Raises `DefinitionError` listing every error; warnings
-    (e.g. unreachable nodes) do not fail the load — see `validate_definition`. Budgets are
-    checked against `ceilings` only when given (`Catalog.register` always gives them)."""
-    from processors.engine.validation import validate_definition  # validation imports this module
-
-    raw = read_source(source)
-    limit = (ceilings or Ceilings()).max_json_depth
-    where = too_deep(raw, limit, "")
-    if where is not None:  # before pydantic walks it: a run's state and events nest it deeper still
-        raise DefinitionError([Issue(where, f"nests deeper than max_json_depth {limit}", rule="json_depth")])
-    definition = parse_definition(raw)
-    errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
-    if errors:
-        raise DefinitionError(errors)
-    return definition
 
 
 def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:

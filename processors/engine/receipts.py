@@ -19,7 +19,7 @@ from processors.engine.ids import instance_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
-from processors.engine.steps import fail_attempt, retry_attempt, retry_exhausted
+from processors.engine.steps import fail_attempt, pause_for, retry_attempt, retry_exhausted
 from processors.engine.superstep import progress, schema_error
 from processors.engine.vocabulary import (
     EXECUTOR_KINDS,
@@ -268,7 +268,7 @@ def _timer(em: Emitter, msg: Message) -> str | None:
     if kind == "wall_time":
         if state["status"] != "running" or msg.get("due_ms") != state["wall"]["due_ms"]:
             return "stale timer"
-        budgets.pause_for(em, "wall_time_ms", "workflow wall-time budget exceeded")
+        pause_for(em, budgets.WALL_TIME_OVERRUN)
         return None
     if state["status"] != "running":
         return "stale timer"  # paused: its steps were cancelled

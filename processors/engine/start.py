@@ -25,6 +25,7 @@ from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
 from processors.engine.superstep import progress, schema_error
+from processors.engine.vocabulary import EXECUTOR_KINDS
 
 Message = dict[str, Any]
 
@@ -109,7 +110,7 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
             f"level(s) makes a run tree of {levels} levels, over max_nesting_depth {limits['max_nesting_depth']}",
         )
     for name, node in sorted(definition.nodes.items()):
-        if node.kind in ("action", "agent") and node.queue not in ctx.queues:
+        if node.kind in EXECUTOR_KINDS and node.queue not in ctx.queues:
             return reject(
                 "InvalidInput",
                 f"node {name}: unknown queue {node.queue!r} (known: {', '.join(sorted(ctx.queues))})",

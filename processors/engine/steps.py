@@ -19,6 +19,7 @@ from processors.engine.ids import dispatch_id, instance_key, order_key, step_tim
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
 from processors.engine.vocabulary import (
     DISPATCHED_KINDS,
+    EXECUTOR_KINDS,
     IN_FLIGHT_SLOT_STATUSES,
     NOT_SCHEDULED_STATUSES,
     OPEN_STEP_STATUSES,
@@ -100,7 +101,9 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
             plans.append((name, node, lineage, item, old))
     if not plans and not unscheduled:
         return False
-    if not budgets.reserve(em, fresh_steps, fresh_agents, mapped):
+    over = budgets.overrun(em.state, fresh_steps, fresh_agents, mapped)
+    if over is not None:
+        pause_for(em, over)
         return True
     for name, problem, old in unscheduled:
         attempt = _next_attempt(old)
@@ -219,7 +222,7 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         attempt=attempt,
         dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
         kind=kind,
-        queue=node.queue if kind in ("action", "agent") else None,
+        queue=node.queue if kind in EXECUTOR_KINDS else None,
         input=node_input,
         input_hash=_input_hash(em.state, node_input),
         deadline_ms=deadline,
@@ -312,6 +315,19 @@ def open_steps(em: Emitter) -> list[dict[str, Any]]:
         if step["superstep"] == superstep and step["status"] in OPEN_STEP_STATUSES
     ]
     return sorted(found, key=lambda step: order_key(step["node"], step["lineage"]))
+
+
+def pause_for(em: Emitter, over: budgets.Overrun) -> None:
+    """BudgetExhausted + cancel in-flight steps + RunPaused (code BudgetExceeded)."""
+    state = em.state
+    em.emit(
+        "BudgetExhausted",
+        dimension=over.dimension,
+        used=budgets.used(state, over.dimension, em.ts) + over.amount,
+        limit=budgets.limit(state, over.dimension),
+    )
+    cancel_open_steps(em, f"run paused: {over.reason}")
+    em.emit("RunPaused", code="BudgetExceeded", reason=over.reason)
 
 
 def cancel_open_steps(em: Emitter, reason: str) -> None:

@@ -21,7 +21,14 @@ from processors.engine.ids import order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
-from processors.engine.steps import cancel_open_steps, held_back, map_items, node_failure, plan_superstep
+from processors.engine.steps import (
+    cancel_open_steps,
+    held_back,
+    map_items,
+    node_failure,
+    pause_for,
+    plan_superstep,
+)
 from processors.engine.vocabulary import Failure
 
 
@@ -38,7 +45,9 @@ def progress(em: Emitter) -> None:
                 return
         if em.usage_changed:
             em.usage_changed = False
-            if budgets.enforce(em):
+            over = budgets.enforce(em)
+            if over is not None:
+                pause_for(em, over)
                 return
         if not em.state["frontier"]:
             return

@@ -10,19 +10,28 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import Any, Final
 
 import jsonschema
 
 from processors.engine.condition_limits import ConditionLimit
 from processors.engine.conditions import compile_condition
-from processors.engine.definition import END, LIMIT_DIMENSIONS, NODE_ID_PATTERN
-from processors.engine.errors import ConditionError, Issue
+from processors.engine.definition import (
+    END,
+    LIMIT_DIMENSIONS,
+    NODE_ID_PATTERN,
+    Ceilings,
+    Definition,
+    Node,
+    parse_definition,
+    read_source,
+)
+from processors.engine.errors import ConditionError, DefinitionError, Issue
+from processors.engine.nesting import too_deep
 from processors.engine.refs import REF_KEYS, REF_SOURCES, iter_refs, parse_pointer
 from processors.engine.secrets import find_secret_literals, is_secret_handle
-
-if TYPE_CHECKING:
-    from processors.engine.definition import Ceilings, Definition, Node
+from processors.engine.vocabulary import EXECUTOR_KINDS
 
 _COMMON: Final = frozenset({"kind", "description", "on_failure"})
 _EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "writes"})
@@ -144,7 +153,7 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
     for name in REQUIRED_FIELDS[node.kind]:
         if getattr(node, name) is None:
             issues.append(Issue(f"{base}.{name}", f"is required for kind {node.kind}", rule="kind_field"))
-    if node.kind in ("action", "agent") and node.heartbeat_ms >= node.lease_ms:
+    if node.kind in EXECUTOR_KINDS and node.heartbeat_ms >= node.lease_ms:
         issues.append(Issue(f"{base}.heartbeat_ms", "must be less than lease_ms", rule="lease"))
     if node.kind == "agent" and node.structured_output_attempts > 1 and node.output_schema is None:
         issues.append(
@@ -309,3 +318,20 @@ def _check_schemas(defn: Definition, issues: list[Issue]) -> None:
             issues.append(
                 Issue(path, f"not a valid JSON Schema at '{where}': {exc.message}", rule="json_schema")
             )
+
+
+def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | None = None) -> Definition:
+    """Parse and fully validate a definition from a dict, YAML/JSON text (`str`), or a file
+    (`Path` — the only I/O here). Raises `DefinitionError` listing every error; warnings
+    (e.g. unreachable nodes) do not fail the load — see `validate_definition`. Budgets are
+    checked against `ceilings` only when given (`Catalog.register` always gives them)."""
+    raw = read_source(source)
+    limit = (ceilings or Ceilings()).max_json_depth
+    where = too_deep(raw, limit, "")
+    if where is not None:  # before pydantic walks it: a run's state and events nest it deeper still
+        raise DefinitionError([Issue(where, f"nests deeper than max_json_depth {limit}", rule="json_depth")])
+    definition = parse_definition(raw)
+    errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
+    if errors:
+        raise DefinitionError(errors)
+    return definition

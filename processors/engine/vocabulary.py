@@ -119,6 +119,11 @@ USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens", "cost_micros")
 ZERO_USAGE: Final[Usage] = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 
 
+def zero_usage() -> Usage:
+    """A fresh zero usage, for a record of its own (ZERO_USAGE is shared)."""
+    return {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
 # ---------------------------------------------------------------------------- records
 
 

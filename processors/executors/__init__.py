@@ -2,7 +2,8 @@
 
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError, Cancelled, NonRetryableError, RetryableError
-from processors.executors.sdk import ActionRegistry, Worker, action, registry
+from processors.executors.registry import ActionRegistry
+from processors.executors.sdk import Worker, action, registry
 from processors.executors.secrets import SecretStore
 from processors.executors.settings import AgentsConfig, ProviderConfig, WorkerSettings
 

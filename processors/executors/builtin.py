@@ -20,7 +20,7 @@ from processors.executors.destinations import (
     url_origin,
 )
 from processors.executors.errors import ActionError, Cancelled, NonRetryableError, RetryableError
-from processors.executors.sdk import ActionRegistry
+from processors.executors.registry import ActionRegistry
 from processors.executors.secrets import SECRET_KEY
 from processors.executors.settings import WorkerSettings
 

@@ -35,12 +35,14 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.engine.ids import dispatch_id
+from processors.engine.vocabulary import TERMINAL_EVENTS, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
+from processors.kafka.exits import KEEP_WAITING, StopRequested, until_stopped
+from processors.kafka.fetch import connect_first, first_then_buffered
+from processors.kafka.records import coordinates
+from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.exits import KEEP_WAITING, StopRequested, until_stopped
-from processors.runtime.fetch import connect_first, first_then_buffered
-from processors.runtime.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import (
@@ -58,8 +60,6 @@ TXN_TIMEOUT_S = 30.0
 # (librdkafka#5456, #5511; docs/runtime.md): past its timeout + this, the executor exits 1.
 ABANDON_AFTER_S = 5.0
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
-TERMINAL_STATUS = {"RunSucceeded": "succeeded", "RunFailed": "failed", "RunCancelled": "cancelled"}
-ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 
 
 def parent_step_from_id(child_run_id: str) -> dict[str, Any] | None:
@@ -165,7 +165,7 @@ def finished_receipt(
         "status": status,
         "output": output,
         "failure": failure,
-        "usage": event.get("usage") or dict(ZERO_USAGE),
+        "usage": event.get("usage") or zero_usage(),
     }
 
 
@@ -296,9 +296,10 @@ class ChildExecutor:
         self.producer.begin_transaction()
         try:
             for msg in msgs:
-                if msg.error() is not None:
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error: %s", msg.error())
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("consumer error: %s", err)
                     continue
                 self._handle(msg, finished)
             positions = self._positions(msgs)
@@ -339,7 +340,8 @@ class ChildExecutor:
         last: dict[tuple[str, int], int] = {}
         for m in msgs:
             if m.error() is None:
-                last[(m.topic(), m.partition())] = m.offset()
+                topic, partition, offset = coordinates(m)
+                last[(topic, partition)] = offset
         return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
 
     def _rewind(self) -> None:
@@ -351,7 +353,8 @@ class ChildExecutor:
         self.producer.produce(topic, self.codec.encode(kind, msg), key=msg["run_id"].encode())
 
     def _handle(self, msg: Message, finished: list[tuple[int, str]]) -> None:
-        kind = "child_activations" if msg.topic() == self.names.child_activations else "run_events"
+        topic, partition, _ = coordinates(msg)
+        kind = "child_activations" if topic == self.names.child_activations else "run_events"
         try:
             record = self.codec.decode(kind, msg.value())
         except DecodeError as exc:
@@ -380,23 +383,23 @@ class ChildExecutor:
             self.counts["cancelled"] += 1
             self._tally.cancels += 1
         elif rtype == "RunAccepted" and record.get("parent"):
-            children = self.parents.get(msg.partition())
+            children = self.parents.get(partition)
             if children is not None:  # else fetched before its partition was revoked in this batch's consume
                 children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
-        elif rtype in TERMINAL_STATUS or (
+        elif rtype in TERMINAL_EVENTS or (
             rtype == "RunRejected"
             and record.get("command_type") == "StartRun"
             and record.get("code") != "Conflict"
         ):
             child = record["run_id"]
-            step = self.parents.get(msg.partition(), {}).get(child) or parent_step_from_id(child)
+            step = self.parents.get(partition, {}).get(child) or parent_step_from_id(child)
             if step is None:
                 return
             receipt = finished_receipt(step, child, record, now)
             self._produce(self.names.receipts, "receipts", receipt)
             self.counts["finished"] += 1
             self._tally.count_finished(receipt["status"])
-            finished.append((msg.partition(), child))
+            finished.append((partition, child))
 
     def _dead_letter(self, msg: Message, error: str) -> None:
         self.counts["dead_letters"] += 1

@@ -12,28 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from processors.engine.vocabulary import FAILURE_CODES
 from processors.executors.redaction import Redactor, redactor_for
 
-FAILURE_CODES = frozenset(
-    {
-        "InvalidInput",
-        "InvalidOutput",
-        "UnknownReference",
-        "ExecutionFailed",
-        "Evaluation",
-        "State",
-        "Timeout",
-        "BudgetExceeded",
-        "RetryExhausted",
-        "DependencySkipped",
-        "Cancelled",
-        "ChildFailed",
-        "Conflict",
-        "NotFound",
-        "PermissionDenied",
-        "Limit",
-    }
-)
 MAX_MESSAGE_CHARS = 2000
 
 

@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.executors import receipts
+from processors.executors.inflight import Entry, now_ms
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
 from processors.executors.settings import WorkerSettings
 from topology.catalog import TopicNames
-
-if TYPE_CHECKING:
-    from processors.executors.runner import Entry
 
 log = logging.getLogger("runfold.worker")
 RECENT_FINISHED = 10_000
@@ -35,10 +32,6 @@ _REFUSED = frozenset(
         KafkaError.RECORD_LIST_TOO_LARGE,
     }
 )
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class ReceiptDelivery:
@@ -183,7 +176,10 @@ class ReceiptDelivery:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=not synchronous)
+            if synchronous:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
         except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
             log.warning("offset commit failed: %s", exc)
             self.metrics.count("offset_commits", "failed")

@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 
 from processors.engine.secrets import find_secret_literals
+from processors.engine.vocabulary import zero_usage
 from processors.executors.context import ActionContext
 from processors.executors.errors import classify, redact
 
 STEP_FIELDS = ("node", "lineage", "attempt", "dispatch_id")
-ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
 
 
 def _base(activation: dict[str, Any], kind: str, worker_id: str, tag: str) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def failed(
     usage: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     msg = _base(activation, "ActivationFailed", worker_id, "failed")
-    msg.update(code=code, message=message, retryable=retryable, usage=usage or dict(ZERO_USAGE))
+    msg.update(code=code, message=message, retryable=retryable, usage=usage or zero_usage())
     return msg
 
 

@@ -36,8 +36,7 @@ import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -45,15 +44,18 @@ from processors.executors import log_redaction, receipts
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
+from processors.executors.inflight import Entry, now_ms
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
-from processors.executors.receipt_delivery import ReceiptDelivery, now_ms
+from processors.executors.receipt_delivery import ReceiptDelivery
 from processors.executors.redaction import known_redactor
-from processors.executors.sdk import Action, Worker
-from processors.executors.secrets import SecretResolver, SecretsPolicy
+from processors.executors.registry import Action
+from processors.executors.secrets import SecretResolver, SecretsPolicy, SecretStore
+from processors.executors.settings import WorkerSettings
 from processors.executors.worker_group import WorkerGroup
+from processors.kafka.fetch import connect_first, first_then_buffered
+from processors.kafka.records import coordinates
 from processors.metrics_endpoint import CannotServe
-from processors.runtime.fetch import connect_first, first_then_buffered
 from schemas import Codec, DecodeError
 from topology.admin import topic_max_message_bytes
 from topology.catalog import TopicNames
@@ -68,22 +70,15 @@ LIGHT_LOAD_PER_S = 1000  # activations/s below which an idle loop flushes receip
 MAX_ACTION_LABELS = 1000  # distinct metric labels for action/agent names; past it: "(other)"
 
 
-@dataclass(slots=True)
-class Entry:
-    activation: dict[str, Any]
-    tp: tuple[str, int]
-    offsets: list[int]
-    ctx: ActionContext | None = None
-    task: asyncio.Task[None] | None = None
-    is_async: bool = True
-    next_heartbeat_ms: int = 0
-    heartbeat_seq: int = 0
-    hard_cancel_ms: int | None = None
-    delivery_attempts: int = 0
-    substituted: bool = False  # its terminal receipt could not be sent: a failure went instead
-    extra: list[tuple[tuple[str, int], int]] = field(default_factory=list)
-    label: str = ""  # the action's metric label
-    lease_abandoned: bool = False  # past deadline + grace: no more heartbeats
+class ServedWorker(Protocol):
+    """What the runner serves (sdk.Worker): its settings, secrets and actions."""
+
+    settings: WorkerSettings
+    secrets: SecretStore
+
+    def lookup(self, name: str) -> Action | None: ...
+
+    def action_names(self) -> list[str]: ...
 
 
 class WorkerRunner(WorkerGroup, ReceiptDelivery):
@@ -91,7 +86,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
     offsets committed (receipt_delivery.py); admission, handlers, leases and drain are here."""
 
     def __init__(
-        self, worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
+        self, worker: ServedWorker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
     ) -> None:
         self.worker = worker
         self.settings = worker.settings
@@ -320,8 +315,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
             return
-        tp = (msg.topic(), msg.partition())
-        offset = msg.offset()
+        topic, partition, offset = coordinates(msg)
+        tp = (topic, partition)
         self._tick_records += 1
         self.tracker.add(tp, offset)
         try:
@@ -380,7 +375,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.counts["dead_letters"] += 1
         self.metrics.count("dead_letters")
         log.error("undecodable activation at %s[%d]@%d: %s", tp[0], tp[1], offset, error)
-        body = {
+        original = msg.value() or b""
+        body: dict[str, Any] = {
             "record_id": f"{tp[0]}:{tp[1]}:{offset}",
             "ts_ms": now_ms(),
             "source_topic": tp[0],
@@ -388,11 +384,11 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             "source_offset": offset,
             "key": msg.key(),
             "error": error[:2000],
-            "original": msg.value() or b"",
+            "original": original,
             "producer": self.worker_id,
         }
-        if len(body["original"]) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
-            body["error"] = f"{body['error']} (original of {len(body['original'])} bytes not kept)"[:2000]
+        if len(original) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
+            body["error"] = f"{body['error']} (original of {len(original)} bytes not kept)"[:2000]
             body["original"] = b""
         done = functools.partial(self._dead_letter_delivered, tp, offset)
         self.producer.produce(
@@ -555,6 +551,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.metrics.flush(self.executing, len(self.backlog), self.paused)
 
 
-def run_worker(worker: Worker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None) -> int:
+def run_worker(
+    worker: ServedWorker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
+) -> int:
     runner = WorkerRunner(worker, kafka, topic_prefix)
     return asyncio.run(runner.run())

@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from processors.executors.inflight import Entry
 from processors.executors.metrics import WorkerMetrics
 from processors.executors.offsets import OffsetTracker
-from processors.runtime.fetch import resume_now
+from processors.kafka.fetch import resume_now
 from topology.settings import KafkaSettings, consumer_config
-
-if TYPE_CHECKING:
-    from processors.executors.runner import Entry
 
 log = logging.getLogger("runfold.worker")
 PAUSE_AFTER_S = 0.5

@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING
 
 from processors.client.reader import PartitionReader
 from processors.engine import Catalog, EngineContext, EventBeforeStart
+from processors.kafka.records import coordinates
 from processors.runtime.fold import Folder
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
@@ -150,7 +151,7 @@ def _rebuild_partitions(
         for msg in reader.read({(topic, p): OFFSET_BEGINNING for p in wanted}):
             if msg is None:
                 continue
-            t = targets[msg.partition()]
+            t = targets[coordinates(msg)[1]]
             t.records += 1
             done += 1
             try:

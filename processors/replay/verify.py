@@ -31,8 +31,10 @@ from confluent_kafka import OFFSET_BEGINNING
 
 from processors.client.reader import PartitionReader
 from processors.engine import dump_state, evolve, run_status, state_digest
+from processors.engine.vocabulary import TERMINAL_STATUSES
 from schemas import Codec, DecodeError
-from topology.settings import KafkaSettings, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings
 
 Progress = Callable[[int, int], None]  # (records read so far, approximate total)
 
@@ -86,9 +88,6 @@ class VerifyReport:
         }
 
 
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-
-
 @dataclass
 class _Snap:
     sequence: int
@@ -121,7 +120,8 @@ def read_snapshots(
         if msg is None:
             continue
         n += 1
-        key = msg.key().decode() if msg.key() is not None else None
+        raw_key = msg.key()
+        key = raw_key.decode() if raw_key is not None else None
         if msg.value() is None:
             if key is not None:
                 latest.pop(key, None)
@@ -252,7 +252,7 @@ def verify(
             progress(n, max(total, n))
         for run_id, first in lost.items():
             snap = snaps.get(run_id)
-            if snap is None or snap.status in _FINISHED:
+            if snap is None or snap.status in TERMINAL_STATUSES:
                 report.expired += 1  # finished (or purged) before its events expired: nothing lost
             else:
                 differ(
@@ -278,7 +278,7 @@ def verify(
             )
         for run_id in states:
             if run_id not in snaps and run_id not in failed:
-                if run_id in tombstoned and run_status(states[run_id]) in _FINISHED:
+                if run_id in tombstoned and run_status(states[run_id]) in TERMINAL_STATUSES:
                     report.purged += 1  # retention ended: the table forgot it, the events remain
                     continue
                 differ(

@@ -2,7 +2,7 @@
 that say why not. Pure helpers: `fold.py` acts on their answers.
 
 - **Partition.** A command or receipt is folded only on the partition that owns its run id
-  (`murmur2(run_id) % partitions`, processors/runtime/partitioning.py). One that another
+  (`murmur2(run_id) % partitions`, processors/kafka/partitioning.py). One that another
   partitioner put elsewhere (librdkafka's CRC32 default, sarama's FNV-1a, round-robin) is
   forwarded, in the same transaction as its offset, to the owner, byte for byte with its
   headers and record timestamp, plus a `runfold.forwarded-from` header naming where it

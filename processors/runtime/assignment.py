@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import EventBeforeStart
-from processors.runtime.fetch import resume_now
+from processors.kafka.fetch import resume_now
 from processors.runtime.fold import Folder
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
@@ -239,7 +239,8 @@ class Partitions:
                 elif err.code() != KafkaError._PARTITION_EOF:
                     self._log.warning("restore reader error", extra={"error": str(err)})
                 continue
-            if r is None:
+            offset = msg.offset()
+            if r is None or p is None or offset is None:  # a record always has both
                 continue
             ov = overlays.get(p)
             if ov is None:
@@ -251,7 +252,7 @@ class Partitions:
                 # Our own output: never expected. Say so loudly and keep the partition alive.
                 self._log.error(
                     "undecodable run event skipped during restore",
-                    extra={"partition": p, "offset": msg.offset(), "error": e.reason},
+                    extra={"partition": p, "offset": offset, "error": e.reason},
                 )
             except EventBeforeStart as e:
                 # The log starts after this run's RunAccepted (run_events_retention_ms shorter than
@@ -262,8 +263,8 @@ class Partitions:
                 self._metrics.events_before_start.inc()
                 restored = False
             if r.first_offset == NO_OFFSET:
-                r.first_offset = msg.offset()
-            r.last_offset = msg.offset()
+                r.first_offset = offset
+            r.last_offset = offset
             if restored:
                 r.events += 1
                 folded += 1

@@ -16,8 +16,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog
-from processors.runtime.exits import StopRequested, until_stopped
-from processors.runtime.fetch import first_then_buffered
+from processors.kafka.exits import StopRequested, until_stopped
+from processors.kafka.fetch import first_then_buffered
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
 

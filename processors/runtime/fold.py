@@ -21,9 +21,10 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
+from processors.engine.vocabulary import COMMANDS, TERMINAL_RECEIPTS, TERMINAL_STATUSES
+from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
-from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import PartitionOwners
+from processors.runtime.overlay import Outcome, PartitionOverlay
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
@@ -32,8 +33,6 @@ from topology.catalog import TopicNames
 Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
-_TERMINAL_RECEIPTS = frozenset({"ActivationCompleted", "ActivationFailed", "ChildRunFinished"})
-_COMMANDS = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
 _LONG_END = 1 << 63
 
 
@@ -71,9 +70,6 @@ def _inc(d: dict[str, int], k: str, n: int = 1) -> None:
 STATUS_STAT = "status."
 
 
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-
-
 def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int, retention_ms: int) -> None:
     """Runs per status are store stats (written with the state, rebuilt by restore). A run
     that finishes gets its purge time, its last event's time + retention. A finished run that
@@ -89,9 +85,9 @@ def _count_status(overlay: PartitionOverlay, before: Any, after: Any, ts_ms: int
             overlay.count(STATUS_STAT + new)
     if retention_ms <= 0 or after is before:
         return
-    if old in _FINISHED:
+    if old in TERMINAL_STATUSES:
         overlay.unpurge_at(before["run_id"], before["updated_ms"] + retention_ms)
-    if new in _FINISHED:
+    if new in TERMINAL_STATUSES:
         overlay.purge_at(after["run_id"], ts_ms + retention_ms, new, after["updated_ms"])
 
 
@@ -145,9 +141,9 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
     mtype = msg.get("type")
     what = (
         "receipt"
-        if mtype in _TERMINAL_RECEIPTS
+        if mtype in TERMINAL_RECEIPTS
         else "command"
-        if mtype in _COMMANDS
+        if mtype in COMMANDS
         else ("timer" if mtype == "TimerFired" else f"{mtype} receipt")
     )
     reason = text.format(what=what, error=error[:500]) + _APPLIED
@@ -169,7 +165,7 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
             "usage": None,
             "failure": {"code": attempt_code, "message": reason},
         }
-    if mtype in _COMMANDS:
+    if mtype in COMMANDS:
         return rejection(msg, command_code, reason)
     return {
         "type": "FailRun",
@@ -183,20 +179,6 @@ def _instead(msg: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
 
 def _too_large_instead(msg: dict[str, Any], error: str) -> dict[str, Any]:
     return _instead(msg, deadletter.OUTPUT_TOO_LARGE, error)
-
-
-# A record's outputs, computed before any is produced: (state before, state after, the last
-# event's ts_ms, (sequence, Avro bytes) per event, (topic, bytes) per message, timer id -> its
-# (body, JSON) or None to clear, the state's dump_state bytes or None)
-Outputs = tuple[
-    Any,
-    Any,
-    int,
-    list[tuple[int, bytes]],
-    list[tuple[str, bytes]],
-    dict[str, tuple[dict[str, Any], bytes] | None],
-    bytes | None,
-]
 
 
 class Folder:
@@ -344,7 +326,7 @@ class Folder:
                         if status == LOST_STATUS.decode()
                         else f"already ran ({status}) and was purged from the processor's store after its retention"
                     )
-                    outputs: Outputs | None = self._rejection(
+                    outputs: Outcome | None = self._rejection(
                         overlay,
                         counters,
                         run_id,
@@ -388,7 +370,7 @@ class Folder:
             # The timer came back as input: it is done whatever the decision (no refire).
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         if outputs is not None:
-            self._emit(overlay, counters, partition, key, run_id, *outputs)
+            self._emit(overlay, counters, partition, key, run_id, outputs)
 
     def _forward(
         self,
@@ -447,7 +429,7 @@ class Folder:
         mtype = msg["type"]
         why = admission.implausible_time(msg["ts_ms"], timestamp, self.ts_past_ms, self.ts_future_ms)
         if why is not None:
-            if mtype in _COMMANDS:
+            if mtype in COMMANDS:
                 self._reject(
                     overlay,
                     counters,
@@ -462,7 +444,7 @@ class Folder:
         if bad_json is None:
             return msg
         reason = admission.json_problem(bad_json, mtype)
-        if mtype in _COMMANDS:
+        if mtype in COMMANDS:
             self._reject(
                 overlay, counters, partition, key, msg["run_id"], rejection(msg, "InvalidInput", reason)
             )
@@ -471,7 +453,7 @@ class Folder:
 
     def _decide(
         self, overlay: PartitionOverlay, counters: TxnCounters, msg: dict[str, Any], run_id: str
-    ) -> Outputs | None:
+    ) -> Outcome | None:
         """Everything a record produces, encoded, before anything is produced: the engine's
         decision, the states after its events, their effects, every output's bytes, the timers' JSON and
         the new state's `dump_state` bytes (the snapshot and the store value), so that no
@@ -522,7 +504,7 @@ class Folder:
         for ev in decision.events:
             if ev["type"] == "RunRejected":
                 _inc(counters.rejected, ev["code"])
-        return before, state, decision.events[-1]["ts_ms"], events, messages, timers, raw
+        return Outcome(before, state, decision.events[-1]["ts_ms"], events, messages, timers, raw)
 
     def _route(self, m: dict[str, Any], state: Any) -> tuple[str, bytes]:
         kind = m["type"]
@@ -542,39 +524,23 @@ class Folder:
         partition: int,
         key: bytes,
         run_id: str,
-        before: Any,
-        state: Any,
-        ts_ms: int,
-        events: list[tuple[int, bytes]],
-        messages: list[tuple[str, bytes]],
-        timers: dict[str, tuple[dict[str, Any], bytes] | None],
-        raw: bytes | None,
+        outcome: Outcome,
     ) -> None:
+        """Produce a record's outcome and apply it to the overlay."""
         produce = self._produce
         topic = self.run_events
+        events = outcome.events
         # Only the record's last event reports its delivery: one producer writes a partition's
         # events in produce order, so the transaction's last report per partition is its max offset.
         for _, event in events[:-1]:
             produce(topic, event, key, partition=partition)
         produce(topic, events[-1][1], key, partition=partition, on_delivery=self._on_event_delivery)
-        overlay.add_events(run_id, events)
         _inc(counters.records_out, topic, len(events))
-        for topic, message in messages:
+        for topic, message in outcome.messages:
             produce(topic, message, key)
             _inc(counters.records_out, topic)
-        for tid, timer in timers.items():
-            if timer is None:
-                overlay.clear_timer(run_id, tid)
-            else:
-                overlay.set_timer(run_id, *timer)
-        _count_status(overlay, before, state, ts_ms, self.finished_retention_ms)
-        if state is not None or run_id in overlay.states:
-            overlay.states[run_id] = state
-            overlay.event_ts[run_id] = ts_ms
-            if raw is not None:
-                overlay.dumped[run_id] = raw
-            else:
-                overlay.dumped.pop(run_id, None)
+        _count_status(overlay, outcome.before, outcome.state, outcome.ts_ms, self.finished_retention_ms)
+        overlay.apply(run_id, outcome)
 
     def _charge(
         self,
@@ -610,13 +576,13 @@ class Folder:
         substitute = _instead(msg, cause, error)
         try:
             if substitute["type"] == "RunRejected":
-                outputs: Outputs | None = self._rejection(overlay, counters, run_id, substitute)
+                outputs: Outcome | None = self._rejection(overlay, counters, run_id, substitute)
             else:
                 outputs = self._decide(overlay, counters, substitute, run_id)
         except Exception:  # the dead letter is written; the substitute failing too changes nothing else
             return
         if outputs is not None:
-            self._emit(overlay, counters, partition, key, run_id, *outputs)
+            self._emit(overlay, counters, partition, key, run_id, outputs)
 
     def park(
         self,
@@ -670,12 +636,12 @@ class Folder:
     ) -> None:
         """A RunRejected the runtime decides, produced at once (admission's answers)."""
         self._emit(
-            overlay, counters, partition, key, run_id, *self._rejection(overlay, counters, run_id, event)
+            overlay, counters, partition, key, run_id, self._rejection(overlay, counters, run_id, event)
         )
 
     def _rejection(
         self, overlay: PartitionOverlay, counters: TxnCounters, run_id: str, event: dict[str, Any]
-    ) -> Outputs:
+    ) -> Outcome:
         """The outputs of a RunRejected the runtime decides (the engine cannot see why): no
         state changes."""
         state = overlay.state(run_id, load_state)
@@ -684,7 +650,7 @@ class Folder:
         if dumped is None and state is not None:  # a committed state: it was serialized before
             dumped = dump_state(state)
         _inc(counters.rejected, event["code"])
-        return state, state, event["ts_ms"], [(0, raw)], [], {}, dumped
+        return Outcome(state, state, event["ts_ms"], [(0, raw)], [], {}, dumped)
 
     def dead_letter(
         self,
@@ -729,8 +695,11 @@ class Folder:
             _inc(counters.records_out, self.run_state, n)
 
     # ---- restore ---------------------------------------------------------------------------
-    def fold_committed(self, overlay: PartitionOverlay, value: bytes) -> None:
-        """Fold one committed run event (restore): state, event log, timers; no output."""
+    def fold_committed(self, overlay: PartitionOverlay, value: bytes | None) -> None:
+        """Fold one committed run event (restore): state, event log, timers; no output.
+        Raises DecodeError for bytes that are no run event (a tombstone too)."""
+        if value is None:
+            raise DecodeError("null value (a tombstone)", "run_events")
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)
@@ -744,8 +713,7 @@ class Folder:
             for body in fx.set_timers:
                 body = {**body, "run_id": run_id}
                 overlay.set_timer(run_id, body, orjson.dumps(body))
-        if state is not None or run_id in overlay.states:
-            overlay.states[run_id] = state
+        overlay.put_state(run_id, state, None, None)
 
     @staticmethod
     def dump_all(overlay: PartitionOverlay) -> None:

@@ -24,11 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.engine import Catalog, Ceilings, EngineContext
-from processors.metrics_endpoint import CannotServe
-from processors.runtime import deadletter, logs
-from processors.runtime.assignment import Partitions
-from processors.runtime.definitions import DefinitionsReader
-from processors.runtime.exits import (  # re-exported: the exit codes callers know the loop by
+from processors.kafka.exits import (  # re-exported: the exit codes callers know the loop by
     EXIT_FATAL,
     EXIT_FENCED,
     EXIT_OK,
@@ -37,7 +33,12 @@ from processors.runtime.exits import (  # re-exported: the exit codes callers kn
     ProcessorStopped,
     StopRequested,
 )
-from processors.runtime.fetch import first_then_buffered
+from processors.kafka.fetch import first_then_buffered
+from processors.kafka.watchdog import CallAbandoned, Watchdog
+from processors.metrics_endpoint import CannotServe
+from processors.runtime import deadletter, logs
+from processors.runtime.assignment import Partitions
+from processors.runtime.definitions import DefinitionsReader
 from processors.runtime.fold import Folder
 from processors.runtime.housekeeping import Housekeeping
 from processors.runtime.membership import GroupMembership
@@ -45,12 +46,12 @@ from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.preflight import check_state_dir, check_topology
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
+from processors.runtime.query import QueryServer
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
 from processors.runtime.txn import ProduceFailed, RecordTooLarge, Txn, now_ms
 from processors.runtime.txn_failures import TxnFailures
-from processors.runtime.watchdog import CallAbandoned, Watchdog
 from schemas import Codec
 
 
@@ -187,8 +188,6 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             if s.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(s.metrics_port, s.http_host)
             if s.query_port is not None:
-                from processors.runtime.query import QueryServer
-
                 self._query = QueryServer(self, s.http_host, s.query_port)
                 self.query_port = self._query.port
         except CannotServe as e:  # a port in use: say which, not a traceback

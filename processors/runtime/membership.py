@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from processors.kafka.exits import EXIT_FATAL, EXIT_FENCED, ProcessorStopped
 from processors.runtime.assignment import Partitions
-from processors.runtime.exits import EXIT_FATAL, EXIT_FENCED, ProcessorStopped
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.txn import Txn
 from topology.catalog import TopicNames

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from processors.engine.vocabulary import RUN_STATUSES
 from processors.metrics_endpoint import MetricsEndpoint
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -155,5 +156,5 @@ class ProcessorMetrics(MetricsEndpoint):
             for name, value in st.items():
                 if name.startswith("status."):
                     totals[name[7:]] = totals.get(name[7:], 0) + value
-        for status in ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled"):
+        for status in RUN_STATUSES:
             self.runs_by_status.labels(status).set(totals.get(status, 0))

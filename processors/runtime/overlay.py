@@ -8,21 +8,41 @@ drops the overlay.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rocksdict import WriteBatch
 
 from processors.runtime.store import (
     LOST_STATUS,
+    ChangeSet,
     PartitionStore,
     event_prefix,
     purge_key,
     purged_key,
+    state_key,
     timer_key,
     timer_ref_key,
 )
 
 RunState = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one input record does to its run, computed (and encoded) before anything is
+    produced (runtime/fold.py): the state before and after, the last event's ts_ms, each
+    event's (sequence, Avro bytes), each message's (topic, bytes), timer id -> its (body,
+    JSON) to arm or None to clear (in event order: a timer armed then cleared ends cleared,
+    as restore folds it), and the state's dump_state bytes (None: the run has no state)."""
+
+    before: RunState | None
+    state: RunState | None
+    ts_ms: int
+    events: list[tuple[int, bytes]]
+    messages: list[tuple[str, bytes]]
+    timers: dict[str, tuple[dict[str, Any], bytes] | None]
+    raw: bytes | None
 
 
 class PartitionOverlay:
@@ -90,6 +110,30 @@ class PartitionOverlay:
         for sequence, value in events:
             if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
                 append((prefix + sequence.to_bytes(8, "big"), value))
+
+    def apply(self, run_id: str, outcome: Outcome) -> None:
+        """A record's outcome for its run: the events for its log, its timers, its state."""
+        self.add_events(run_id, outcome.events)
+        for tid, timer in outcome.timers.items():
+            if timer is None:
+                self.clear_timer(run_id, tid)
+            else:
+                self.set_timer(run_id, *timer)
+        self.put_state(run_id, outcome.state, outcome.raw, outcome.ts_ms)
+
+    def put_state(self, run_id: str, state: RunState | None, raw: bytes | None, ts_ms: int | None) -> None:
+        """The run's new state (None: it has none, only once it had one here), with its
+        dump_state bytes when known (a restore serializes at the end, `Folder.dump_all`) and
+        its last event's time."""
+        if state is None and run_id not in self.states:
+            return
+        self.states[run_id] = state
+        if ts_ms is not None:
+            self.event_ts[run_id] = ts_ms
+        if raw is not None:
+            self.dumped[run_id] = raw
+        else:
+            self.dumped.pop(run_id, None)
 
     # ---- timers ----------------------------------------------------------------------------
     def _stored_tkey(self, rkey: bytes) -> bytes | None:
@@ -169,6 +213,23 @@ class PartitionOverlay:
             or self.lost
         )
 
+    def change_set(self) -> ChangeSet:
+        """What the store applies once the transaction committed."""
+        # what the batch leaves each timer reference pointing to (a put after a delete wins)
+        refs: dict[bytes, bytes | None] = dict.fromkeys(self.timer_dels)
+        for rkey, (tkey, _) in self.timer_puts.items():
+            refs[rkey] = tkey
+        return ChangeSet(
+            batch=self.to_batch(),
+            states={run_id: self.states[run_id] for run_id in self.dumped},
+            stats=self.stats,
+            purged=self.purged,
+            timer_refs=refs,
+            min_new_due=self.min_new_due,
+            min_new_purge=min((p[0] for p in self.purges), default=None),
+            timers_deleted=bool(self.timer_dels),
+        )
+
     def to_batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
         for rkey, tkey in self.timer_dels.items():
@@ -180,7 +241,7 @@ class PartitionOverlay:
         for key, value in self.events:
             batch.put(key, value)
         for run_id, raw in self.dumped.items():
-            batch.put(b"s" + run_id.encode(), raw)
+            batch.put(state_key(run_id), raw)
         for xkey in self.unpurges:
             batch.delete(xkey)
         for purge_ms, run_id, status, finished_ms in self.purges:
@@ -191,19 +252,4 @@ class PartitionOverlay:
 
     def write(self, applied_offset: int | None) -> None:
         """Write this overlay to the store (only after the transaction committed)."""
-        states = {run_id: self.states[run_id] for run_id in self.dumped}
-        # what to_batch leaves each timer reference pointing to (a put after a delete wins)
-        refs: dict[bytes, bytes | None] = dict.fromkeys(self.timer_dels)
-        for rkey, (tkey, _) in self.timer_puts.items():
-            refs[rkey] = tkey
-        self.store.write(
-            self.to_batch(),
-            states,
-            self.min_new_due,
-            bool(self.timer_dels),
-            applied_offset,
-            self.stats,
-            min((p[0] for p in self.purges), default=None),
-            self.purged,
-            refs,
-        )
+        self.store.apply(self.change_set(), applied_offset)

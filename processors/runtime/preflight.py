@@ -11,7 +11,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaException
 
-from processors.runtime.exits import EXIT_FATAL, ProcessorStopped, StopRequested, until_stopped
+from processors.kafka.exits import EXIT_FATAL, ProcessorStopped, StopRequested, until_stopped
 from processors.runtime.settings import ProcessorSettings
 from topology.settings import cannot_reach
 

@@ -24,11 +24,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.runtime.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
-from processors.runtime.fetch import connect_first
+from processors.kafka.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
+from processors.kafka.fetch import connect_first
+from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from topology.settings import cluster_answers
 
 KAFKA_TIMEOUT_S = 30.0

@@ -35,7 +35,7 @@ import os
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import orjson
@@ -44,12 +44,12 @@ from confluent_kafka.admin import AdminClient
 from processors.engine import run_status
 from processors.engine.ids import control_character
 from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, error_body
-from processors.runtime.partitioning import partition_for
+from processors.kafka.partitioning import partition_for
+from processors.kafka.watchdog import Watchdog
+from processors.runtime.assignment import Partitions
 from processors.runtime.store import StoreClosed
+from schemas import Codec
 from topology.settings import admin_config
-
-if TYPE_CHECKING:
-    from processors.runtime.loop import Processor
 
 log = logging.getLogger("runfold.query")
 _OWNER_TTL_S = 5.0
@@ -116,8 +116,19 @@ def _setting(settings: Any, name: str) -> Any:
     return getattr(settings, name, _DEFAULTS[name])
 
 
+class QuerySource(Protocol):
+    """What the query server reads of the processor that runs it (runtime/loop.py)."""
+
+    codec: Codec
+    settings: Any
+    partition_count: int
+    partitions: Partitions | None
+    ready: threading.Event
+    watchdog: Watchdog | None
+
+
 class QueryServer:
-    def __init__(self, processor: Processor, host: str, port: int) -> None:
+    def __init__(self, processor: QuerySource, host: str, port: int) -> None:
         self.processor = processor
         settings = getattr(processor, "settings", None)
         self._decode_event = processor.codec.decoder("run_events")

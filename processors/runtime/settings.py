@@ -22,6 +22,7 @@ from pydantic import AfterValidator, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from processors.kafka.partitioning import PARTITIONER
 from topology.catalog import TopicNames
 from topology.settings import (
     KAFKA_SOURCES,
@@ -34,7 +35,6 @@ from topology.settings import (
     transactional_producer_config,
 )
 
-from .partitioning import PARTITIONER
 from .store import STATE_CACHE_RUNS
 
 # librdkafka prefetches up to 64 MiB per consumer by default; the fold takes a few MB/s, so

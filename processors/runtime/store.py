@@ -25,11 +25,14 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
+
+from processors.engine.vocabulary import TERMINAL_STATUSES
 
 OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
@@ -40,7 +43,6 @@ _SEP = b"\x1f"
 # runs are kept: a finished run gets at most a stray late receipt, and caching 100k finished
 # runs cost ~500 MiB of Python objects (~5 KiB a state; a 3-step run's JSON is ~3.3 KB).
 STATE_CACHE_RUNS = 5_000
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Timer references written recently, per partition: clearing or re-arming a timer needs the
 # t-key it points to, and a RocksDB read of one costs ~10 us (most timers are cleared within
 # a few transactions of being armed). ~240 bytes an entry (~5 MB per partition when full).
@@ -64,6 +66,24 @@ def _options() -> Options:
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     return options
+
+
+@dataclass(slots=True)
+class ChangeSet:
+    """One committed transaction's changes to a partition's store (overlay.change_set).
+    `batch` holds every key but the deletions of `purged` runs, which `apply` adds; `states`:
+    the states it writes (for the store's cache); `timer_refs`: the timer references it puts
+    (r-key -> t-key) or deletes (r-key -> None); `min_new_due`/`min_new_purge`: the earliest
+    timer and purge it adds; `timers_deleted`: whether it deletes a timer."""
+
+    batch: WriteBatch
+    states: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    purged: list[tuple[bytes, str, str | None]] = field(default_factory=list)
+    timer_refs: dict[bytes, bytes | None] = field(default_factory=dict)
+    min_new_due: int | None = None
+    min_new_purge: int | None = None
+    timers_deleted: bool = False
 
 
 def state_key(run_id: str) -> bytes:
@@ -267,7 +287,7 @@ class PartitionStore:
                 finished = it.value().partition(b" ")[2]
                 if finished and int(finished) != state.get("updated_ms"):
                     status = None
-                due.append((key, run_id, status if status in _FINISHED else None))
+                due.append((key, run_id, status if status in TERMINAL_STATUSES else None))
                 it.next()
         if not due:
             self.next_purge_ms = self._first_due(now_ms + 1, b"x")
@@ -280,7 +300,7 @@ class PartitionStore:
         cache = self.cache
         for run_id, state in states.items():
             cache.pop(run_id, None)  # re-inserted below: insertion order is write order
-            if state is not None and state.get("status") not in _FINISHED:  # the engine state's field
+            if state is not None and state.get("status") not in TERMINAL_STATUSES:  # the engine state's field
                 cache[run_id] = state
         _drop_oldest(cache, self.cache_runs)
 
@@ -326,21 +346,16 @@ class PartitionStore:
                 it.next()
         return out
 
-    def write(
-        self,
-        batch: WriteBatch,
-        states: dict[str, Any],
-        min_new_due: int | None,
-        timers_deleted: bool,
-        applied_offset: int | None,
-        stats: dict[str, int],
-        min_new_purge: int | None = None,
-        purged: list[tuple[bytes, str, str | None]] | None = None,
-        timer_refs: dict[bytes, bytes | None] | None = None,
-    ) -> None:
-        """Apply one committed transaction's changes (`batch` holds every key but the
-        deletions of `purged` runs, added here; `timer_refs`: the timer references it puts,
-        r-key -> t-key, or deletes, r-key -> None)."""
+    def apply(self, changes: ChangeSet, applied_offset: int | None) -> None:
+        """Apply one committed transaction's changes, with the last run-events offset they
+        reflect (None: no run event of this partition in them)."""
+        batch, states, stats, purged = changes.batch, changes.states, changes.stats, changes.purged
+        timer_refs, min_new_due, min_new_purge = (
+            changes.timer_refs,
+            changes.min_new_due,
+            changes.min_new_purge,
+        )
+        timers_deleted = changes.timers_deleted
         refs = self.timer_refs
         try:
             if timer_refs:

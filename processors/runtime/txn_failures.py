@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from processors.kafka.exits import EXIT_FATAL, EXIT_FENCED, FENCED_CODES, ProcessorStopped
+from processors.kafka.watchdog import CallAbandoned
 from processors.runtime import deadletter
-from processors.runtime.exits import EXIT_FATAL, EXIT_FENCED, FENCED_CODES, ProcessorStopped
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.txn import Txn
-from processors.runtime.watchdog import CallAbandoned
 
 _MAX_STALE_REFUSALS = 3
 

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.engine import Catalog
 from processors.engine.catalog import content_hash
-from processors.runtime.fetch import first_then_buffered
+from processors.kafka.fetch import first_then_buffered
 from processors.runtime.loop import Processor
 from processors.runtime.settings import ProcessorSettings
 from schemas import Codec

@@ -9,7 +9,8 @@ from confluent_kafka import Producer
 from processors.downstream import RunEventConsumer
 from schemas import Codec
 from topology.admin import create_topology
-from topology.settings import KafkaSettings, producer_config, topic_names, transactional_producer_config
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, producer_config, transactional_producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

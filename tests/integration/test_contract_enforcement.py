@@ -22,7 +22,7 @@ from processor_support import (
     terminal_of,
 )
 
-from processors.runtime.partitioning import partition_for
+from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
 from topology.settings import producer_config
 

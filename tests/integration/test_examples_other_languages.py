@@ -17,7 +17,7 @@ from executor_support import WorkerThread
 from processor_support import CODEC, Reader, make_settings, running, setup_topology, terminal_of
 
 from processors.executors.sdk import Worker
-from processors.runtime.partitioning import partition_for
+from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

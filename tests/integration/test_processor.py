@@ -190,7 +190,7 @@ def test_producers_partition_run_ids_like_partition_for(settings: ProcessorSetti
     # The query server and every runfold producer must agree on where a run lives.
     from confluent_kafka import Producer
 
-    from processors.runtime.partitioning import partition_for
+    from processors.kafka.partitioning import partition_for
     from topology.settings import producer_config
 
     got: dict[str, int] = {}

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from processor_support import make_settings
 
-from processors.runtime.exits import EXIT_FATAL
+from processors.kafka.exits import EXIT_FATAL
 from processors.runtime.loop import Processor
 from topology.admin import create_topology
 

@@ -22,8 +22,8 @@ from processor_support import (
     terminal_of,
 )
 
+from processors.kafka.partitioning import partition_for
 from processors.runtime.loop import EXIT_FENCED
-from processors.runtime.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

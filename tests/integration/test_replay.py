@@ -23,7 +23,8 @@ from processors.replay import RebuildError, rebuild, verify
 from processors.runtime.settings import ProcessorSettings
 from schemas import Codec
 from topology.admin import create_topology
-from topology.settings import KafkaSettings, producer_config, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from processors.engine.catalog import Bundle, Catalog, Ceilings, bundle_hash, content_hash, parse_key
-from processors.engine.definition import load_definition
 from processors.engine.errors import DefinitionError
+from processors.engine.validation import load_definition
 
 
 def defn(

@@ -16,10 +16,10 @@ from processors.engine.definition import (
     Ceilings,
     Definition,
     RetryPolicy,
-    load_definition,
     parse_definition,
 )
 from processors.engine.errors import DefinitionError
+from processors.engine.validation import load_definition
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "definitions"
 

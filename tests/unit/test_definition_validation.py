@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from processors.engine.definition import Ceilings, load_definition, parse_definition
+from processors.engine.definition import Ceilings, parse_definition
 from processors.engine.errors import DefinitionError, Issue
-from processors.engine.validation import validate_definition
+from processors.engine.validation import load_definition, validate_definition
 
 
 def base() -> dict[str, Any]:

@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processors.engine import Catalog, EngineContext
+from processors.kafka.partitioning import PartitionOwners, murmur2, partition_for
 from processors.runtime import admission
 from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import PartitionOwners, murmur2, partition_for
 from processors.runtime.store import PartitionStore
 
 ZERO = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from processors.kafka.exits import EXIT_FATAL
 from processors.runtime import loop
-from processors.runtime.exits import EXIT_FATAL
 from processors.runtime.settings import ProcessorSettings
 
 

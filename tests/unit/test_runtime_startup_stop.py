@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from processors.runtime.exits import StopRequested, until_stopped
+from processors.kafka.exits import StopRequested, until_stopped
 
 
 def _failing(code: int, calls: list[float]) -> object:

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from processors.kafka.partitioning import murmur2, partition_for
 from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.partitioning import murmur2, partition_for
-from processors.runtime.store import NO_OFFSET, PartitionStore, timer_ref_key
+from processors.runtime.store import NO_OFFSET, ChangeSet, PartitionStore, timer_ref_key
 
 
 @pytest.fixture
@@ -165,13 +165,11 @@ def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_one
     s = PartitionStore(tmp_path / "p0", 0, cache_runs=10)
 
     def write(*run_ids: str, status: str = "running") -> None:
-        s.write(
-            WriteBatch(raw_mode=True),
-            {r: {"run_id": r, "status": status} for r in run_ids},
+        s.apply(
+            ChangeSet(
+                WriteBatch(raw_mode=True), states={r: {"run_id": r, "status": status} for r in run_ids}
+            ),
             None,
-            False,
-            None,
-            {},
         )
 
     write(*(f"r{i}" for i in range(10)))
@@ -182,7 +180,7 @@ def test_state_cache_keeps_the_most_recently_written_runs_and_drops_finished_one
     assert "r5" not in s.cache and len(s.cache) == 8
     s.close()
     none = PartitionStore(tmp_path / "p1", 1, cache_runs=0)
-    none.write(WriteBatch(raw_mode=True), {"a": {"run_id": "a", "status": "running"}}, None, False, None, {})
+    none.apply(ChangeSet(WriteBatch(raw_mode=True), states={"a": {"run_id": "a", "status": "running"}}), None)
     assert none.cache == {}
     none.close()
 

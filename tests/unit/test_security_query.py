@@ -25,7 +25,7 @@ from processors.executors.settings import ChildExecutorSettings, WorkerSettings
 from processors.metrics_endpoint import CannotServe
 from processors.runtime.query import QueryServer
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.store import PartitionStore, event_key, state_key
+from processors.runtime.store import ChangeSet, PartitionStore, event_key, state_key
 from schemas import Codec
 
 CODEC = Codec.default()
@@ -113,7 +113,7 @@ def _fill(store: PartitionStore, events: int, blob: int = 0) -> None:
     for seq in range(1, events + 1):
         batch.put(event_key(RUN, seq), _event(seq, blob))
     batch.put(state_key(RUN), orjson.dumps({**STATE, "sequence": events}))
-    store.write(batch, {}, None, False, None, {})
+    store.apply(ChangeSet(batch), None)
 
 
 def _server(store: PartitionStore | None, host: str = "127.0.0.1", **settings: Any) -> QueryServer:

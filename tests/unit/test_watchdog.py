@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from processors.runtime.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, Watchdog
+from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, Watchdog
 
 
 class Clock:

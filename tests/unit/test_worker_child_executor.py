@@ -196,7 +196,7 @@ def test_a_transaction_call_that_never_returns_is_left_behind_and_stops_the_exec
 ) -> None:
     from processors.executors import child_executor
     from processors.executors.child_executor import ChildExecutor
-    from processors.runtime.watchdog import CallAbandoned
+    from processors.kafka.watchdog import CallAbandoned
     from topology.settings import KafkaSettings
 
     monkeypatch.setattr(child_executor, "TXN_TIMEOUT_S", 0.1)

@@ -10,7 +10,7 @@ from processors.executors import ActionError, NonRetryableError, RetryableError,
 from processors.executors.context import ActionContext
 from processors.executors.errors import Cancelled, classify, redact
 from processors.executors.receipts import accepted, heartbeat, terminal_receipt
-from processors.executors.sdk import ActionRegistry
+from processors.executors.registry import ActionRegistry
 from processors.executors.secrets import (
     SecretResolver,
     SecretsPolicy,
