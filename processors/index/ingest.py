@@ -28,9 +28,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors.index.projection import RunRow, Skip, accept, apply
 from processors.index.store import Batch, SQLiteIndex
-from processors.runtime.fetch import first_then_buffered
+from processors.kafka.fetch import first_then_buffered
 from schemas import Codec, DecodeError
-from topology.settings import KafkaSettings, consumer_config, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings, consumer_config
 
 log = logging.getLogger("runfold.index")
 

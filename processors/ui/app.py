@@ -41,7 +41,8 @@ from processors.index.store import CursorError, IndexError_, RunFilter, SQLiteIn
 from processors.ui.graph import definition_of_bundle, graph
 from processors.ui.redact import mask
 from schemas import Codec
-from topology.settings import KafkaSettings, topic_names
+from topology.catalog import topic_names
+from topology.settings import KafkaSettings
 
 HERE = Path(__file__).resolve().parent
 # budgets shown as bars: limit key -> what the ledger used of it
