@@ -11,15 +11,22 @@ program to its end holding the GIL, so a condition must be judged before it runs
 - **At every evaluation** (`estimate_ns`): an upper bound of the evaluation's time, from
   the tree and the sizes of the values it is handed; over `MAX_COST_NS` the condition is
   not run and fails (`ConditionLimit`, rule `condition_cost`). Deterministic: the bound
-  depends only on the expression and the data, never on a clock. The coefficients are
-  per-operation upper bounds measured on cel 0.10 (cel-rust 0.14.5) with a margin
-  (`benchmarks/cel_limits_bench.py` re-measures them and the worst accepted case).
+  depends only on the expression and the data, never on a clock.
 
-Two costs of cel-rust drive the model: handing a value to a program converts it node by
-node (~1.5-3 µs an object, string or key: the binding tries up to nine conversions
-first), and `map` / `filter` copy their accumulator at every step (quadratic: 1,000 items
-take ~50 ms). `narrow` hands a program only the parts of `state`, `input` and `output`
-it reads through field selections, so the conversion is paid for what is read.
+The estimate follows what cel-rust does (the constants below): converting the values handed
+to the program (per JSON node, from counts of the JSON text), deep copies (a field selected,
+an element indexed or bound to a comprehension's variable), a comprehension's steps times its
+body's bound, the map/filter accumulator (quadratic in what it keeps), linear work of
+operators and functions on their operands, a regular expression's automaton. Each constant
+is a per-operation cost measured on this machine's cel 0.10 (cel-rust 0.14.5) under load,
+charged once: no factor multiplies another, so the bound stays tight (measured time /
+estimate 0.3-0.8 on `benchmarks/cel_limits_bench.py`'s corpora) and the budget's distance to
+the 50 ms promised is the only margin.
+
+`narrow` hands a program only what it can read: the fields it selects, of each element of
+a list a comprehension iterates what the variable reads, nulls for a value only sized or
+tested with `has`. The conversion, the dearest part of most evaluations, is then paid for
+what is read, and the estimate is computed on the narrowed values.
 
 The parser follows the CEL grammar (cel-spec `langdef.md`); it runs only on expressions
 cel has already compiled, so it never decides what is valid CEL, only how large it is.
@@ -28,8 +35,12 @@ cel has already compiled, so it never decides what is valid CEL, only how large 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -43,27 +54,41 @@ MAX_COST_NS: Final = 40_000_000  # the estimate's budget: the worst accepted eva
 ROOTS: Final = frozenset({"state", "input", "output"})
 COMPREHENSIONS: Final = frozenset({"all", "exists", "exists_one", "existsOne", "map", "filter"})
 
-# Upper bounds on this machine's cel 0.10, measured by benchmarks/cel_limits_bench.py, with
-# a margin. A value's *weight* is the bound of the time to hand it to a program (ns,
-# `conversion_ns`): what an operation does per element (compare, copy, scan) costs a part of
-# what converting that element did, so per-element work is charged as a factor of the weight
-# (objects cost ~10x integers either way). Strings are also charged per byte.
-NS_CONVERT_VALUE: Final = 1_200  # per JSON value or key (the dearest scalar: a float)
-NS_CONVERT_OBJECT: Final = 2_200  # on top, per object, array and string: the binding tries
-NS_CONVERT_ARRAY: Final = 1_100  # up to nine conversions before those
-NS_CONVERT_STRING: Final = 2_400
-NS_NODE: Final = 200  # one syntax-tree node evaluated once
-NS_ACCESS: Final = 150  # reading a variable or a field that holds a list or map: per entry (a copy)
-NS_ITERATION: Final = 150  # one comprehension step, on top of its body and of K_ITERATE
-NS_BYTE: Final = 3  # string work per byte (compare, copy, search, size)
-K_ITERATE: Final = 0.5  # binding an element to the comprehension variable
-K_COMPARE: Final = 0.4  # ==, !=, <, in: per element compared
-K_COPY: Final = 0.4  # + and accumulating map/filter results: per element copied
-K_CALL: Final = 0.5  # a function or method: per element of its arguments
+# Per-operation costs of this machine's cel 0.10 (cel-rust 0.14.5), in CPU ns, measured by
+# benchmarks/cel_limits_bench.py (`--coefficients`) on this 2-core host shared with other
+# work: each is about the median measured at a load of 15-25 on 2 cores (where CPU time per
+# operation is ~2x an idle host's), charged once, never a factor on a factor (the budget,
+# MAX_COST_NS against the 50 ms promised, is the only margin). Three costs drive the model:
+# - *conversion* (CV_*): handing a value to a program converts it node by node; a string, a
+#   key, an object or an array ~1-2 µs (the binding tries several conversions first), an int
+#   ~0.2-0.3 µs, a float ~1 µs;
+# - *copy* (CP_*): selecting a field (`input.a`), indexing and binding a comprehension's
+#   variable deep-copy the value (~30-70 ns a scalar, ~1-1.5 µs a small object);
+# - map / filter copy their accumulator at every step: quadratic in what they keep.
+CV_VALUE: Final = 300  # per JSON value or key
+CV_FLOAT: Final = 800  # on top, per float (the dearest scalar)
+CV_STRING: Final = 1_800  # on top, per string or key
+CV_CONTAINER: Final = 1_750  # on top, per object or array
+CV_ENTRY: Final = 250  # on top, per key of an object (its insertion)
+CV_BYTE: Final = 1  # per byte of JSON text
+CP_VALUE: Final = 70  # a deep copy: per value or key
+CP_STRING: Final = 180  # on top, per string or key
+CP_CONTAINER: Final = 110  # on top, per object or array
+CP_ENTRY: Final = 60  # on top, per key of an object
+CP_BYTES_PER_NS: Final = 10  # copying strings: 0.1 ns a byte
+NS_EXECUTE: Final = 2_000  # one call of the program (the activation, the result's type)
+NS_NODE: Final = 150  # one syntax-tree node evaluated once
+NS_SELECT: Final = 200  # a field selection or an index, on top of copying what it yields
+NS_CALL: Final = 300  # a function or a method, on top of its work on its arguments
+NS_ITERATION: Final = 600  # one comprehension step, on top of its body and of binding the element
+NS_ACCUMULATE: Final = 80  # map/filter: per result element held, at every step, plus its `acc`:
+ACC_STRING: Final = 100  # a string held (shared, not copied) on top of twice its shallow copy
+ACC_CONTAINER: Final = 400  # an object or array held, on top (its allocation)
+NS_IN_ELEMENT: Final = 40  # `in` a list: per element, on top of comparing it
+NS_BYTE: Final = 1  # string work per byte (compare, scan, hash)
 NS_REGEX: Final = 2  # matches(): per subject byte and per state of the pattern's automaton
 NS_REGEX_COMPILE: Final = 100  # per state of the automaton built
-NS_CONVERT_BYTE: Final = 1_800  # the weight bound per byte of any JSON value (the dearest: "")
-SCAN_ELEMENTS: Final = 20_000  # a range up to this long has its largest element measured
+SCAN_ELEMENTS: Final = 20_000  # a range up to this long has its largest element measured (any list of ints)
 REGEX_CLASS_STATES: Final = 300  # a Unicode class (\w, \d, \pL, ., [^...]) as automaton states
 
 
@@ -337,19 +362,36 @@ def analyze(expr: str) -> Analysis:
             f"exists_one, map, filter) inside each other; the limit is {MAX_NESTING}",
         )
     reads: dict[str, set[tuple[str, ...]] | None] = {}
-    _collect_reads(tree, frozenset(), reads)
+    _collect_reads(tree, {}, reads)
     return Analysis(tree, {k: (None if v is None else frozenset(v)) for k, v in reads.items()})
 
 
-def _path(node: Node) -> tuple[str, tuple[str, ...]] | None:
-    """`state.a.b` -> ("state", ("a", "b")); None for anything else."""
+# Marks at the end of a read path (never a field name: fields are identifiers): the value there
+# is only sized (`size(input.a)`), only tested for presence (`has(input.a)`), or iterated by a
+# comprehension (`input.a.exists(x, ...)`, whose variable's reads continue the path after ITEMS).
+SIZED: Final = "#size"
+PRESENT: Final = "#has"
+ITERATED: Final = "#iter"
+ITEMS: Final = "*"
+_Bound = dict[str, tuple[str, tuple[str, ...]] | None]
+
+
+def _path(node: Node, bound: _Bound) -> tuple[str, tuple[str, ...]] | None:
+    """`state.a.b` -> ("state", ("a", "b")); `x.c` with `x` iterating `input.l` ->
+    ("input", ("l", "*", "c")); None for anything else (or a variable bound to a computed range)."""
     fields: list[str] = []
     while node[0] == "select":
         fields.append(node[4])
         node = node[3]
     if node[0] != "ident":
         return None
-    return node[3], tuple(reversed(fields))
+    name = node[3]
+    if name in bound:
+        base = bound[name]
+        return None if base is None else (base[0], base[1] + tuple(reversed(fields)))
+    if name not in ROOTS:
+        return None
+    return name, tuple(reversed(fields))
 
 
 def _children(node: Node) -> tuple[Node, ...]:
@@ -375,76 +417,286 @@ def _children(node: Node) -> tuple[Node, ...]:
     return tuple(node[3])  # list, map, struct
 
 
-def _collect_reads(node: Node, bound: frozenset[str], reads: dict[str, set[tuple[str, ...]] | None]) -> None:
-    """The field paths each root variable is read through (`Analysis.reads`). Names bound
-    by a comprehension (`x` in `l.all(x, ...)`) shadow a root of the same name."""
-    target = node[3] if node[0] == "has" else node
-    path = _path(target) if target[0] in ("select", "ident") else None
-    if path is not None:
-        root, fields = path
-        if root in ROOTS and root not in bound:
-            seen = reads.setdefault(root, set())
-            if seen is not None:
-                if fields:
-                    seen.add(fields)
-                else:
-                    reads[root] = None
+def _record(reads: dict[str, set[tuple[str, ...]] | None], root: str, fields: tuple[str, ...]) -> None:
+    if not fields:
+        reads[root] = None
         return
-    if node[0] == "macro":
-        _collect_reads(node[3], bound, reads)
+    seen = reads.setdefault(root, set())
+    if seen is not None:
+        seen.add(fields)
+
+
+def _is_path(node: Node) -> bool:
+    return node[0] in ("select", "ident")
+
+
+def _collect_reads(node: Node, bound: _Bound, reads: dict[str, set[tuple[str, ...]] | None]) -> None:
+    """The field paths each root variable is read through (`Analysis.reads`), a path ending in
+    a mark when its value is only sized, tested or iterated. Names bound by a comprehension
+    (`x` in `l.all(x, ...)`) shadow a root of the same name."""
+    kind = node[0]
+    mark, target = None, node
+    if kind == "has" and _is_path(node[3]):
+        mark, target = PRESENT, node[3]
+    elif kind == "call" and node[3] == "size" and len(node[4]) == 1 and _is_path(node[4][0]):
+        mark, target = SIZED, node[4][0]
+    elif kind == "method" and node[4] == "size" and not node[5] and _is_path(node[3]):
+        mark, target = SIZED, node[3]
+    path = _path(target, bound) if _is_path(target) else None
+    if path is not None:
+        _record(reads, path[0], path[1] + ((mark,) if mark else ()))
+        return
+    if kind == "macro":
+        path = _path(node[3], bound) if _is_path(node[3]) else None
+        if path is not None:  # the range is iterated: its elements are read through the variable
+            _record(reads, path[0], path[1] + (ITERATED,))
+        else:
+            _collect_reads(node[3], bound, reads)
+        inner: _Bound = {**bound, node[5]: None if path is None else (path[0], path[1] + (ITEMS,))}
         for part in node[6]:
-            _collect_reads(part, bound | {node[5]}, reads)
+            _collect_reads(part, inner, reads)
         return
     for child in _children(node):
         _collect_reads(child, bound, reads)
 
 
 # ---- narrowing: hand a program only what it reads ----------------------------------------------
-def narrow(value: Any, paths: frozenset[tuple[str, ...]] | None) -> Any:
-    """`value` reduced to the objects on `paths` (each path's end whole). A dict on a path
-    keeps only the keys read, so a condition reading `state.a.b` converts `b`, not the
-    whole state; it sees the same values through those selections (a missing key stays
-    missing)."""
-    if paths is None or type(value) is not dict:
-        return value
-    out: dict[str, Any] = {}
+# A plan of what to keep of a value: None (all of it), or
+#   ("none",)           only its presence was tested: None stands for it
+#   ("size",)           only its size was read: a list of as many nulls stands for a list or map
+#   ("items", plan)     a list iterated: each element narrowed by plan
+#   ("fields", {k: plan}) a map read through fields: only those keys, each narrowed
+_Plan = tuple[Any, ...] | None
+_NONE: Final = ("none",)
+_SIZE: Final = ("size",)
+
+
+@lru_cache(maxsize=4096)
+def _plan(paths: frozenset[tuple[str, ...]] | None) -> _Plan:
+    if paths is None:
+        return None
+    marks: set[str] = set()
+    items: set[tuple[str, ...]] | None = set()
     heads: dict[str, set[tuple[str, ...]] | None] = {}
     for path in paths:
-        rest = path[1:]
-        if not rest:
-            heads[path[0]] = None
+        if not path:
+            return None
+        head, rest = path[0], path[1:]
+        if head == ITEMS:
+            if not rest:
+                items = None
+            elif items is not None:
+                items.add(rest)
+        elif head in (SIZED, PRESENT, ITERATED):
+            marks.add(head)
+        elif not rest:
+            heads[head] = None
         else:
-            seen = heads.setdefault(path[0], set())
+            seen = heads.setdefault(head, set())
             if seen is not None:
                 seen.add(rest)
-    for key, rests in heads.items():
-        if key in value:
-            out[key] = narrow(value[key], None if rests is None else frozenset(rests))
-    return out
+    if heads:
+        if marks - {PRESENT} or items != set():
+            return None  # sized or iterated too: every entry counts
+        return ("fields", {k: _plan(None if v is None else frozenset(v)) for k, v in heads.items()})
+    if ITERATED in marks or items != set():
+        return ("items", None if items is None else _plan(frozenset(items)) if items else _NONE)
+    if SIZED in marks:
+        return _SIZE
+    return _NONE
+
+
+def _apply(value: Any, plan: _Plan) -> Any:
+    if plan is None:
+        return value
+    kind = plan[0]
+    if kind == "fields":
+        if type(value) is not dict:
+            return value
+        return {key: _apply(value[key], sub) for key, sub in plan[1].items() if key in value}
+    if kind == "items":
+        sub = plan[1]
+        if type(value) is not list or sub is None:
+            return value  # a map iterates its keys: all of it
+        if sub is _NONE:
+            return [None] * len(value)
+        if sub[0] == "fields" and all(p is None for p in sub[1].values()):  # the common case, fast
+            keys = tuple(sub[1])
+            if len(keys) == 1:
+                (k,) = keys
+                return [({k: e[k]} if k in e else {}) if type(e) is dict else e for e in value]
+            return [{k: e[k] for k in keys if k in e} if type(e) is dict else e for e in value]
+        return [_apply(e, sub) for e in value]
+    if kind == "size":
+        return [None] * len(value) if type(value) in (list, dict) else value
+    return None
+
+
+def narrow(value: Any, paths: frozenset[tuple[str, ...]] | None) -> Any:
+    """`value` reduced to what a program reading it through `paths` (`Analysis.reads`) can
+    see: a map on a path keeps only the keys read (a condition reading `state.a.b` converts
+    `b`, not the whole state), a list a comprehension iterates keeps of each element what
+    the comprehension's variable reads, a value only sized becomes as many nulls, a value only
+    tested with `has` becomes null. The program gives the same answers through those reads
+    (a missing key stays missing, a value of another type is kept whole)."""
+    return _apply(value, _plan(paths))
 
 
 # ---- the cost estimate -----------------------------------------------------------------------
 _NOTHING: Final = object()
 _INFINITE: Final = 10**18
-# A bound of one subexpression: (cost ns, elements: its length or element count, weight: the
-# bound of converting it (ns), bytes, the Python value when it is a plain path of the variables)
-_Est = tuple[int, int, int, int, Any]
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _UNICODE_CLASS = re.compile(r"\\[A-Za-z]|\.|\[\^")
 
 
-def conversion_ns(raw: bytes) -> int:
-    """An upper bound of the time to hand the JSON value `raw` to a program. Every value
-    and key is the root or follows a bracket, a comma or a colon; every string has two
-    quotes. The same characters inside strings only raise the bound."""
-    objects, arrays = raw.count(b"{"), raw.count(b"[")
-    values = raw.count(b",") + raw.count(b":") + objects + arrays + 1
-    return (
-        NS_CONVERT_VALUE * values
-        + NS_CONVERT_OBJECT * objects
-        + NS_CONVERT_ARRAY * arrays
-        + NS_CONVERT_STRING * (raw.count(b'"') // 2)
+class _Size(NamedTuple):
+    """Bounds of a value: its length (elements, keys or characters), the time to copy it, to
+    hold a copy of it in a map/filter accumulator at one step, and to convert it (ns), the
+    bytes of its JSON text."""
+
+    n: int
+    copy: int
+    acc: int
+    conv: int
+    size: int
+
+
+class _Est(NamedTuple):
+    """A bound of one subexpression: its cost (ns), its value's `_Size`, its largest element's
+    when known, the Python value when it is a plain path of the variables, and the values it
+    may take when it is a comprehension's variable (or a field of one): the elements of the
+    range, so a field of the variable is bounded by that field's values, not the element's."""
+
+    cost: int
+    of: _Size
+    item: _Size | None = None
+    value: Any = _NOTHING
+    values: list[Any] | None = None  # the values it may take, when they are known
+
+
+_SCALARS: Final = frozenset({int, bool, type(None)})
+_SCALAR: Final = _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE, 20)
+_FLOAT: Final = _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE + CV_FLOAT, 24)
+# the characters counted in a value's JSON text (`_size`)
+_MARKS: Final = (b"{", b"[", b":", b",", b'"', b".", b"e", b"E")
+
+
+def _size(counts: tuple[int, ...], n: int, size: int, words: int = 0) -> _Size:
+    """Bounds from the counts of `_MARKS` in a JSON text of `size` bytes (`words`: the true and
+    false in it): every value and key is the root or follows a bracket, a comma or a colon;
+    every string has two quotes; every float a `.` or an `e`. The same characters inside
+    strings only raise the bounds."""
+    objects, arrays, keys, commas, quotes, dots, e, big_e = counts
+    values = commas + keys + objects + arrays + 1
+    strings = quotes // 2
+    floats = max(dots + e + big_e - words, 0)
+    containers = objects + arrays
+    shallow = CP_VALUE * values + CP_CONTAINER * containers + CP_ENTRY * keys
+    return _Size(
+        n,
+        shallow + CP_STRING * strings + size // CP_BYTES_PER_NS,
+        2 * shallow + ACC_STRING * strings + ACC_CONTAINER * containers,
+        CV_VALUE * values
+        + CV_FLOAT * floats
+        + CV_STRING * strings
+        + CV_CONTAINER * containers
+        + CV_ENTRY * keys
+        + CV_BYTE * size,
+        size,
     )
+
+
+def _profile(raw: bytes, n: int) -> _Size:
+    words = raw.count(b"true") + raw.count(b"false")
+    return _size(tuple(raw.count(m) for m in _MARKS), n, len(raw), words)
+
+
+def _dumps(name: str, value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise ConditionError(f"{name} holds a value a condition cannot read ({exc})") from None
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, (list, dict, str, bytes)) else 1
+
+
+class _Sizes:
+    """The bounds of the variables' values, each computed once per estimate (by identity: the
+    values live as long as the estimate)."""
+
+    def __init__(self) -> None:
+        self.whole: dict[int, _Size] = {}
+        self.items: dict[int, _Size | None] = {}
+
+    def of(self, value: Any) -> _Size:
+        key = id(value)
+        found = self.whole.get(key)
+        if found is None:
+            t = type(value)
+            if t is int or t is bool or value is None:
+                found = _SCALAR
+            elif t is float:
+                found = _FLOAT
+            else:
+                found = _profile(_dumps("a variable", value), _length(value))
+            self.whole[key] = found
+        return found
+
+    def item(self, value: Any) -> _Size | None:
+        """A bound of every element of a list, or key of a map (what a comprehension binds):
+        each count the largest any element has (a sum of maxima bounds the maximum of sums);
+        None when the value is neither or too long to measure."""
+        key = id(value)
+        if key in self.items:
+            return self.items[key]
+        t = type(value)
+        found: _Size | None = None
+        if t is list and set(map(type, value)) <= _SCALARS:
+            found = _SCALAR  # however long: the check is cheap
+        elif (t is list or t is dict) and len(value) <= SCAN_ELEMENTS:
+            found = _every(value if t is list else list(value))
+        self.items[key] = found
+        return found
+
+
+def _every(elements: list[Any]) -> _Size:
+    """A bound of every value of `elements` (each count the largest any has)."""
+    types = set(map(type, elements))  # at C speed: this runs on every element
+    if types <= _SCALARS:
+        return _SCALAR
+    if types == {str}:
+        chars = max(map(len, elements))
+        size = 6 * chars + 2  # a character is at most 6 bytes of JSON (an escape)
+        return _Size(
+            chars,
+            CP_VALUE + CP_STRING + size // CP_BYTES_PER_NS,
+            2 * CP_VALUE + ACC_STRING,
+            CV_VALUE + CV_STRING + CV_BYTE * size,
+            size,
+        )
+    return _largest(elements, types == {dict})
+
+
+def _largest(elements: list[Any], objects: bool) -> _Size:
+    """Each count the largest any element's JSON text has (a sum of maxima bounds the maximum
+    of sums). Flat objects (no object inside one, no brace in a string: the text then has
+    exactly one `{` per element), the common case, in one text split at `},{`: an object of
+    k keys has k colons, k - 1 commas, at most k floats, and its quotes are counted; others
+    one by one."""
+    raw = orjson.dumps(elements)
+    n = len(elements)
+    if objects and raw.count(b"{") == n == raw.count(b"}") and raw.count(b"[") == 1:
+        keys = max(map(len, elements))
+        parts = raw[2:-2].split(b"},{")
+        quotes = max(map(bytes.count, parts, repeat(b'"')))
+        counts = (1, 0, keys, max(keys - 1, 0), quotes, keys, 0, 0)
+        return _size(counts, max(keys, 1), max(map(len, parts)) + 2)
+    raws = [orjson.dumps(e) for e in elements]
+    # a mark the whole text lacks no element has: skip it
+    marks = tuple(max(map(bytes.count, raws, repeat(m))) if raw.count(m) else 0 for m in _MARKS)
+    return _size(marks, max(max(map(_length, elements)), 1), max(map(len, raws)))
 
 
 def regex_states(pattern: str) -> int:
@@ -464,41 +716,35 @@ def regex_states(pattern: str) -> int:
 
 def estimate_ns(tree: Node, variables: dict[str, Any]) -> int:
     """An upper bound of the time (ns) a program of `tree` takes on `variables`: converting
-    them, then evaluating the tree (module doc). Raises ConditionError for a value JSON
-    cannot hold (it could not be converted either)."""
-    total = 0
-    sizes: dict[str, tuple[int, int]] = {}
+    them, evaluating the tree, converting its result back (module doc). Raises
+    ConditionError for a value JSON cannot hold (it could not be converted either)."""
+    sizes = _Sizes()
+    total = NS_EXECUTE
     for name, value in variables.items():
-        try:
-            raw = orjson.dumps(value)
-        except TypeError as exc:
-            raise ConditionError(f"{name} holds a value a condition cannot read ({exc})") from None
-        weight = conversion_ns(raw)
-        sizes[name] = (weight, len(raw))
-        total += weight
-    cost, _, weight, _, _ = _estimate(tree, variables, sizes, {})
-    return total + cost + int(K_CALL * weight)  # the result is handed back to Python, bool or not
+        if type(value) in (dict, list, str):
+            whole = _profile(_dumps(name, value), _length(value))
+            sizes.whole[id(value)] = whole
+        else:
+            whole = sizes.of(value)
+        total += whole.conv
+    est = _Estimator(variables, sizes).estimate(tree, {})
+    return total + est.cost + est.of.conv
 
 
-def _element(value: Any, w: int, b: int) -> tuple[int, int, int]:
-    """A bound of one element of a comprehension's range (elements, weight, bytes): from the
-    largest element when the range is a list or map of the variables (a map's elements are
-    its keys) of at most `SCAN_ELEMENTS`, else the whole range's."""
-    items = value if type(value) is list else list(value) if type(value) is dict else None
-    if items is None or len(items) > SCAN_ELEMENTS:
-        return b, w, b
-    largest = max((len(orjson.dumps(item)) for item in items), default=1)  # the whole dumped: each does
-    return largest, min(w, NS_CONVERT_BYTE * largest), largest
+def _within(s: _Size) -> _Size:
+    """A bound of any part of a value bounded by `s` (a field, an element): as long as two
+    bytes of its text (`[1,2]`) allow."""
+    return s._replace(n=s.size // 2 + 1)
 
 
-def _entries(value: Any) -> int:
-    """What reading a list or map costs in cel-rust: it copies its entries (a map of 2,654
-    entries read in a comprehension's body took ~0.2 ms at every step)."""
-    return len(value) if type(value) in (list, dict) else 0
+def _plus(a: _Size, b: _Size) -> _Size:
+    return _Size(a.n + b.n, a.copy + b.copy, a.acc + b.acc, a.conv + b.conv, a.size + b.size)
 
 
-def _count(value: Any, bound: int) -> int:
-    return len(value) if isinstance(value, (list, dict, str, bytes)) else min(bound, 1)
+def _larger(a: _Size | None, b: _Size | None) -> _Size | None:
+    if a is None or b is None:
+        return None
+    return _Size(*map(max, a, b))
 
 
 def _literal(node: Node) -> str | None:
@@ -506,86 +752,181 @@ def _literal(node: Node) -> str | None:
     return node[4] if node[0] == "lit" and len(node) > 4 else None
 
 
-def _estimate(
-    node: Node,
-    variables: dict[str, Any],
-    sizes: dict[str, tuple[int, int]],
-    env: dict[str, tuple[int, int, int]],
-) -> _Est:
-    kind = node[0]
-    est = _estimate
-    if kind == "lit":
-        return NS_NODE, node[3], NS_CONVERT_VALUE + NS_CONVERT_STRING, node[3], _NOTHING
-    if kind == "ident":
-        name = node[3]
-        if name in env:
-            n, w, b = env[name]
-            return NS_NODE + NS_ACCESS * (b // 2), n, w, b, _NOTHING
-        if name in variables:
-            value = variables[name]
-            w, b = sizes[name]
-            return NS_NODE + NS_ACCESS * _entries(value), _count(value, b), w, b, value
-        return NS_NODE, 1, NS_CONVERT_VALUE, 1, _NOTHING
-    if kind in ("select", "index"):
-        c, n, w, b, value = est(node[3], variables, sizes, env)
-        key: Any = node[4] if kind == "select" else _NOTHING
-        if kind == "index":
-            ck, _, wk, bk, _ = est(node[4], variables, sizes, env)
-            c += ck + int(K_COMPARE * wk) + NS_BYTE * bk  # hashing or comparing the key
-        if key is not _NOTHING and type(value) is dict and key in value:
-            sub = value[key]
-            return c + NS_NODE + NS_ACCESS * _entries(sub), _count(sub, b), w, b, sub
-        return c + NS_NODE + NS_ACCESS * (b // 2), b, w, b, _NOTHING
-    if kind == "has":
-        c = est(node[3], variables, sizes, env)[0]
-        return c + NS_NODE, 1, NS_CONVERT_VALUE, 1, _NOTHING
-    if kind == "macro":
-        cr, n, w, b, value = est(node[3], variables, sizes, env)
-        inner = {**env, node[5]: _element(value, w, b)}
-        body_cost, result = 0, (1, NS_CONVERT_VALUE, 1)
+class _Var:
+    """A comprehension variable: the values it may take (the range's elements, when known) and
+    the bound of each, measured only if the body uses the variable otherwise than through its
+    fields (that takes a scan of the values)."""
+
+    __slots__ = ("_bound", "_make", "values")
+
+    def __init__(self, values: list[Any] | None, make: Callable[[], _Size]) -> None:
+        self.values = values
+        self._make = make
+        self._bound: _Size | None = None
+
+    @property
+    def bound(self) -> _Size:
+        if self._bound is None:
+            self._bound = self._make()
+        return self._bound
+
+
+_Env = dict[str, _Var]
+
+
+class _Estimator:
+    def __init__(self, variables: dict[str, Any], sizes: _Sizes) -> None:
+        self.variables = variables
+        self.sizes = sizes
+
+    def known(self, cost: int, value: Any) -> _Est:
+        return _Est(cost, self.sizes.of(value), None, value)
+
+    def item(self, est: _Est) -> _Size | None:
+        """The bound of `est`'s elements when it is known (measured on demand: it scans the value)."""
+        if est.item is not None or est.value is _NOTHING:
+            return est.item
+        return self.sizes.item(est.value)
+
+    def estimate(self, node: Node, env: _Env) -> _Est:
+        kind = node[0]
+        est = self.estimate
+        if kind == "lit":
+            text = node[3]
+            if len(node) > 4 and node[4] is not None:  # a string
+                return _Est(
+                    NS_NODE,
+                    _Size(
+                        text,
+                        CP_VALUE + CP_STRING + text // CP_BYTES_PER_NS,
+                        2 * CP_VALUE + ACC_STRING,
+                        CV_VALUE + CV_STRING + CV_BYTE * text,
+                        text,
+                    ),
+                )
+            return _Est(
+                NS_NODE, _Size(1, CP_VALUE, 2 * CP_VALUE, CV_VALUE + CV_FLOAT, text)
+            )  # a number, bool, null
+        if kind == "ident":
+            name = node[3]
+            if name in env:
+                var = env[name]
+                return _Est(NS_NODE, var.bound, None, _NOTHING, var.values)
+            if name in self.variables:
+                return self.known(NS_NODE, self.variables[name])
+            return _Est(NS_NODE, _SCALAR)  # a type name
+        if kind in ("select", "index"):
+            operand = node[3]
+            bound_var = env.get(operand[3]) if operand[0] == "ident" else None
+            if kind == "select" and bound_var is not None and bound_var.values is not None:
+                base = _Est(NS_NODE, _SCALAR, None, _NOTHING, bound_var.values)  # its field's values bound it
+            else:
+                base = est(operand, env)
+            cost = base.cost + NS_SELECT
+            key: Any = node[4] if kind == "select" else _NOTHING
+            if kind == "index":
+                k = est(node[4], env)
+                cost += k.cost + NS_BYTE * k.of.size  # hashing or comparing the key
+            value = base.value
+            if key is not _NOTHING and type(value) is dict and key in value:
+                found = self.known(0, value[key])
+                return found._replace(cost=cost + found.of.copy)
+            if key is not _NOTHING and base.values is not None:  # a field of a variable's values
+                try:  # at C speed when every value has the field
+                    sub = list(map(itemgetter(key), base.values))
+                except (KeyError, TypeError, IndexError):
+                    sub = [v[key] for v in base.values if type(v) is dict and key in v]
+                bound = _every(sub)
+                return _Est(cost + bound.copy, bound, None, _NOTHING, sub)
+            element = self.item(base) if kind == "index" else None
+            if element is not None:  # an element: bounded by the largest
+                return _Est(cost + element.copy, element)
+            part = _within(base.of)
+            return _Est(cost + part.copy, part)
+        if kind == "has":
+            base = est(node[3], env)
+            return _Est(base.cost, _SCALAR)
+        if kind == "macro":
+            return self.macro(node, env)
+        parts = [est(child, env) for child in _children(node)]
+        cost = NS_NODE + sum(p.cost for p in parts)
+        if kind == "unary":
+            return _Est(cost, _SCALAR)
+        if kind == "binary":
+            op = node[3]
+            a, b = parts[0].of, parts[1].of
+            if op in ("&&", "||"):
+                return _Est(cost, _SCALAR)
+            if op == "+":  # concatenation copies both sides
+                return _Est(cost + a.copy + b.copy, _plus(a, b), _larger(parts[0].item, parts[1].item))
+            if op == "in":  # a scan of the right side, comparing the left with each element
+                return _Est(cost + NS_IN_ELEMENT * b.n + b.copy + NS_BYTE * b.size, _SCALAR)
+            if op in _RELATIONS:  # a comparison stops at the shorter side
+                return _Est(cost + min(a.copy, b.copy) + NS_BYTE * min(a.size, b.size), _SCALAR)
+            return _Est(cost, _SCALAR)  # arithmetic
+        if kind == "cond":
+            then, other = parts[1], parts[2]
+            return _Est(cost, _larger(then.of, other.of) or then.of, _larger(then.item, other.item))
+        if kind in ("list", "map", "struct"):
+            item: _Size | None = _SCALAR
+            of = _Size(len(parts), CP_CONTAINER, 2 * CP_CONTAINER + ACC_CONTAINER, CV_CONTAINER, 2)
+            for p in parts:
+                of = _plus(of, p.of)
+                item = _larger(item, p.of)
+            return _Est(cost, of._replace(n=len(parts), size=of.size + len(parts)), item)
+        name = node[3] if kind == "call" else node[4]
+        cost += NS_CALL
+        if name == "size":
+            return _Est(cost, _SCALAR)
+        args = _Size(0, 0, 0, 0, 0)
+        for p in parts:
+            args = _plus(args, p.of)
+        cost += args.copy + NS_BYTE * args.size
+        if name == "matches":  # subject bytes x the automaton's states, plus building it
+            last = parts[-1].value
+            pattern = last if isinstance(last, str) else _literal(_children(node)[-1])
+            states = regex_states(pattern) if isinstance(pattern, str) else _INFINITE
+            subject = parts[0].of.size if len(parts) > 1 else 0
+            cost += NS_REGEX * (subject + 1) * states + NS_REGEX_COMPILE * states
+        # a function or method: at most linear in its arguments, its result at most their size
+        return _Est(cost, args)
+
+    def macro(self, node: Node, env: _Env) -> _Est:
+        rng = self.estimate(node[3], env)
+        n, values = rng.of.n, None
+        make: Callable[[], _Size] = lambda: self.item(rng) or _within(rng.of)  # noqa: E731
+        if rng.value is not _NOTHING and type(rng.value) in (list, dict) and len(rng.value) <= SCAN_ELEMENTS:
+            values = rng.value if type(rng.value) is list else list(rng.value)
+        elif rng.values is not None:  # a field of an outer variable: its elements, all of them
+            flat: list[Any] = []
+            for v in rng.values:
+                if type(v) is list or type(v) is dict:
+                    flat.extend(v)
+            if len(flat) <= SCAN_ELEMENTS:
+                values = flat
+                make = lambda: _every(flat)  # noqa: E731
+        var = _Var(values, make)
+        inner = {**env, node[5]: var}
+        body_cost, result = 0, _SCALAR
         for part in node[6]:
-            cb, nb, wb, bb, _ = est(part, variables, sizes, inner)
-            body_cost += cb
-            result = (nb, wb, bb)
-        cost = cr + NS_NODE + n * (NS_ITERATION + body_cost) + int(K_ITERATE * w)
-        if node[4] == "map":  # the accumulator is copied at every step: n results, n times
-            cost += int(K_COPY * n * n * result[1])
-            return cost, n, n * result[1], n * result[2], _NOTHING
-        if node[4] == "filter":
-            cost += int(K_COPY * n * w)
-            return cost, n, w, b, _NOTHING
-        return cost, 1, NS_CONVERT_VALUE, 1, _NOTHING
-    parts = [est(child, variables, sizes, env) for child in _children(node)]
-    cost = NS_NODE + sum(p[0] for p in parts)
-    if kind == "unary":
-        return cost, 1, NS_CONVERT_VALUE, 1, _NOTHING
-    if kind == "binary":
-        op = node[3]
-        (_, na, wa, ba, _), (_, nb, wb, bb, _) = parts
-        if op in ("&&", "||"):
-            return cost, 1, NS_CONVERT_VALUE, 1, _NOTHING
-        if op == "+":  # concatenation copies both sides
-            cost += int(K_COPY * (wa + wb)) + NS_BYTE * (ba + bb)
-            return cost, na + nb, wa + wb, ba + bb, _NOTHING
-        if op == "in":  # a scan of the right side, comparing the left with each element
-            cost += int(K_COMPARE * (wa + wb)) + NS_BYTE * (ba + bb)
-        else:  # a comparison stops at the shorter side
-            cost += int(K_COMPARE * min(wa, wb)) + NS_BYTE * min(ba, bb)
-        return cost, 1, NS_CONVERT_VALUE, 1, _NOTHING
-    if kind == "cond":
-        _, (_, na, wa, ba, _), (_, nb, wb, bb, _) = parts
-        return cost, max(na, nb), max(wa, wb), max(ba, bb), _NOTHING
-    elements = sum(p[1] for p in parts)
-    weight = sum(p[2] for p in parts)
-    size = sum(p[3] for p in parts)
-    if kind in ("list", "map", "struct"):
-        return cost, len(parts), weight + NS_CONVERT_ARRAY, size + len(parts) + 1, _NOTHING
-    name = node[3] if kind == "call" else node[4]
-    cost += int(K_CALL * weight) + NS_BYTE * size
-    if name == "matches":  # subject bytes x the automaton's states, plus building it
-        pattern = parts[-1][4] if isinstance(parts[-1][4], str) else _literal(_children(node)[-1])
-        states = regex_states(pattern) if isinstance(pattern, str) else _INFINITE
-        subject = parts[0][3] if len(parts) > 1 else 0
-        cost += NS_REGEX * (subject + 1) * states + NS_REGEX_COMPILE * states
-    # a function or method: at most linear in its arguments, its result at most their size
-    return cost, elements, weight, size, _NOTHING
+            b = self.estimate(part, inner)
+            body_cost += b.cost
+            result = b.of
+        # binding each element copies it: together at most a copy of the range
+        cost = rng.cost + NS_NODE + n * (NS_ITERATION + body_cost) + rng.of.copy
+        if node[4] in ("map", "filter"):
+            kept = result if node[4] == "map" else var.bound
+            # the accumulator is copied at every step: up to n results, n times (for a filter,
+            # the elements it keeps at most all of them at each step)
+            steps = n * (n + 1) // 2
+            held = steps * kept.acc if node[4] == "map" else min(steps * kept.acc, n * rng.of.acc)
+            cost += steps * NS_ACCUMULATE + held
+            of = _Size(
+                n,
+                CP_CONTAINER + n * kept.copy,
+                2 * CP_CONTAINER + ACC_CONTAINER + n * kept.acc,
+                CV_CONTAINER + n * kept.conv,
+                2 + n * (kept.size + 1),
+            )
+            return _Est(cost, of, kept)
+        return _Est(cost, _SCALAR)

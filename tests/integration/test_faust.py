@@ -19,11 +19,11 @@ from confluent_kafka.admin import AdminClient
 
 from schemas import Codec
 from topology.admin import create_topology
+from topology.catalog import topic_names
 from topology.settings import (
     KafkaSettings,
     admin_config,
     producer_config,
-    topic_names,
     transactional_producer_config,
 )
 

@@ -88,7 +88,7 @@ def test_the_reviews_nested_exists_over_35_kb_fails_fast_instead_of_taking_secon
     [
         ("size(input.a.map(x, x)) > 0", {"a": list(range(5000))}),  # quadratic in cel-rust: ~1 s
         ("input.s.matches('((a|b){100}){100}c')", {"s": "ab" * 5000}),  # seconds of automaton
-        ("size(input) > 0", {"a": [{"": i} for i in range(30000)]}),  # converting it: ~0.2 s
+        ("input != {}", {"a": [{"": i} for i in range(30000)]}),  # converting it: ~0.2 s
         ("input.a.exists(x, x in input.a)", {"a": list(range(20000))}),
     ],
 )
@@ -115,9 +115,12 @@ def test_a_run_whose_condition_is_over_the_budget_fails_with_evaluation_naming_i
 def test_narrowing_hands_a_program_only_the_fields_it_reads() -> None:
     state = {"a": {"b": 1, "big": list(range(1000))}, "c": [1], "d": "x"}
     reads = analyze("state.a.b == 1 && has(state.d) && size(state.c) == 1").reads
-    assert narrow(state, reads["state"]) == {"a": {"b": 1}, "c": [1], "d": "x"}
+    # a value only sized is handed as as many nulls, one only tested with has() as null
+    assert narrow(state, reads["state"]) == {"a": {"b": 1}, "c": [None], "d": None}
     assert analyze("state['a'] == 1").reads == {"state": None}  # an index: the whole value
-    assert analyze("state.items.exists(state, state > 1)").reads == {"state": frozenset({("items",)})}
+    assert analyze("state.items.exists(state, state > 1)").reads == {
+        "state": frozenset({("items", "#iter"), ("items", "*")})
+    }
     # the same answers as the whole value, missing keys included
     for expr in (
         "state.a.b == 1",
