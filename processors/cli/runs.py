@@ -12,9 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from processors.cli import index as index_cli
 from processors.cli.common import (
     EXIT_FAILED,
     EXIT_REJECTED,
+    EXIT_USAGE,
     AnswerTimeoutOpt,
     BootstrapOpt,
     JsonOpt,
@@ -25,6 +27,8 @@ from processors.cli.common import (
     console,
     dumps,
     echo_json,
+    err_console,
+    fail,
     make_client,
     parse_json_arg,
     parse_pairs,
@@ -32,6 +36,7 @@ from processors.cli.common import (
 from processors.client import RunView
 from processors.client.answers import CommandAnswer
 from processors.client.progress import StepBoard
+from processors.index import settings as index_settings  # index hook
 
 runs_app = typer.Typer(no_args_is_help=True, help="Start, control and inspect workflow runs.")
 
@@ -265,13 +270,55 @@ def list_runs(
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
+    # ---- index hook (processors/index): these filters need the run index
+    label: Annotated[
+        list[str], typer.Option("--label", "-l", help="key=value (or key=); repeatable. Index only.")
+    ] = [],  # noqa: B006
+    since: Annotated[
+        str | None, typer.Option(help="Created at or after: ISO time, 15m/2h/7d ago, epoch ms. Index only.")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Created before (as --since). Index only.")] = None,
+    parent: Annotated[str | None, typer.Option(help="Only child runs of this run. Index only.")] = None,
+    failure_code: Annotated[
+        str | None, typer.Option(help="Only runs failed with this code. Index only.")
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option(help="The next page (printed by the previous one). Index only.")
+    ] = None,
 ) -> None:
-    """List runs from the compacted run-state topic, most recent first, with counts by status.
+    """List runs, most recent first, with counts by status: from the run index when RUNFOLD_INDEX_DB
+    names one (docs/index.md), else from the compacted run-state topic (a full scan).
 
     Example: `runfold runs list --status failed`
     """
+    index = index_settings.configured_index()
+    if index is not None:
+        return index_cli.list_from_index(
+            index,
+            status=[status] if status else [],
+            definition=definition,
+            labels=parse_pairs(label, "--label"),
+            since=since,
+            until=until,
+            parent=parent,
+            failure_code=failure_code,
+            limit=limit,
+            cursor=cursor,
+            as_json=as_json,
+        )
+    if label or since or until or parent or failure_code or cursor:
+        raise fail(
+            as_json,
+            f"--label/--since/--until/--parent/--failure-code/--cursor search the run index: set {index_settings.INDEX_ENV} (docs/index.md)",
+            EXIT_USAGE,
+        )
+    # ---- end of the index hook
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         views = client.runs()
+    err_console.print(  # index hook: say it scanned (after the settings and the scan succeeded)
+        f"(no run index: scanned the run-state topic; set {index_settings.INDEX_ENV} to use one)",
+        highlight=False,
+    )
     counts: dict[str, int] = {}
     for v in views:
         counts[v.status] = counts.get(v.status, 0) + 1
