@@ -14,7 +14,7 @@ Measures, never asserts (the targets in issue 26: >= 20,000 events/s; search p99
    then p50/p99 of `--queries` searches for status + label (first page of 50, and the counts by
    status), and of run-id lookups.
 
-    .venv/bin/python benchmarks/index_ingest.py [--runs 4000] [--search-runs 100000] [--json]
+    .venv/bin/python -m benchmarks.index_ingest [--runs 4000] [--search-runs 100000] [--json]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ writes, then `GET /runs/<id>` (the whole page: graph data, timeline, 500 events 
 state) and `GET /runs/<id>/fragment` (what a live update re-fetches) are timed in-process
 through the ASGI app (httpx's ASGI transport: no sockets).
 
-    .venv/bin/python benchmarks/index_ui.py [--items 160] [--requests 50]
+    .venv/bin/python -m benchmarks.index_ui [--items 160] [--requests 50]
 """
 
 from __future__ import annotations
