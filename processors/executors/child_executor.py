@@ -49,6 +49,7 @@ from processors.kafka.exits import (
 )
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
+from processors.kafka.transactions import commit_resuming
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
 from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
@@ -378,7 +379,14 @@ class ChildExecutor:
                 CALL_TIMEOUT_S + ABANDON_AFTER_S,
                 stale.check,
             )
-            self.producer.commit_transaction(CALL_TIMEOUT_S)
+            # a commit that timed out is resumed, never aborted (an abort would conflict with it)
+            commit_resuming(
+                self.producer,
+                CALL_TIMEOUT_S,
+                lambda err, attempt: log.warning(
+                    "commit_transaction failed (%s), resuming it (attempt %d)", err, attempt
+                ),
+            )
         except CallAbandoned as exc:
             self._abandon(exc)
             return

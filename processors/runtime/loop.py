@@ -34,6 +34,7 @@ from processors.kafka.exits import (  # re-exported: the exit codes callers know
     StopRequested,
 )
 from processors.kafka.fetch import first_then_buffered
+from processors.kafka.transactions import commit_resuming
 from processors.kafka.watchdog import CallAbandoned, Watchdog
 from processors.metrics_endpoint import CannotServe
 from processors.runtime import deadletter, logs
@@ -492,21 +493,17 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
     def _commit_transaction(self, producer: Producer) -> None:
         """A retriable failure (a timeout: the commit goes on in the background) must be resumed
         by calling commit_transaction again, never aborted ("Conflicting commit_transaction API
-        call"): its outcome is unknown until a call returns it. After 5 attempts the error goes
-        to `_txn_failed`, whose abort then stops the processor (a restart restores from the log)."""
-        for attempt in range(5):
-            try:
-                with self._bounded("commit_transaction", self._txn_call_s):
-                    producer.commit_transaction(self._txn_call_s)
-                return
-            except KafkaException as e:
-                err = e.args[0]
-                if not err.retriable() or err.txn_requires_abort() or err.fatal() or attempt == 4:
-                    raise
-                self.log.warning(
-                    "commit_transaction failed, resuming it",
-                    extra={"error": err.str(), "attempt": attempt + 1},
-                )
+        call"): its outcome is unknown until a call returns it (kafka/transactions.py). After 5
+        attempts the error goes to `_txn_failed`, whose abort then stops the processor (a restart
+        restores from the log)."""
+        commit_resuming(
+            producer,
+            self._txn_call_s,
+            lambda err, attempt: self.log.warning(
+                "commit_transaction failed, resuming it", extra={"error": err.str(), "attempt": attempt}
+            ),
+            lambda: self._bounded("commit_transaction", self._txn_call_s),
+        )
 
     def _txn_timed_out(self) -> bool:
         """The open transaction began longer than transaction_timeout_ms ago (this process was
