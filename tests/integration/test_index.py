@@ -27,6 +27,7 @@ from processor_support import make_settings, running
 
 import processors.demo.actions  # noqa: F401  (registers demo.flaky)
 from processors.client import RunClient
+from processors.client.errors import CommandRejected
 from processors.executors import Worker
 from processors.index import Indexer, RunFilter, SQLiteIndex
 from processors.runtime.settings import ProcessorSettings
@@ -122,7 +123,8 @@ def test_rows_match_the_runs_outcomes_and_runs_list_uses_the_index(
             break
     client.cancel(doomed, reason="not needed")
     assert client.wait(doomed, timeout=30).status == "cancelled"
-    client.signal("no-such-run", "approval", {"approved": True})  # answered by a RunRejected
+    with pytest.raises(CommandRejected):  # answered by a RunRejected, which the index keeps
+        client.signal("no-such-run", "approval", {"approved": True})
 
     db = tmp_path / "index.sqlite"
     index = SQLiteIndex(db)

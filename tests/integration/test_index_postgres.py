@@ -23,6 +23,7 @@ import pytest
 from test_index import REPO, client, settings, system  # noqa: F401  (the same fixtures)
 
 from processors.client import RunClient
+from processors.client.errors import CommandRejected
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -91,7 +92,8 @@ def test_postgres_index_survives_kill_9_and_equals_the_sqlite_one(
     runs.append(client.start("flaky-retry", {"fail_times": 1, "key": "pg"}, labels={"kind": "flaky"}))
     runs.append(client.start("failing", {}))
     client.wait_all(runs, timeout=120)
-    client.signal("nobody", "approval", {})  # a RunRejected
+    with pytest.raises(CommandRejected):  # a RunRejected, which the index keeps
+        client.signal("nobody", "approval", {})
     time.sleep(1.0)
     args = [sys.executable, "-m", "processors.cli", "index", "run", "--db", postgres]
     for _ in range(2):
