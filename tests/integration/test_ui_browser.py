@@ -77,14 +77,17 @@ def test_filter_open_signal_and_see_it_succeed_without_reload(
     driver: object = browser
     kafka = KafkaSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix)
     worker = Worker(name="browser-test", queues=["default", "agents"])
+    with RunClient(kafka, timeout_s=10) as client:
+        # registered before the processor starts, which reads every definition before it folds
+        # a command: one registered while it runs may reach it after a StartRun that names it
+        client.register(EXAMPLES / "one-step.yaml")
+        client.register(APPROVAL)
+        client.register(FAILING)
     with (
         RunClient(kafka, timeout_s=10) as client,
         running(settings),
         WorkerThread(worker, settings),
     ):
-        client.register(EXAMPLES / "one-step.yaml")
-        client.register(APPROVAL)
-        client.register(FAILING)
         done = client.start("one-step", {"text": "hi"}, labels={"team": "a"})
         other = client.start("failing", {}, labels={"team": "b"})
         waiting = client.start("approval", {"text": "draft"}, labels={"team": "a"})
