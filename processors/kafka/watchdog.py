@@ -32,6 +32,9 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 CALL_GRACE_S = 10.0
+# The watchdog's own wake-ups late by more than this: the whole process was frozen (SIGSTOP, a
+# paused VM, a host that starved it), not the loop stuck, and the time lost is not the loop's.
+FROZEN_S = 3.0
 T = TypeVar("T")
 
 
@@ -185,6 +188,7 @@ class Watchdog:
         self._reported_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ticked = clock()
 
     def beat(self) -> None:
         """The loop began an iteration."""
@@ -234,6 +238,20 @@ class Watchdog:
         frame = sys._current_frames().get(self._thread_id) if self._thread_id is not None else None
         return "".join(traceback.format_stack(frame)) if frame is not None else "(loop thread not found)"
 
+    def tick(self) -> bool:
+        """One wake-up of the watchdog thread: first forgive the time the whole process was
+        frozen (its own wake-up came that much late), then `check`."""
+        now = self._clock()
+        lost = now - self._ticked - self._interval_s
+        self._ticked = now
+        if lost > FROZEN_S:
+            self._last += lost
+            call = self._call
+            if call is not None:
+                self._call = (call[0], call[1] + lost)
+        return self.check()
+
     def _run(self) -> None:
+        self._ticked = self._clock()
         while not self._stop.wait(self._interval_s):
-            self.check()
+            self.tick()

@@ -165,3 +165,34 @@ def test_health_answers_503_while_the_loop_is_stalled_and_200_once_it_moves_on()
         assert server.answer("/health", {})[0] == 200 and dog.stalled_s() == 0.0
     finally:
         server.close()
+
+
+def test_a_frozen_process_is_not_a_stalled_loop() -> None:
+    """SIGSTOP (or a paused VM) freezes the watchdog too: when it wakes up that much late, the
+    time lost is forgiven, for the loop and for the call it was in (the 3-node chaos suite's
+    processor frozen 20 s inside send_offsets_to_transaction was reported stuck and exited 4)."""
+    clock, reports = Clock(), []
+    dog = Watchdog(30.0, lambda s, stack: reports.append(s), clock=clock, interval_s=1.0)
+    dog.beat()
+    with dog.call("send_offsets_to_transaction", 10.0):
+        clock.now += 1.0
+        assert not dog.tick()
+        clock.now += 40.0  # frozen: the watchdog's next wake-up is 39 s late
+        assert not dog.tick() and reports == []
+        clock.now += 1.0
+        assert not dog.tick()
+        clock.now += 1.0
+        for _ in range(int(10.0 + CALL_GRACE_S)):  # the call itself then overruns its deadline
+            clock.now += 1.0
+            dog.tick()
+        assert reports, "a call stuck after the freeze is still a stall"
+
+
+def test_a_loop_stuck_while_the_watchdog_runs_on_time_is_reported() -> None:
+    clock, reports = Clock(), []
+    dog = Watchdog(5.0, lambda s, stack: reports.append(s), clock=clock, interval_s=1.0)
+    dog.beat()
+    for _ in range(6):
+        clock.now += 1.0
+        dog.tick()
+    assert reports and round(reports[0], 3) == 5.0  # at the first wake-up past the limit
