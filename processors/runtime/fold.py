@@ -336,35 +336,14 @@ class Folder:
                     outputs = self._decide(overlay, counters, msg, run_id)
             else:
                 outputs = self._decide(overlay, counters, msg, run_id)
-        except Unserializable as e:
-            self._charge(
-                overlay,
-                counters,
-                topic,
-                partition,
-                offset,
-                key,
-                value,
-                msg,
-                deadletter.UNSERIALIZABLE,
-                str(e),
-            )
-            return
         except Exception as e:  # an engine defect must not stop the partition: charge the record
-            # orjson's refusals inside the engine (its own size checks) are a value, not a defect
-            cause = deadletter.UNSERIALIZABLE if _refused_value(e) else deadletter.PROCESSING_ERROR
-            self._charge(
-                overlay,
-                counters,
-                topic,
-                partition,
-                offset,
-                key,
-                value,
-                msg,
-                cause,
-                f"{type(e).__name__} while folding {msg.get('type')}: {e}",
-            )
+            if isinstance(e, Unserializable):  # a value the encoders or the serializer refuse
+                cause, error = deadletter.UNSERIALIZABLE, str(e)
+            else:
+                # orjson's refusals inside the engine (its own size checks) are a value, not a defect
+                cause = deadletter.UNSERIALIZABLE if _refused_value(e) else deadletter.PROCESSING_ERROR
+                error = f"{type(e).__name__} while folding {msg.get('type')}: {e}"
+            self._charge(overlay, counters, topic, partition, offset, key, value, msg, cause, error)
             return
         if msg["type"] == "TimerFired":
             # The timer came back as input: it is done whatever the decision (no refire).
