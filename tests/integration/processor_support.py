@@ -306,6 +306,16 @@ class Reader:
         self.consumer.close()
 
 
+def settled_value(metric: Any, expected: float, timeout: float = 10.0) -> float:
+    """The value of a prometheus counter or gauge child once it equals `expected`, or at
+    `timeout`. The processor applies a transaction's metrics after the commit returns, so a
+    read_committed reader can see the records a moment before the counters count them."""
+    deadline = time.monotonic() + timeout
+    while (value := float(metric._value.get())) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
 def terminal_of(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
     return [e for e in events if e["run_id"] == run_id and e["type"] in TERMINAL]
 

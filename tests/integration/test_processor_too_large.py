@@ -27,6 +27,7 @@ from processor_support import (
     complete_all,
     make_settings,
     running,
+    settled_value,
     setup_topology,
     terminal_of,
     workflow,
@@ -101,7 +102,7 @@ def test_input_with_too_large_output_goes_to_dead_letters_its_run_is_told_and_th
             cmd.start("after", "one")
             cmd.flush()
             events.wait_for(lambda evs: terminal_of(evs, "after"), what="the next run to finish")
-        assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 3
+        assert settled_value(pt.processor.metrics.dead_letters.labels("output_too_large"), 3) == 3
         # the poison receipts' own effects were never applied; their steps failed in their place
         base = f"http://127.0.0.1:{pt.processor.query_port}"
         for run_id in ("big-broker", "big-client"):
@@ -167,7 +168,7 @@ def test_a_fired_timer_whose_outputs_are_refused_fails_its_run_instead_of_leavin
             lambda evs: terminal_of(evs, "sleeper") and terminal_of(evs, "small"), what="both runs to finish"
         )
         dead.wait_for(lambda d: len(d) >= 1, what="the timer's dead letter")
-        assert pt.processor.metrics.dead_letters.labels("output_too_large")._value.get() == 1
+        assert settled_value(pt.processor.metrics.dead_letters.labels("output_too_large"), 1) == 1
         body = httpx.get(
             f"http://127.0.0.1:{pt.processor.query_port}/runs/sleeper", params={"view": "state"}, timeout=5
         ).json()
