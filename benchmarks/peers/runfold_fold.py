@@ -54,6 +54,8 @@ class KeyedFolder:
         offset: int,
         key: bytes | None,
         value: bytes | None,
+        timestamp_ms: int = 0,
+        headers: Any = None,
     ) -> None:
         if self._first_file is not None:
             self._first_file.write_text(repr(time.time()))
@@ -93,7 +95,8 @@ class KeyedFolder:
 class KeyedFoldProcessor(Processor):
     def __init__(self, settings: ProcessorSettings, stop: threading.Event, first_file: Path | None) -> None:
         super().__init__(settings, stop=stop)
-        self.folder = KeyedFolder(self.topics, self._produce, self._on_event_delivery, first_file)  # type: ignore[assignment]
+        self.folder = KeyedFolder(self.topics, self.txn.produce, self.txn.on_event_delivery, first_file)  # type: ignore[assignment]
+        self.txn.attach(self.folder.snapshots, self.failures, self.housekeeping.refresh_statuses)
 
 
 def main() -> None:

@@ -1,7 +1,6 @@
 """Receipts out and offsets committed: a terminal receipt settles its activation only once the
 broker has it; one refused as such is replaced by a small failure; offsets commit at the
-per-partition low watermark. A part of `WorkerRunner` (runner.py), which owns the state
-declared here."""
+per-partition low watermark. A part of the `WorkerRunner` (runner.py)."""
 
 from __future__ import annotations
 
@@ -35,24 +34,42 @@ _REFUSED = frozenset(
 
 
 class ReceiptDelivery:
-    settings: WorkerSettings
-    names: TopicNames
-    worker_id: str
-    consumer: Consumer
-    producer: Producer
-    metrics: WorkerMetrics
-    tracker: OffsetTracker
-    encode_receipt: Callable[[dict[str, Any]], bytes]
-    running: dict[str, Entry]  # dispatch_id -> started, not yet acknowledged
-    finished: OrderedDict[str, None]  # recently settled dispatch ids
-    counts: dict[str, int]
-    unacked: int  # terminal receipts produced, delivery not yet reported
-    failed: str | None  # why the worker stopped itself (exit 1)
-    stopping: bool
-    _receipt_limit: int
-    _last_commit_ms: int
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        names: TopicNames,
+        worker_id: str,
+        metrics: WorkerMetrics,
+        tracker: OffsetTracker,
+        encode_receipt: Callable[[dict[str, Any]], bytes],
+        running: dict[str, Entry],
+        counts: dict[str, int],
+        producer: Producer,
+        receipt_limit: int,
+        on_lost: Callable[[str], None],
+    ) -> None:
+        """`running`: the started activations (dispatch_id -> entry), shared with the runner;
+        `counts`: the worker's outcome counts; `on_lost(why)`: a terminal receipt could not be
+        delivered, the worker must stop (exit 1)."""
+        self._settings = settings
+        self._names = names
+        self._worker_id = worker_id
+        self._metrics = metrics
+        self._tracker = tracker
+        self._encode_receipt = encode_receipt
+        self._running = running
+        self._counts = counts
+        self._on_lost = on_lost
+        self.producer = producer  # replaced (before anything is produced) to fit the receipts topic
+        self.receipt_limit = receipt_limit  # bytes a receipt may take
+        self.finished: OrderedDict[str, None] = OrderedDict()  # recently settled dispatch ids
+        self.unacked = 0  # terminal receipts produced, delivery not yet reported
+        self._last_commit_ms = 0
 
-    def _produce(
+    def flush(self, timeout_s: float) -> int:
+        return self.producer.flush(timeout_s)
+
+    def produce(
         self,
         activation: dict[str, Any],
         receipt: dict[str, Any],
@@ -60,37 +77,37 @@ class ReceiptDelivery:
         payload: bytes | None = None,
     ) -> None:
         if payload is None:
-            payload = self.encode_receipt(receipt)
+            payload = self._encode_receipt(receipt)
         key = activation["run_id"].encode()
-        self.metrics.count_receipt(receipt["type"])
+        self._metrics.count_receipt(receipt["type"])
         while True:
             try:
-                self.producer.produce(self.names.receipts, payload, key=key, on_delivery=on_delivery)
+                self.producer.produce(self._names.receipts, payload, key=key, on_delivery=on_delivery)
                 return
             except BufferError:  # local queue full: serve delivery reports and retry
                 self.producer.poll(0.05)
 
-    def _send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
+    def send_terminal(self, entry: Entry, receipt: dict[str, Any]) -> None:
         """Produce the receipt that settles `entry`; one that cannot be encoded, or is too large
         for the broker, is replaced by a small failure saying why (`receipts.undeliverable`)."""
         payload: bytes | None = None
         try:
-            encoded = self.encode_receipt(receipt)
-            if len(encoded) > self._receipt_limit:
+            encoded = self._encode_receipt(receipt)
+            if len(encoded) > self.receipt_limit:
                 receipt = self._substitute(
                     entry,
                     receipt,
-                    f"{len(encoded)} bytes, over the {self._receipt_limit}-byte limit of a receipt",
+                    f"{len(encoded)} bytes, over the {self.receipt_limit}-byte limit of a receipt",
                 )
             else:
                 payload = encoded
         except Exception as exc:  # not encodable (e.g. a lone surrogate in a message, a usage over 64 bits)
             receipt = self._substitute(entry, receipt, f"not encodable: {exc}")
         kind = receipt["type"]
-        self.counts[
+        self._counts[
             {"ActivationCompleted": "completed", "ActivationCancelled": "cancelled"}.get(kind, "failed")
         ] += 1
-        self.metrics.count_outcome(entry.label, kind, receipt.get("code"))
+        self._metrics.count_outcome(entry.label, kind, receipt.get("code"))
         self._produce_terminal(entry, receipt, payload)
 
     def _produce_terminal(self, entry: Entry, receipt: dict[str, Any], payload: bytes | None = None) -> None:
@@ -98,7 +115,7 @@ class ReceiptDelivery:
         self.unacked += 1
         done = functools.partial(self._terminal_delivered, entry, receipt)
         try:
-            self._produce(entry.activation, receipt, done, payload)
+            self.produce(entry.activation, receipt, done, payload)
         except KafkaException as exc:  # refused at once (the broker was never asked)
             self.unacked -= 1
             self._undelivered(entry, receipt, exc.args[0])
@@ -111,8 +128,8 @@ class ReceiptDelivery:
             receipt["dispatch_id"],
             why,
         )
-        self.metrics.count("receipt_errors", "substituted")
-        return receipts.undeliverable(entry.activation, self.worker_id, receipt["type"], why)
+        self._metrics.count("receipt_errors", "substituted")
+        return receipts.undeliverable(entry.activation, self._worker_id, receipt["type"], why)
 
     def _terminal_delivered(
         self, entry: Entry, receipt: dict[str, Any], err: KafkaError | None, _msg: Message
@@ -144,45 +161,41 @@ class ReceiptDelivery:
                 err,
                 entry.delivery_attempts,
             )
-            self.metrics.count("receipt_errors", "retried")
+            self._metrics.count("receipt_errors", "retried")
             self._produce_terminal(entry, receipt)
             return
-        self.metrics.count("receipt_errors", "lost")
-        self.running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
-        self.failed = (
-            self.failed
-            or f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}"
-        )
-        self.stopping = True
+        self._metrics.count("receipt_errors", "lost")
+        self._running.pop(entry.activation["dispatch_id"], None)  # its offset stays uncommitted
+        self._on_lost(f"receipt {receipt['type']} for {receipt['dispatch_id']} not delivered: {err.str()}")
 
     def _settle(self, entry: Entry) -> None:
         dispatch = entry.activation["dispatch_id"]
-        self.running.pop(dispatch, None)
+        self._running.pop(dispatch, None)
         self.finished[dispatch] = None
         if len(self.finished) > RECENT_FINISHED:
             self.finished.popitem(last=False)
         for offset in entry.offsets:
-            self.tracker.done(entry.tp, offset)
+            self._tracker.done(entry.tp, offset)
         for tp, offset in entry.extra:
-            self.tracker.done(tp, offset)
+            self._tracker.done(tp, offset)
 
-    def _commit(self, force: bool, synchronous: bool = False) -> None:
+    def commit(self, consumer: Consumer, force: bool, synchronous: bool = False) -> None:
         now = now_ms()
-        if not force and now - self._last_commit_ms < self.settings.commit_interval_ms:
+        if not force and now - self._last_commit_ms < self._settings.commit_interval_ms:
             return
         self._last_commit_ms = now
-        commits = self.tracker.take_commits()
+        commits = self._tracker.take_commits()
         if not commits:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
         try:
             if synchronous:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
+                consumer.commit(offsets=offsets, asynchronous=False)
             else:
-                self.consumer.commit(offsets=offsets, asynchronous=True)
+                consumer.commit(offsets=offsets, asynchronous=True)
         except Exception as exc:  # e.g. a rebalance in progress: the next owner re-runs, leases cover it
             log.warning("offset commit failed: %s", exc)
-            self.metrics.count("offset_commits", "failed")
+            self._metrics.count("offset_commits", "failed")
             return
-        self.metrics.count("offset_commits", "requested")
-        self.metrics.count("offsets_committed", n=len(offsets))
+        self._metrics.count("offset_commits", "requested")
+        self._metrics.count("offsets_committed", n=len(offsets))

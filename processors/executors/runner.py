@@ -84,9 +84,9 @@ class ServedWorker(Protocol):
     def action_names(self) -> list[str]: ...
 
 
-class WorkerRunner(WorkerGroup, ReceiptDelivery):
-    """One worker. Its parts: the consumer in its group (worker_group.py), receipts out and
-    offsets committed (receipt_delivery.py); admission, handlers, leases and drain are here."""
+class WorkerRunner:
+    """One worker, composed of its parts: the consumer in its group (worker_group.py), receipts
+    out and offsets committed (receipt_delivery.py); admission, handlers, leases and drain are here."""
 
     def __init__(
         self, worker: ServedWorker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
@@ -112,34 +112,54 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
         self.running: dict[str, Entry] = {}  # dispatch_id -> started, not yet acknowledged
         self.executing = 0  # handlers running now (<= concurrency)
-        self.unacked = 0  # terminal receipts produced, delivery not yet reported
         self.backlog: OrderedDict[str, Entry] = OrderedDict()  # dispatch_id -> waiting for a slot
-        self.finished: OrderedDict[str, None] = OrderedDict()  # recently settled dispatch ids
         self.tracker = OffsetTracker()
-        self.paused = False
-        self._full_since: float | None = None
         self.stopping = False
         self.counts = {"activations": 0, "completed": 0, "failed": 0, "cancelled": 0, "dead_letters": 0}
-        self._last_commit_ms = 0
         self._last_tick = 0.0
         self._tick_records = 0  # activations read since the last tick
         self._light_load = True  # fewer than LIGHT_LOAD_PER_S activations/s in the last tick window
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._consumer_failed: str | None = None  # why the consumer must be replaced (handled in the loop)
-        self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
-        self._replaced_at = -1e9
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None  # bound /metrics port once serving
         self._labels: dict[str, str] = {}  # action or agent name -> metric label
         self._queue_of = dict(zip(self.topics, self.settings.queues, strict=True))
-        self.consumer = self._new_consumer()
         config = producer_config(self.kafka, client_id=self.worker_id)
         config["logger"] = kafka_log()  # librdkafka's lines through logging, repeats collapsed
-        self.producer = Producer(config)
         self._stop_event = threading.Event()  # set with `stopping`: ends the wait for the cluster
         self._batch_bytes = int(config["batch.size"])
-        self._receipt_limit = int(config.get("message.max.bytes", 1_000_000)) - _RECEIPT_MARGIN
         self.failed: str | None = None  # why the worker stopped itself (exit 1)
+        self.delivery = ReceiptDelivery(
+            self.settings,
+            self.names,
+            self.worker_id,
+            self.metrics,
+            self.tracker,
+            self.encode_receipt,
+            self.running,
+            self.counts,
+            Producer(config),
+            int(config.get("message.max.bytes", 1_000_000)) - _RECEIPT_MARGIN,
+            self._receipt_lost,
+        )
+        self.group = WorkerGroup(
+            self.kafka,
+            self.group_id,
+            self.worker_id,
+            self.topics,
+            self.metrics,
+            self.tracker,
+            self.backlog,
+            self.delivery,
+            self.admission,
+            self._load,
+        )
+
+    def _receipt_lost(self, why: str) -> None:
+        """A terminal receipt the broker does not have and will not get: stop (exit 1), leaving
+        its activation uncommitted for whoever reads it next."""
+        self.failed = self.failed or why
+        self.stopping = True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,7 +182,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             try:
                 await asyncio.to_thread(
                     await_cluster,
-                    self.producer,
+                    self.delivery.producer,
                     self.kafka.bootstrap_servers,
                     self.settings.connect_timeout_ms / 1000,
                     self._stop_event,
@@ -177,9 +197,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             if self.stopping:  # asked to stop while the cluster was not answering yet
                 return 0
             connect_first(
-                self.producer, self.names.receipts
+                self.delivery.producer, self.names.receipts
             )  # the first receipt does not wait for a producer id
-            self._subscribe()
+            self.group.subscribe()
             log.info(
                 "worker %s serving %s (group %s, actions %s, metrics port %s)",
                 self.worker_id,
@@ -190,19 +210,19 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             )
             while not self.stopping:
                 busy = self._poll()
-                self._check_consumer()
+                self.group.check()
                 busy |= self._start_backlog()
                 self._tick()
-                self.producer.poll(0)
-                self._commit(force=False)
-                self._backpressure()
+                self.delivery.producer.poll(0)
+                self.delivery.commit(self.group.consumer, force=False)
+                self.group.backpressure()
                 idle = 0 if busy else min(idle + 1, 2)
-                if not busy and self._light_load and len(self.producer):
+                if not busy and self._light_load and len(self.delivery.producer):
                     # Receipts wait up to linger.ms for company (batches under load). At light load
                     # with nothing else to do, send them now: flush ignores the linger while it waits
                     # (<= 1 ms, less once delivered). Was: +5 ms on every receipt at low load. Not
                     # under heavy load: the wait stalls the loop (-10-20 % activations/s).
-                    self.producer.flush(FLUSH_WHEN_IDLE_S)
+                    self.delivery.producer.flush(FLUSH_WHEN_IDLE_S)
                     await asyncio.sleep(0)
                 elif busy or not self.running:
                     await asyncio.sleep(0)  # idle: the next _poll blocks in the consumer
@@ -245,17 +265,17 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         if errors:
             raise errors[0]
         limit = box[0]
-        if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self._receipt_limit):
+        if limit is None or limit - _RECEIPT_MARGIN >= min(self._batch_bytes, self.delivery.receipt_limit):
             return
         fitted = limit - _RECEIPT_MARGIN
-        self.producer = Producer(
+        self.delivery.producer = Producer(
             {
                 **producer_config(self.kafka, client_id=self.worker_id, batch_size=fitted),
                 "logger": kafka_log(),
             }
         )
         self._batch_bytes = fitted
-        self._receipt_limit = min(self._receipt_limit, fitted)
+        self.delivery.receipt_limit = min(self.delivery.receipt_limit, fitted)
         log.info(
             "receipts topic %s takes batches of at most %d bytes: receipts limited to %d bytes",
             self.names.receipts,
@@ -274,8 +294,8 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         deadline = time.monotonic() + self.settings.drain_timeout_ms / 1000
         while self.running and time.monotonic() < deadline:
             self._tick()
-            self.producer.poll(0)
-            self._commit(force=False)
+            self.delivery.producer.poll(0)
+            self.delivery.commit(self.group.consumer, force=False)
             await asyncio.sleep(0.01)
         if self.running:
             log.warning(
@@ -288,10 +308,10 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             deadline = time.monotonic() + (self.settings.cancel_grace_ms + 2000) / 1000
             while self.running and time.monotonic() < deadline:
                 self._tick()
-                self.producer.poll(0)
+                self.delivery.producer.poll(0)
                 await asyncio.sleep(0.01)
-        self.producer.flush(10)
-        self._commit(force=True, synchronous=True)
+        self.delivery.producer.flush(10)
+        self.delivery.commit(self.group.consumer, force=True, synchronous=True)
         self._flush_metrics()
 
     async def _close(self) -> None:
@@ -304,9 +324,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         closer = getattr(getattr(http, "fn", None), "__self__", None) if http else None
         if closer is not None and hasattr(closer, "aclose"):
             await closer.aclose()
-        self.producer.flush(10)
+        self.delivery.producer.flush(10)
         with contextlib.suppress(Exception):
-            self.consumer.close()
+            self.group.consumer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
 
@@ -317,16 +337,16 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
 
     def _poll(self) -> bool:
         room = self.admission - self._load()
-        if self.stopping or (room <= 0 and not self.paused):
+        if self.stopping or (room <= 0 and not self.group.paused):
             return False  # records wait in the client's fetch queue until there is room
         # While paused, a 1-record poll still serves rebalance callbacks and the poll interval.
         n = max(1, min(self.settings.poll_batch, room))
-        if self.running or self.backlog or len(self.producer) or self.paused:
-            msgs = self.consumer.consume(num_messages=n, timeout=0)
+        if self.running or self.backlog or len(self.delivery.producer) or self.group.paused:
+            msgs = self.group.consumer.consume(num_messages=n, timeout=0)
         else:
             # Nothing running or to send: block (briefly, the event loop waits meanwhile) until an
             # activation arrives. Was: non-blocking polls 1-4 ms apart, +2 ms on average per activation.
-            msgs = first_then_buffered(self.consumer, n, IDLE_POLL_S)
+            msgs = first_then_buffered(self.group.consumer, n, IDLE_POLL_S)
         for msg in msgs:
             self._on_record(msg)
         return bool(msgs)
@@ -335,9 +355,9 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         err = msg.error()
         if err is not None:
             if err.fatal() or err.code() == KafkaError._FATAL:
-                self._consumer_failed = f"fatal consumer error: {err.str()}"  # it fetches no more
+                self.group.consumer_failed = f"fatal consumer error: {err.str()}"  # it fetches no more
             elif msg.topic() is None and "committed offsets" in err.str():
-                self._consumer_failed = err.str()  # partitions left without a position (librdkafka#5586)
+                self.group.consumer_failed = err.str()  # partitions left without a position (librdkafka#5586)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
             return
@@ -360,7 +380,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         if existing is not None:  # redelivered while still running: settle both together
             existing.extra.append((tp, offset))
             self.metrics.count("redeliveries", "in_progress")
-        elif dispatch in self.finished:  # settled before a crash/rebalance lost the commit
+        elif dispatch in self.delivery.finished:  # settled before a crash/rebalance lost the commit
             self.tracker.done(tp, offset)
             self.metrics.count("redeliveries", "settled")
         else:
@@ -389,7 +409,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         waiting = self.backlog.pop(dispatch, None)
         if waiting is not None:
             self.running[dispatch] = waiting  # holds a slot until its receipt is acknowledged
-            self._send_terminal(
+            self.delivery.send_terminal(
                 waiting, receipts.cancelled(waiting.activation, self.worker_id, f"before start: {reason}")
             )
             return
@@ -413,11 +433,11 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             "original": original,
             "producer": self.worker_id,
         }
-        if len(original) > self._receipt_limit // 2:  # the dead letter itself must fit the broker
+        if len(original) > self.delivery.receipt_limit // 2:  # the dead letter itself must fit the broker
             body["error"] = f"{body['error']} (original of {len(original)} bytes not kept)"[:2000]
             body["original"] = b""
         done = functools.partial(self._dead_letter_delivered, tp, offset)
-        self.producer.produce(
+        self.delivery.producer.produce(
             self.names.dead_letters, self.codec.encode("dead_letters", body), key=msg.key(), on_delivery=done
         )
 
@@ -458,7 +478,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         action: Action | None = None
         if act.get("kind") == "agent":
             if not act.get("agent"):
-                self._send_terminal(
+                self.delivery.send_terminal(
                     entry,
                     receipts.failed(
                         act, self.worker_id, "InvalidInput", "agent activation without an agent spec", False
@@ -468,7 +488,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         else:
             action = self.worker.lookup(act.get("action") or "")
             if action is None:
-                self._send_terminal(
+                self.delivery.send_terminal(
                     entry,
                     receipts.failed(
                         act,
@@ -482,14 +502,14 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
             entry.is_async = action.is_async
         deadline = act.get("deadline_ms")
         if deadline is not None and now_ms() >= deadline:
-            self._send_terminal(
+            self.delivery.send_terminal(
                 entry,
                 receipts.failed(
                     act, self.worker_id, "Timeout", "activation deadline passed before start", True
                 ),
             )
             return
-        self._produce(act, receipts.accepted(act, self.worker_id))
+        self.delivery.produce(act, receipts.accepted(act, self.worker_id))
         entry.next_heartbeat_ms = now_ms() + int(act.get("heartbeat_ms") or 5000)
         assert self._loop is not None
         self.executing += 1
@@ -521,7 +541,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1
-        self._send_terminal(entry, receipt)
+        self.delivery.send_terminal(entry, receipt)
 
     def _signal(self, entry: Entry, reason: str, kind: str) -> None:
         if entry.ctx is None or entry.ctx.is_cancelled:
@@ -543,7 +563,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
 
     def _heartbeat(self, entry: Entry, now: int) -> None:
         entry.heartbeat_seq += 1
-        self._produce(
+        self.delivery.produce(
             entry.activation, receipts.heartbeat(entry.activation, self.worker_id, entry.heartbeat_seq)
         )
         entry.next_heartbeat_ms = now + int(entry.activation.get("heartbeat_ms") or 5000)
@@ -577,7 +597,7 @@ class WorkerRunner(WorkerGroup, ReceiptDelivery):
                 self._heartbeat(entry, now)
 
     def _flush_metrics(self) -> None:
-        self.metrics.flush(self.executing, len(self.backlog), self.paused)
+        self.metrics.flush(self.executing, len(self.backlog), self.group.paused)
 
 
 def run_worker(

@@ -37,6 +37,20 @@ class ProcessorStopped(Exception):
         self.code = code
 
 
+class Stopping:
+    """A service's stop request, and the error that ends it when it cannot go on, shared by its
+    parts. A part that finds out inside a librdkafka callback (a rebalance, an error callback),
+    where an exception would be lost, records it here; the loop raises it at its next step."""
+
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self.event = event or threading.Event()
+        self.fatal: ProcessorStopped | None = None
+
+    def fail(self, e: ProcessorStopped) -> None:
+        self.fatal = e
+        self.event.set()
+
+
 class StopRequested(Exception):
     """SIGTERM/SIGINT arrived while start-up still waited for the cluster: a clean stop."""
 

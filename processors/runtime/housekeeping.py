@@ -1,18 +1,17 @@
 """Between transactions: purge finished runs past their retention, report consumer lag and
-runs by status. A part of `Processor` (loop.py), which owns the state declared here."""
+runs by status."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from processors.runtime.assignment import Partitions
+from processors.runtime.membership import GroupMembership
 from processors.runtime.metrics import ProcessorMetrics
-from processors.runtime.overlay import PartitionOverlay
-from processors.runtime.store import PartitionStore
-from processors.runtime.txn import ProduceFailed, Txn, now_ms
+from processors.runtime.store import PURGE_PAGE, PartitionStore
+from processors.runtime.txn import Failures, ProduceFailed, Transaction, now_ms
 from topology.catalog import TopicNames
 
 _LAG_EVERY_S = 5.0
@@ -21,30 +20,36 @@ _Due = list[tuple[PartitionStore, list[tuple[bytes, str, str | None]]]]  # parti
 
 
 class Housekeeping:
-    topics: TopicNames
-    txn: Txn
-    partitions: Partitions | None
-    metrics: ProcessorMetrics
-    purge_page: int  # finished runs purged per partition and transaction
-    _consumer: Consumer | None
-    _next_lag: float
-    _next_purge: float
-    _purge_more: bool  # the last purge pass left due runs behind (a full page)
-    _purge_turn: int  # where the next purge pass starts (an index into the ready partitions)
+    def __init__(
+        self,
+        topics: TopicNames,
+        txn: Transaction,
+        failures: Failures,
+        membership: GroupMembership,
+        metrics: ProcessorMetrics,
+        purge_page: int = PURGE_PAGE,
+    ) -> None:
+        self._topics = topics
+        self._txn = txn
+        self._failures = failures
+        self._membership = membership
+        self._metrics = metrics
+        self.purge_page = purge_page  # finished runs purged per partition and transaction
+        self.next_lag = 0.0  # monotonic time of the next lag report
+        self.next_purge = 0.0  # monotonic time of the next purge pass
+        self.purge_more = False  # the last purge pass left due runs behind (a full page)
+        self._purge_turn = 0  # where the next purge pass starts (an index into the ready partitions)
 
-    if TYPE_CHECKING:
+    @property
+    def _partitions(self) -> Partitions:
+        partitions = self._membership.partitions
+        assert partitions is not None
+        return partitions
 
-        def _begin(self) -> None: ...
-        def _commit(self) -> None: ...
-        def _overlay(self, partition: int, store: Any) -> PartitionOverlay: ...
-        def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None: ...
-        def _produce_failed(self, err: KafkaError, stage: str) -> None: ...
+    def refresh_statuses(self) -> None:
+        self._metrics.set_run_statuses([s.stats for s in self._partitions.ready()])
 
-    def _refresh_statuses(self) -> None:
-        assert self.partitions is not None
-        self.metrics.set_run_statuses([s.stats for s in self.partitions.ready()])
-
-    def _purge_finished(self, folded: int = 0) -> None:
+    def purge_finished(self, folded: int = 0) -> None:
         """Finished runs past `finished_retention_ms` leave the local store and the run-state
         table: a transaction of their run-state tombstones, whose commit applies the store
         deletions (overlay). Only between transactions, so no overlay holds a purged run; an
@@ -59,26 +64,27 @@ class Housekeeping:
         taken an input, even under saturation. While a pass fills its share the next pass
         comes at the next iteration, so a backlog (a burst of runs finishing together, a long
         stop) drains at the loop's pace rather than once a second."""
-        assert self.partitions is not None
-        self._next_purge = time.monotonic() + _PURGE_EVERY_S
-        stores = self.partitions.ready()
+        self.next_purge = time.monotonic() + _PURGE_EVERY_S
+        stores = self._partitions.ready()
         budget = max(1, self.purge_page // 10) + folded if folded else self.purge_page * len(stores)
-        due, self._purge_more = self._due_in_turn(stores, now_ms(), budget)
+        due, self.purge_more = self._due_in_turn(stores, now_ms(), budget)
         if not due:
             return
-        self._begin()
+        self._txn.begin()
         try:
             for store, runs in due:
-                ov = self._overlay(store.partition, store)
+                ov = self._txn.overlay(store.partition, store)
                 for xkey, run_id, status in runs:
                     if status is not None:  # else a stale entry: only it goes
-                        self._produce(self.topics.run_state, None, run_id.encode(), partition=store.partition)
-                        self.txn.counters.purged += 1
+                        self._txn.produce(
+                            self._topics.run_state, None, run_id.encode(), partition=store.partition
+                        )
+                        self._txn.counters.purged += 1
                     ov.purge(xkey, run_id, status)
         except ProduceFailed as e:  # the next pass takes them again
-            self._produce_failed(e.err, "purge")
+            self._failures.produce_failed(e.err, "purge")
             return
-        self._commit()
+        self._txn.commit()
 
     def _due_in_turn(self, stores: list[PartitionStore], now: int, budget: int) -> tuple[_Due, bool]:
         """Up to `budget` due runs, at most a page from each partition, starting after the
@@ -98,14 +104,14 @@ class Housekeeping:
                     break
         return due, full
 
-    def _report_lag(self) -> None:
-        self._next_lag = time.monotonic() + _LAG_EVERY_S
-        consumer = self._consumer
-        assert consumer is not None and self.partitions is not None
+    def report_lag(self) -> None:
+        self.next_lag = time.monotonic() + _LAG_EVERY_S
+        consumer = self._membership.consumer
+        assert consumer is not None
         tps = [
             TopicPartition(t, p)
-            for p in self.partitions.owned()
-            for t in (self.topics.commands, self.topics.receipts)
+            for p in self._partitions.owned()
+            for t in (self._topics.commands, self._topics.receipts)
         ]
         if not tps:
             return
@@ -113,7 +119,7 @@ class Housekeeping:
             for tp in consumer.position(tps):
                 _low, high = consumer.get_watermark_offsets(tp, cached=True)
                 if tp.offset >= 0 and high >= 0:
-                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
+                    self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
                         max(0, high - tp.offset)
                     )
         except KafkaException:

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from processors.engine import Catalog, Ceilings, EngineContext
 from processors.kafka.exits import (  # re-exported: the exit codes callers know the loop by
@@ -31,11 +31,11 @@ from processors.kafka.exits import (  # re-exported: the exit codes callers know
     EXIT_STALLED,
     FENCED_CODES,
     ProcessorStopped,
+    Stopping,
     StopRequested,
 )
 from processors.kafka.fetch import first_then_buffered
-from processors.kafka.transactions import commit_resuming
-from processors.kafka.watchdog import CallAbandoned, Watchdog
+from processors.kafka.watchdog import Watchdog
 from processors.metrics_endpoint import CannotServe
 from processors.runtime import deadletter, logs
 from processors.runtime.assignment import Partitions
@@ -44,23 +44,22 @@ from processors.runtime.fold import Folder
 from processors.runtime.housekeeping import Housekeeping
 from processors.runtime.membership import GroupMembership
 from processors.runtime.metrics import ProcessorMetrics
-from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.preflight import check_state_dir, check_topology
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.query import QueryServer
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.store import PURGE_PAGE
 from processors.runtime.timers import TimerFirer
-from processors.runtime.txn import ProduceFailed, RecordTooLarge, Txn, now_ms
+from processors.runtime.txn import ProduceFailed, RecordTooLarge, Transaction, now_ms
 from processors.runtime.txn_failures import TxnFailures
 from processors.service_logs import repeat_key
 from schemas import Codec
 
 
-class Processor(GroupMembership, TxnFailures, Housekeeping):
-    """One processor instance. Its parts: the group membership (membership.py), what happens
-    when a transaction fails (txn_failures.py), purging and lag between transactions
-    (housekeeping.py); the loop itself, start-up and shutdown are here."""
+class Processor:
+    """One processor instance, composed of its parts: the open transaction and its commit
+    protocol (txn.py), what is done when one fails (txn_failures.py), the input consumer's
+    group membership and the partitions it owns (membership.py), purging and lag between
+    transactions (housekeeping.py). The loop itself, start-up and shutdown are here."""
 
     def __init__(
         self,
@@ -73,7 +72,8 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         """`exit_on_stall`: a loop stuck for `stall_timeout_ms` ends the process (the CLI's
         choice: its supervisor restarts it); otherwise the stall is only logged."""
         self.settings = settings
-        self.stop_event = stop or threading.Event()
+        self.stopping = Stopping(stop)
+        self.stop_event = self.stopping.event
         self.log = logs.get_logger()
         self.metrics = ProcessorMetrics()
         self.codec = codec or Codec.default()
@@ -84,59 +84,46 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             ceilings=ceilings or Ceilings(),
             queues=frozenset(settings.activation_queues),
         )
-        self.txn = Txn()
-        self._fatal: ProcessorStopped | None = None
-        self._aborts_in_a_row = 0
         self._client_errors = logs.RepeatThrottle()  # non-fatal client errors, logged once per 10 s
-        self._session_lost_at = -1e9  # monotonic time of the last on_lost (session timed out)
-        self._stale_refusals = 0  # offsets refused FENCED_INSTANCE_ID since the last commit
-        self._rejoin_stale = False  # the consumer is replaced for a stale membership, not another instance
-        self._consumer_failed: KafkaError | None = None  # fatal input-consumer error, handled next iteration
-        self._consumer_replaced_at = -1e9
-        self._unassigned_since: float | None = None  # subscribed or lost/revoked, no on_assign since
-        # A failure that names no input (an output too large for the broker, the commit's own
-        # work raising): the transaction's input is replayed one record per transaction
-        # (`_isolate_left` records) until the input that caused it is alone in a failing one;
-        # that input is then parked in `_poison` (coordinates -> (reason, level: see
-        # Folder.park; raised each time the parked input is refused again, dead-letter reason))
-        # and dead-lettered instead of folded when it comes back.
-        self._isolate_left = 0
-        self._poison: dict[tuple[str, int, int], tuple[str, int, str]] = {}
         self.producers = TxnProducers(settings, self.metrics, self.log, self._bounded, self._on_client_error)
-        self._consumer: Consumer | None = None
-        self.partitions: Partitions | None = None
+        self.txn = Transaction(
+            settings, self.producers, self.metrics, self.log, self._bounded, self.stop_event
+        )
+        self.folder = Folder(
+            self.ctx,
+            self.codec,
+            self.topics,
+            self.txn.produce,
+            self.txn.on_event_delivery,
+            now_ms,
+            settings.finished_retention_ms,
+        )
+        self.timers = TimerFirer(
+            self.codec, self.topics.receipts, self.txn.produce, self.metrics, settings.timers_per_transaction
+        )
+        self.membership = GroupMembership(settings, self.txn, self.stopping, self.log, self._on_client_error)
+        self.failures = TxnFailures(
+            settings, self.txn, self.producers, self.membership, self.log, self._bounded
+        )
+        self.housekeeping = Housekeeping(self.topics, self.txn, self.failures, self.membership, self.metrics)
+        self.txn.attach(self.folder.snapshots, self.failures, self.housekeeping.refresh_statuses)
         self._definitions: DefinitionsReader | None = None
         self._query: Any = None
         self.partition_count = 0
         self.metrics_port: int | None = None
         self.query_port: int | None = None
         self.ready = threading.Event()  # set once definitions are loaded and the group joined
-        self._next_lag = 0.0
-        self._next_purge = 0.0
-        self._purge_more = False  # the last purge pass left due runs behind (a full page)
-        self._purge_turn = 0  # where the next purge pass starts (an index into the ready partitions)
-        self.purge_page = PURGE_PAGE  # finished runs purged per partition and transaction
-        self.folder = Folder(
-            self.ctx,
-            self.codec,
-            self.topics,
-            self._produce,
-            self._on_event_delivery,
-            now_ms,
-            settings.finished_retention_ms,
-        )
-        self.timers = TimerFirer(
-            self.codec, self.topics.receipts, self._produce, self.metrics, settings.timers_per_transaction
-        )
         self._exit_on_stall = exit_on_stall
-        # Offsets and commit get no longer than the transaction itself: the coordinator aborts
-        # a transaction older than transaction_timeout_ms, so waiting longer gains nothing.
-        self._txn_call_s = min(KAFKA_TIMEOUT_S, settings.transaction_timeout_ms / 1000.0)
         self.watchdog = (
             Watchdog(settings.stall_timeout_ms / 1000.0, self._on_stall)
             if settings.stall_timeout_ms
             else None
         )
+
+    @property
+    def partitions(self) -> Partitions | None:
+        """The stores of the partitions this instance owns (None before start-up)."""
+        return self.membership.partitions
 
     # ---- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -150,20 +137,20 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 if self.watchdog is not None:
                     self.watchdog.beat()
                 self._iterate()
-                if self._fatal is not None:
-                    raise self._fatal
-            if self._fatal is not None:
-                raise self._fatal
+                if self.stopping.fatal is not None:
+                    raise self.stopping.fatal
+            if self.stopping.fatal is not None:
+                raise self.stopping.fatal
             if self.txn.open:
-                self._commit()
+                self.txn.commit()
         except StopRequested:
             self.log.info("stop requested during start-up")
         except ProcessorStopped as e:
-            self._fatal = e
+            self.stopping.fatal = e
             code = e.code
             self.log.error("processor stopped", extra={"reason": str(e), "exit_code": code})
         except Exception as e:
-            self._fatal = ProcessorStopped(EXIT_FATAL, f"{type(e).__name__}: {e}")
+            self.stopping.fatal = ProcessorStopped(EXIT_FATAL, f"{type(e).__name__}: {e}")
             code = EXIT_FATAL
             self.log.exception("processor crashed", extra={"exit_code": code})
         finally:
@@ -194,13 +181,11 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 self.query_port = self._query.port
         except CannotServe as e:  # a port in use: say which, not a traceback
             raise ProcessorStopped(EXIT_FATAL, str(e)) from e
-        self._consumer = self._new_consumer()
-        partitions = self.partition_count = check_topology(
-            self._consumer, s, KAFKA_TIMEOUT_S, self.stop_event
-        )
+        consumer = self.membership.connect()
+        partitions = self.partition_count = check_topology(consumer, s, KAFKA_TIMEOUT_S, self.stop_event)
         self.folder.set_partitions(partitions)
         self.producers.start(self.stop_event)
-        self.partitions = Partitions(s, self.folder, self.metrics, self.log)
+        self.membership.partitions = Partitions(s, self.folder, self.metrics, self.log)
         self._definitions = DefinitionsReader(
             s.side_consumer_config("definitions"),
             self.topics.definitions,
@@ -210,7 +195,7 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             self.log,
         )
         n = self._definitions.catch_up(KAFKA_TIMEOUT_S, self.stop_event)
-        self._subscribe()
+        self.membership.subscribe()
         self.log.info(
             "processor started",
             extra={
@@ -224,15 +209,15 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         self.ready.set()
 
     def _shutdown(self) -> None:
-        if self._consumer is not None:
+        if self.membership.consumer is not None:
             try:
-                self._consumer.close()  # runs on_revoke: commits or drops what is open, closes stores
+                self.membership.consumer.close()  # runs on_revoke: commits or drops what is open, closes stores
             except Exception as e:
                 self.log.warning("consumer close failed", extra={"error": str(e)})
         if self.partitions is not None:
             self.partitions.close_all()
             self.partitions.close_readers()
-        if self._fatal is None:
+        if self.stopping.fatal is None:
             self.producers.flush(5)
         if self._definitions is not None:
             self._definitions.close()
@@ -240,38 +225,39 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             self._query.close()
         self.metrics.close()
         self.log.info(
-            "processor stopped cleanly" if self._fatal is None else "processor shut down",
+            "processor stopped cleanly" if self.stopping.fatal is None else "processor shut down",
             extra={"transactional_id": self.settings.transactional_id},
         )
 
     # ---- one iteration ---------------------------------------------------------------------
     def _iterate(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None and self._definitions is not None and self.partitions is not None
-        if self._consumer_failed is not None:
-            self._replace_consumer(self._consumer_failed)
+        membership = self.membership
+        consumer, partitions = membership.consumer, membership.partitions
+        assert consumer is not None and self._definitions is not None and partitions is not None
+        if membership.consumer_failed is not None:
+            membership.replace_consumer(membership.consumer_failed)
             return
         self._definitions.poll()
-        if self.partitions.restoring:
-            self.partitions.restore_step(consumer, 0.0 if self.txn.open else 0.01)
+        if partitions.restoring:
+            partitions.restore_step(consumer, 0.0 if self.txn.open else 0.01)
         txn = self.txn
-        batch = 1 if self._isolate_left > 0 else self.settings.batch_size
+        batch = 1 if self.failures.isolate_left > 0 else self.settings.batch_size
         if txn.open:
             msgs = consumer.consume(batch - txn.records, 0) if txn.records < batch else []
         else:
             msgs = first_then_buffered(consumer, batch, self._idle_timeout())
-        if self._fatal is not None:  # a rebalance callback inside poll/consume failed: stop now
+        if self.stopping.fatal is not None:  # a rebalance callback inside poll/consume failed: stop now
             return
         if msgs:
             self._fold(msgs)
         now = now_ms()
-        for store in self.partitions.ready():
+        for store in partitions.ready():
             if TimerFirer.any_due(store, now):
-                self._begin()
+                txn.begin()
                 try:
-                    self.timers.fire_due(store, self._overlay(store.partition, store), now)
+                    self.timers.fire_due(store, txn.overlay(store.partition, store), now)
                 except (RecordTooLarge, ProduceFailed) as e:  # _STATE: an earlier delivery failed
-                    self._produce_failed(
+                    self.failures.produce_failed(
                         e.err
                         if isinstance(e, ProduceFailed)
                         else KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, str(e)),
@@ -281,17 +267,18 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
         # the inputs of the transaction this iteration may commit (or of one a failed fold aborted)
         folded = max(txn.records if txn.open else 0, len(msgs))
         if txn.open and (not msgs or txn.records >= batch or time.monotonic() >= txn.deadline):
-            self._commit()
+            txn.commit()
+        chores = self.housekeeping
         if (
             not txn.open
             and self.settings.finished_retention_ms > 0
-            and (self._purge_more or time.monotonic() >= self._next_purge)
+            and (chores.purge_more or time.monotonic() >= chores.next_purge)
         ):
-            self._purge_finished(folded)
-        if time.monotonic() >= self._next_lag:
-            self._report_lag()
-            self._refresh_statuses()
-            self._check_membership()
+            chores.purge_finished(folded)
+        if time.monotonic() >= chores.next_lag:
+            chores.report_lag()
+            chores.refresh_statuses()
+            membership.check()
             self.producers.poll_idle()
 
     def _idle_timeout(self) -> float:
@@ -305,35 +292,30 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                 timeout = min(timeout, max(0.0, (store.next_due_ms - now) / 1000.0))
         return timeout
 
-    def _overlay(self, partition: int, store: Any) -> PartitionOverlay:
-        ov = self.txn.overlays.get(partition)
-        if ov is None:
-            ov = self.txn.overlays[partition] = PartitionOverlay(store)
-        return ov
-
     def _fold(self, msgs: list[Any]) -> None:
-        assert self.partitions is not None
-        self._begin()
+        partitions = self.partitions
+        assert partitions is not None
         txn = self.txn
+        txn.begin()
         overlays = txn.overlays
         fold = self.folder.fold_input
         counters = txn.counters
         not_ready: dict[tuple[str, int], int] = {}
-        poison = self._poison
+        poison = self.failures.poison
         for i, m in enumerate(msgs):
             if m.error() is not None:
-                self._on_consume_error(m)
+                self.membership.on_consume_error(m)
                 continue
             topic = m.topic()
             p = m.partition()
             ov = overlays.get(p)
             tp = (topic, p)
             if ov is None:
-                store = self.partitions.ready_store(p)
+                store = partitions.ready_store(p)
                 if store is None:  # fetched before it was paused: give it back untouched
                     not_ready.setdefault(tp, m.offset())
                     continue
-                ov = overlays[p] = PartitionOverlay(store)
+                ov = txn.overlay(p, store)
             off = m.offset()
             if tp not in txn.start:
                 txn.start[tp] = off
@@ -351,14 +333,14 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
                     if rest.error() is None:
                         txn.start.setdefault((rest.topic(), rest.partition()), rest.offset())
                 if isinstance(e, RecordTooLarge):  # the first reason stays: the dead letter's
-                    self._poison[(topic, p, off)] = (
+                    poison[(topic, p, off)] = (
                         (parked[0], min(parked[1] + 1, 2), parked[2])
                         if parked
                         else (str(e), 0, deadletter.OUTPUT_TOO_LARGE)
                     )
-                    self._abort(f"output too large: {e}")
+                    txn.abort(f"output too large: {e}")
                 else:
-                    self._produce_failed(e.err, "produce")
+                    self.failures.produce_failed(e.err, "produce")
                 break
         else:
             txn.records += len(msgs)
@@ -366,152 +348,18 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
             self._give_back(not_ready)
 
     def _give_back(self, offsets: dict[tuple[str, int], int]) -> None:
-        assert self._consumer is not None
+        consumer = self.membership.consumer
+        assert consumer is not None
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         for tp in tps:
-            self._consumer.seek(tp)
-        self._consumer.pause(tps)
-
-    # ---- transactions ----------------------------------------------------------------------
-    def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
-        producer = self.producers.current
-        assert producer is not None
-        try:
-            try:
-                producer.produce(topic, value, key, **kw)
-            except BufferError:
-                # Local queue full: let deliveries drain, then try once more.
-                producer.poll(0.5)
-                producer.produce(topic, value, key, **kw)
-        except BufferError as e:  # still full: the batch's outputs outgrow the queue (aborts)
-            raise ProduceFailed(KafkaError(KafkaError._QUEUE_FULL, f"local producer queue full: {e}")) from e
-        except KafkaException as e:
-            err: KafkaError = e.args[0]
-            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                raise RecordTooLarge(
-                    f"{topic} record of {len(value or b'')} bytes refused: {err.str()}"
-                ) from e
-            raise ProduceFailed(err) from e
-
-    def _on_event_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        if err is None:
-            offsets = self.txn.event_offsets
-            p = msg.partition()
-            off = msg.offset()
-            if off > offsets.get(p, -1):
-                offsets[p] = off
-
-    def _begin(self) -> None:
-        txn = self.txn
-        if txn.open:
-            return
-        self.producers.prepare_current()
-        producer = self.producers.current
-        assert producer is not None
-        try:
-            with self._bounded("begin_transaction"):
-                producer.begin_transaction()
-        except KafkaException as e:  # only fatal or state errors can happen here
-            err: KafkaError = e.args[0]
-            if err.fatal() and err.code() not in FENCED_CODES and not self.producers.renewed:
-                self.producers.renew(err, "begin")
-                return self._begin()
-            self._fatal = ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}")
-            raise self._fatal from e
-        txn.open = True
-        txn.deadline = time.monotonic() + self.settings.commit_interval_ms / 1000.0
-
-    def _commit(self) -> None:
-        txn = self.txn
-        producer, consumer = self.producers.current, self._consumer
-        assert producer is not None and consumer is not None
-        t0 = time.perf_counter()
-        try:
-            try:
-                for p, ov in txn.overlays.items():
-                    self.folder.snapshots(ov, p, txn.counters)
-            except (KafkaException, RecordTooLarge, ProduceFailed):
-                raise
-            except Exception as e:  # no input is named (every state was serialized at its fold): find it
-                self._isolate(
-                    f"{type(e).__name__} while writing the run-state snapshots: {e}",
-                    deadletter.UNSERIALIZABLE,
-                    "a run-state snapshot could not be written",
-                )
-                return
-            if txn.next:
-                offsets = [TopicPartition(t, p, o) for (t, p), o in txn.next.items()]
-                self.producers.send_offsets(offsets, consumer.consumer_group_metadata(), self._txn_call_s)
-            self._commit_transaction(producer)
-        except KafkaException as e:
-            if e.args[0].code() == KafkaError._STATE:
-                # "Erroneous state": a delivery failed first; learn which (too large → find and
-                # park the input), as when produce() says so, instead of replaying the same batch.
-                self._produce_failed(e.args[0], "commit")
-            else:
-                self._txn_failed(e, "commit")
-            return
-        except CallAbandoned as e:
-            self._call_abandoned("send_offsets_to_transaction", e)
-            return
-        except RecordTooLarge as e:  # a run-state snapshot: which input made it is not known
-            self._output_too_large(str(e))
-            return
-        except ProduceFailed as e:
-            self._produce_failed(e.err, "commit")
-            return
-        self.metrics.commit_latency.observe(time.perf_counter() - t0)
-        self.metrics.transactions.labels("committed").inc()
-        try:
-            for p, ov in txn.overlays.items():
-                ov.write(txn.event_offsets.get(p))
-        except Exception as e:
-            # Kafka has the transaction; the store is now behind and restore will catch it up.
-            raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
-        c = txn.counters
-        self.metrics.flush_batch(
-            c.records_in, c.records_out, c.dead, c.dropped, c.rejected, txn.records, c.misrouted, c.retimed
-        )
-        if c.purged:
-            self.metrics.runs_purged.inc(c.purged)
-        if txn.overlays:
-            self._refresh_statuses()
-        self._aborts_in_a_row = 0
-        self._stale_refusals = 0
-        self.producers.renewed = False
-        if self._isolate_left or self._poison:
-            self._after_isolated_commit()
-        txn.reset()
-        self.producers.advance()
+            consumer.seek(tp)
+        consumer.pause(tps)
 
     def _bounded(
         self, call: str, timeout_s: float = KAFKA_TIMEOUT_S
     ) -> contextlib.AbstractContextManager[None]:
         """A transactional call, watched against its timeout (watchdog.py)."""
         return self.watchdog.call(call, timeout_s) if self.watchdog is not None else contextlib.nullcontext()
-
-    def _commit_transaction(self, producer: Producer) -> None:
-        """A retriable failure (a timeout: the commit goes on in the background) must be resumed
-        by calling commit_transaction again, never aborted ("Conflicting commit_transaction API
-        call"): its outcome is unknown until a call returns it (kafka/transactions.py). After 5
-        attempts the error goes to `_txn_failed`, whose abort then stops the processor (a restart
-        restores from the log)."""
-        commit_resuming(
-            producer,
-            self._txn_call_s,
-            lambda err, attempt: self.log.warning(
-                "commit_transaction failed, resuming it", extra={"error": err.str(), "attempt": attempt}
-            ),
-            lambda: self._bounded("commit_transaction", self._txn_call_s),
-        )
-
-    def _txn_timed_out(self) -> bool:
-        """The open transaction began longer than transaction_timeout_ms ago (this process was
-        frozen: GC, CPU starvation, SIGSTOP): the coordinator has aborted it and bumped the
-        producer epoch (KIP-890), so a fence now is our own doing, not another instance's."""
-        txn = self.txn
-        began = txn.deadline - self.settings.commit_interval_ms / 1000.0
-        return txn.open and time.monotonic() - began >= self.settings.transaction_timeout_ms / 1000.0
 
     # ---- errors and lag --------------------------------------------------------------------
     def _on_stall(self, stalled_s: float, stack: str) -> None:
@@ -527,18 +375,21 @@ class Processor(GroupMembership, TxnFailures, Housekeeping):
 
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
-            if err.code() in FENCED_CODES and not self._txn_timed_out():
-                self._fatal = ProcessorStopped(
-                    EXIT_FENCED,
-                    (
-                        f"fenced: another processor with instance id {self.settings.instance_id!r} has started; "
-                        f"this one stops. Give each running processor its own RUNFOLD_INSTANCE_ID. ({err.str()})"
-                    ),
+            if err.code() in FENCED_CODES and not self.txn.timed_out():
+                self.stopping.fail(
+                    ProcessorStopped(
+                        EXIT_FENCED,
+                        (
+                            f"fenced: another processor with instance id {self.settings.instance_id!r} has "
+                            "started; this one stops. Give each running processor its own "
+                            f"RUNFOLD_INSTANCE_ID. ({err.str()})"
+                        ),
+                    )
                 )
-                self.stop_event.set()
             else:
                 # The failing call says so too: a transactional one replaces the producer once
-                # (_renew_producer), a consumer's arrives as a _FATAL message (_on_consume_error).
+                # (TxnFailures._renew_producer), a consumer's arrives as a _FATAL message
+                # (GroupMembership.on_consume_error).
                 self.log.error("fatal Kafka client error", extra={"error": err.str()})
         else:
             repeats = self._client_errors.admit(repeat_key(err.str()), time.monotonic())

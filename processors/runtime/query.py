@@ -122,9 +122,11 @@ class QuerySource(Protocol):
     codec: Codec
     settings: Any
     partition_count: int
-    partitions: Partitions | None
     ready: threading.Event
     watchdog: Watchdog | None
+
+    @property
+    def partitions(self) -> Partitions | None: ...
 
 
 class QueryServer:

@@ -267,7 +267,7 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
             ),
             what="both starts rejected",
         )
-        assert pt.processor._fatal is None and pt.thread.is_alive()
+        assert pt.processor.stopping.fatal is None and pt.thread.is_alive()
     for run_id in (open_lost, finished):
         [rejected] = [e for e in events.records if e["run_id"] == run_id and e["type"] == "RunRejected"]
         assert (

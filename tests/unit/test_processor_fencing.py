@@ -15,7 +15,7 @@ from processors.runtime.settings import ProcessorSettings
 def _processor(monkeypatch: pytest.MonkeyPatch) -> tuple[Processor, list[str]]:
     proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1"))
     aborted: list[str] = []
-    monkeypatch.setattr(proc, "_abort", aborted.append)
+    monkeypatch.setattr(proc.txn, "abort", aborted.append)
     return proc, aborted
 
 
@@ -27,10 +27,15 @@ def test_stale_membership_right_after_our_own_session_loss_aborts_and_rejoins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc, aborted = _processor(monkeypatch)
-    proc._session_lost_at = time.monotonic() - 4  # on_lost 4 s ago (broker frozen past the session)
-    proc._txn_failed(_fenced_instance(), "commit")
+    proc.membership._session_lost_at = (
+        time.monotonic() - 4
+    )  # on_lost 4 s ago (broker frozen past the session)
+    proc.failures.txn_failed(_fenced_instance(), "commit")
     assert len(aborted) == 1 and "commit" in aborted[0]
-    assert proc._consumer_failed is not None and proc._consumer_failed.code() == KafkaError.FENCED_INSTANCE_ID
+    assert (
+        proc.membership.consumer_failed is not None
+        and proc.membership.consumer_failed.code() == KafkaError.FENCED_INSTANCE_ID
+    )
 
 
 def test_stale_membership_without_a_session_loss_rejoins_too_but_not_again_and_again(
@@ -41,11 +46,13 @@ def test_stale_membership_without_a_session_loss_rejoins_too_but_not_again_and_a
     # (the abort would stop us), so this rejoins; refused 3 times with no commit between: fenced.
     proc, aborted = _processor(monkeypatch)  # _session_lost_at: never
     for n in range(1, 4):
-        proc._consumer_failed = None
-        proc._txn_failed(_fenced_instance(), "commit")
-        assert len(aborted) == n and proc._consumer_failed is not None and proc._rejoin_stale
+        proc.membership.consumer_failed = None
+        proc.failures.txn_failed(_fenced_instance(), "commit")
+        assert (
+            len(aborted) == n and proc.membership.consumer_failed is not None and proc.membership.rejoin_stale
+        )
     with pytest.raises(ProcessorStopped) as stopped:
-        proc._txn_failed(_fenced_instance(), "commit")
+        proc.failures.txn_failed(_fenced_instance(), "commit")
     assert stopped.value.code == EXIT_FENCED and "instance_id" in str(stopped.value)
     assert len(aborted) == 3
 
@@ -75,10 +82,10 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
 
     monkeypatch.setattr(proc.producers, "renew", renew)
     with pytest.raises(_Renewed, match="failed while idle"):
-        proc._begin()
+        proc.txn.begin()
     proc.producers.renewed = True  # the other producer was just replaced: a second failure stops
     with pytest.raises(ProcessorStopped) as stopped:
-        proc._begin()
+        proc.txn.begin()
     assert stopped.value.code == EXIT_FATAL and "unrecoverable" in str(stopped.value)
 
 
@@ -86,7 +93,11 @@ def test_a_fenced_error_callback_stops_instead_of_replacing(monkeypatch: pytest.
     proc, _ = _processor(monkeypatch)
     proc.producers.on_error(0, KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
     assert proc.producers.failed == [None, None]
-    assert proc._fatal is not None and proc._fatal.code == EXIT_FENCED and proc.stop_event.is_set()
+    assert (
+        proc.stopping.fatal is not None
+        and proc.stopping.fatal.code == EXIT_FENCED
+        and proc.stop_event.is_set()
+    )
 
 
 def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answers(
@@ -100,11 +111,11 @@ def test_a_producer_that_saw_every_broker_down_is_replaced_once_the_cluster_answ
     monkeypatch.setattr(proc.producers, "replace", lambda why, reason, **kw: replaced.append(reason))
     monkeypatch.setattr(proc.producers, "cluster_answers", lambda: False)
     with pytest.raises(ProcessorStopped):  # still down: the old one goes on (offline, it cannot begin)
-        proc._begin()
+        proc.txn.begin()
     assert replaced == []
     monkeypatch.setattr(proc.producers, "cluster_answers", lambda: True)
     with pytest.raises(ProcessorStopped):
-        proc._begin()
+        proc.txn.begin()
     assert replaced == ["cluster_unreachable"]
 
 
@@ -131,15 +142,15 @@ def test_an_abort_that_times_out_replaces_the_producer_and_rewinds_instead_of_st
     stuck, fresh = _AbortTimesOut(), object()
     proc.producers._producers = [stuck, None]  # type: ignore[list-item]
     proc.producers.new = lambda slot: fresh  # type: ignore[assignment,method-assign,return-value]
-    proc._consumer = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
+    proc.txn.input = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
     proc.txn.open, proc.txn.start = True, {("t.commands", 0): 5}
-    proc._abort("commit: timed out")
+    proc.txn.abort("commit: timed out")
     assert proc.producers.current is fresh and stuck.purged
     assert proc.txn.open is False and proc.txn.start == {}
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 1
     assert proc.metrics.transactions.labels("aborted")._value.get() == 1
     assert not proc.producers.renewed  # not a fatal renewal: a later fence still means another instance
-    proc._consumer.close()
+    proc.txn.input.close()
 
 
 def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_without_replaying() -> None:
@@ -149,10 +160,10 @@ def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_wi
     conflict = _AbortTimesOut(KafkaError._CONFLICT)
     proc.producers._producers = [conflict, None]  # type: ignore[list-item]
     proc.producers.new = lambda slot: object()  # type: ignore[assignment,method-assign,return-value]
-    proc._consumer = object()  # type: ignore[assignment]
+    proc.txn.input = object()  # type: ignore[assignment]
     proc.txn.open = True
     with pytest.raises(ProcessorStopped) as stopped:
-        proc._abort("commit: timed out 5 times")
+        proc.txn.abort("commit: timed out 5 times")
     assert stopped.value.code == EXIT_FATAL and proc.producers.current is conflict and not conflict.purged
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 0
 
@@ -160,7 +171,7 @@ def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_wi
 def test_a_producer_queue_that_stays_full_aborts_and_replays_the_batch_a_record_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from processors.runtime.loop import ProduceFailed
+    from processors.runtime.txn import ProduceFailed
 
     proc, aborted = _processor(monkeypatch)
     # offline, with room for two records: the third cannot get in, even after waiting
@@ -169,12 +180,12 @@ def test_a_producer_queue_that_stays_full_aborts_and_replays_the_batch_a_record_
         None,
     ]
     proc.producers.slot = 0
-    proc._produce("t", b"v", b"k")
-    proc._produce("t", b"v", b"k")
+    proc.txn.produce("t", b"v", b"k")
+    proc.txn.produce("t", b"v", b"k")
     with pytest.raises(ProduceFailed) as full:
-        proc._produce("t", b"v", b"k")
+        proc.txn.produce("t", b"v", b"k")
     assert full.value.err.code() == KafkaError._QUEUE_FULL
     proc.txn.start, proc.txn.next = {("t.commands", 0): 10}, {("t.commands", 0): 15}  # 5 inputs folded
-    proc._produce_failed(full.value.err, "produce")
+    proc.failures.produce_failed(full.value.err, "produce")
     assert len(aborted) == 1 and "queue full" in aborted[0]  # not a crash: an abort ...
-    assert proc._isolate_left == 5  # ... and the same batch is not replayed whole
+    assert proc.failures.isolate_left == 5  # ... and the same batch is not replayed whole

@@ -36,18 +36,18 @@ def _processor(stores: list[Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Proc
     """A processor over `stores` whose purge transactions record their tombstones and, at
     commit, apply the purges to the stores; every run is past its retention."""
     proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1"))
-    proc.partitions = _Ready(stores)  # type: ignore[assignment]
-    proc.purge_page = 10
+    proc.membership.partitions = _Ready(stores)  # type: ignore[assignment]
+    proc.housekeeping.purge_page = 10
     tombstones: list[bytes | None] = []
-    monkeypatch.setattr(proc, "_begin", lambda: None)
-    monkeypatch.setattr(proc, "_produce", lambda topic, value, key, **kw: tombstones.append(key))
+    monkeypatch.setattr(proc.txn, "begin", lambda: None)
+    monkeypatch.setattr(proc.txn, "produce", lambda topic, value, key, **kw: tombstones.append(key))
 
     def commit() -> None:  # what a committed transaction does with the purges: apply them
         for ov in proc.txn.overlays.values():
             ov.write(None)
         proc.txn.reset()
 
-    monkeypatch.setattr(proc, "_commit", commit)
+    monkeypatch.setattr(proc.txn, "commit", commit)
     monkeypatch.setattr("processors.runtime.housekeeping.now_ms", lambda: TS + 1 + RETENTION)
     return proc, tombstones
 
@@ -58,14 +58,14 @@ def test_a_backlog_is_purged_in_full_pages_when_idle_and_small_shares_while_inpu
     ids = [f"r{i}" for i in range(25)]
     store = _backlog(tmp_path / "p0", ids)
     proc, tombstones = _processor([store], monkeypatch)
-    proc._purge_finished(folded=1)
-    assert len(tombstones) == 2 and proc._purge_more  # a tenth of the page + 1: more follow
-    proc._purge_finished(folded=3)
-    assert len(tombstones) == 6 and proc._purge_more  # a tenth of the page + the 3 inputs
-    proc._purge_finished(folded=0)
-    assert len(tombstones) == 16 and proc._purge_more
-    proc._purge_finished(folded=0)
-    assert len(tombstones) == 25 and not proc._purge_more  # a partial page: the backlog is gone
+    proc.housekeeping.purge_finished(folded=1)
+    assert len(tombstones) == 2 and proc.housekeeping.purge_more  # a tenth of the page + 1: more follow
+    proc.housekeeping.purge_finished(folded=3)
+    assert len(tombstones) == 6 and proc.housekeeping.purge_more  # a tenth of the page + the 3 inputs
+    proc.housekeeping.purge_finished(folded=0)
+    assert len(tombstones) == 16 and proc.housekeeping.purge_more
+    proc.housekeeping.purge_finished(folded=0)
+    assert len(tombstones) == 25 and not proc.housekeeping.purge_more  # a partial page: the backlog is gone
     assert sorted(k.decode() for k in tombstones if k) == sorted(ids)
     assert all(store.state_bytes(i) is None and store.purged_status(i) == "succeeded" for i in ids)
     store.close()
@@ -80,12 +80,12 @@ def test_while_input_flows_the_partitions_share_a_pass_in_turn(
     purged: list[list[str]] = []
     for _ in range(6):
         before = len(tombstones)
-        proc._purge_finished(folded=1)
+        proc.housekeeping.purge_finished(folded=1)
         purged.append(sorted(k.decode() for k in tombstones[before:] if k))
     # two runs a pass (a tenth of 10, + 1 input), from the next partition with due runs:
     # 0, 2, 0, 2, then partition 0's last; then none
     assert [sorted({r[0] for r in p}) for p in purged] == [["a"], ["c"], ["a"], ["c"], ["a"], []]
-    assert [len(p) for p in purged] == [2, 2, 2, 2, 1, 0] and not proc._purge_more
+    assert [len(p) for p in purged] == [2, 2, 2, 2, 1, 0] and not proc.housekeeping.purge_more
     assert sorted(r for p in purged for r in p) == sorted(backlogs[0] + backlogs[2])
     for s in stores:
         s.close()
@@ -97,11 +97,14 @@ def test_a_transaction_with_more_inputs_than_a_tenth_of_a_page_lets_a_pass_span_
     backlogs = {0: ["a0", "a1", "a2"], 1: [], 2: ["c0", "c1"]}
     stores = [_backlog(tmp_path / f"p{p}", ids, p) for p, ids in backlogs.items()]
     proc, tombstones = _processor(stores, monkeypatch)
-    proc._purge_finished(folded=3)  # four in all: partition 0's three, then one of partition 2's
-    assert sorted(k.decode() for k in tombstones if k) == ["a0", "a1", "a2", "c0"] and proc._purge_more
-    proc._purge_finished(folded=3)  # the rest: fewer than four, so nothing more is due
+    proc.housekeeping.purge_finished(folded=3)  # four in all: partition 0's three, then one of partition 2's
+    assert (
+        sorted(k.decode() for k in tombstones if k) == ["a0", "a1", "a2", "c0"]
+        and proc.housekeeping.purge_more
+    )
+    proc.housekeeping.purge_finished(folded=3)  # the rest: fewer than four, so nothing more is due
     assert sorted(k.decode() for k in tombstones if k) == ["a0", "a1", "a2", "c0", "c1"]
-    assert not proc._purge_more
+    assert not proc.housekeeping.purge_more
     for s in stores:
         s.close()
 
@@ -127,10 +130,10 @@ class _Consumer:
 def _looping(proc: Processor, script: list[int], fold: Any) -> None:
     """`proc` ready to `_iterate` over `script` with `fold` for `_fold`."""
     proc.settings = proc.settings.model_copy(update={"finished_retention_ms": RETENTION})
-    proc._consumer = _Consumer(script)  # type: ignore[assignment]
+    proc.membership.consumer = _Consumer(script)  # type: ignore[assignment]
     proc._definitions = type("Definitions", (), {"poll": lambda self: None})()  # type: ignore[assignment]
     proc.partitions.restoring = set()  # type: ignore[union-attr]
-    proc._next_lag = time.monotonic() + 100
+    proc.housekeeping.next_lag = time.monotonic() + 100
     proc._fold = fold  # type: ignore[method-assign]
 
 
@@ -150,7 +153,7 @@ def test_the_loop_sizes_the_pass_by_the_transaction_it_committed_or_aborted(
         proc.txn.records += len(msgs)
 
     _looping(proc, [1, 4, 0], fold)  # 1 polled, 4 buffered; then nothing: the commit comes then
-    proc._next_purge = 0.0  # a pass is due as soon as no transaction is open
+    proc.housekeeping.next_purge = 0.0  # a pass is due as soon as no transaction is open
     proc._iterate()  # folds 5 (or aborts them: then the pass comes at once)
     if not aborted:
         assert proc.txn.open and tombstones == []
