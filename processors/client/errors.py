@@ -11,7 +11,9 @@ class RunfoldError(Exception):
 
 
 class BrokerUnavailable(RunfoldError):
-    """No Kafka broker answered at the configured bootstrap servers."""
+    """The Kafka cluster cannot serve the call now: no broker answered at the configured
+    bootstrap servers, or it is failing over (a broker down, a leader or coordinator moving)
+    for longer than the call's timeout. Retry; commands are idempotent by run id."""
 
 
 class RunfoldTimeout(RunfoldError):

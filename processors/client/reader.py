@@ -36,6 +36,30 @@ _SETTLING = {
     KafkaError._UNKNOWN_PARTITION,
 }
 _BROKER_DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+# What a cluster answers while it fails over (a broker killed or restarted, a leader or a
+# coordinator moving): retried for the call's timeout, then raised as `BrokerUnavailable`, the
+# documented retryable error. `_DESTROY_BROKER` is a request whose broker connection librdkafka
+# tore down (seen from `start()` when a broker of three was killed: it was a bare RunfoldError).
+_FAILING_OVER = {
+    KafkaError._DESTROY_BROKER,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+    KafkaError._WAIT_COORD,
+    KafkaError._NODE_UPDATE,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+}
+_NO_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 
 class TopicMissing(RunfoldError):
@@ -43,12 +67,19 @@ class TopicMissing(RunfoldError):
 
 
 def broker_error(exc: KafkaException | KafkaError, what: str, bootstrap: str) -> RunfoldError:
+    """The typed error for a Kafka error: `BrokerUnavailable` for every error that means the
+    cluster cannot serve the call now (down, failing over, or an error librdkafka calls
+    retriable), `TopicMissing`, else a `RunfoldError` naming what failed."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     code = err.code() if isinstance(err, KafkaError) else None
-    if code in _BROKER_DOWN or code == KafkaError._TIMED_OUT:
+    if code in _BROKER_DOWN:
         return BrokerUnavailable(f"{what}: no Kafka broker answered at {bootstrap} ({err})")
-    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
+    if code in _NO_TOPIC:
         return TopicMissing(f"{what}: topic missing ({err}); create it with `runfold topology create`")
+    if code in _FAILING_OVER or (isinstance(err, KafkaError) and err.retriable()):
+        return BrokerUnavailable(
+            f"{what}: the Kafka cluster at {bootstrap} cannot serve it now, retry ({err})"
+        )
     return RunfoldError(f"{what}: {err}")
 
 
@@ -98,10 +129,11 @@ class PartitionReader:
                 return call()
             except KafkaException as e:
                 err = e.args[0] if e.args else None
+                # No broker at all fails at once; a cluster failing over is given the timeout.
                 retriable = (
                     isinstance(err, KafkaError)
-                    and err.code() not in _BROKER_DOWN
-                    and (err.retriable() or err.code() in _SETTLING)
+                    and err.code() not in (KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
+                    and (err.retriable() or err.code() in _SETTLING or err.code() in _FAILING_OVER)
                 )
                 if not retriable or time.monotonic() > deadline:
                     raise broker_error(e, what, self.settings.bootstrap_servers) from None
