@@ -115,6 +115,34 @@ class DefinitionsReader:
             self._metrics.definitions.set(self.registered)
         return n
 
+    def read_to_now(self, timeout_s: float) -> bool:
+        """Apply every definition record written before this call (each partition's end as it
+        is now), waiting at most `timeout_s`; whether it got there. For a StartRun that
+        names a definition this catalog lacks: registered a moment before the command, it may
+        not have reached `poll` yet, and a rejection (NotFound) would be wrong."""
+        deadline = time.monotonic() + timeout_s
+        parts = self._consumer.assignment()
+        ends: dict[int, int] = {}
+        for tp in parts:
+            low, high = self._consumer.get_watermark_offsets(
+                tp, timeout=max(0.05, deadline - time.monotonic()), cached=False
+            )
+            if high > low:  # an empty partition has no position to reach
+                ends[tp.partition] = int(high)
+        n = 0
+        done = False
+        while not done and time.monotonic() < deadline:
+            positions = self._consumer.position([TopicPartition(self.topic, p) for p in ends])
+            done = all(tp.offset >= ends[tp.partition] for tp in positions)
+            if not done:
+                for msg in self._consumer.consume(100, min(0.05, max(0.0, deadline - time.monotonic()))):
+                    if msg.error() is None:
+                        self._apply(msg.key(), msg.value())
+                        n += 1
+        if n:
+            self._metrics.definitions.set(self.registered)
+        return done
+
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:
             return  # compaction tombstone: revisions are immutable, nothing to unregister

@@ -214,6 +214,9 @@ class Folder:
         self.child_activations = topics.child_activations
         self.dead_letters = topics.dead_letters
         self._owner: PartitionOwners | None = None  # set_partitions: until then every partition is the owner
+        # Called with the record's timestamp before a StartRun naming a definition the catalog
+        # lacks is decided (the processor reads the definitions topic up to now: loop.py).
+        self.definition_missing: Callable[[int], None] | None = None
         self.ts_past_ms, self.ts_future_ms = admission.TS_PAST_MS, admission.TS_FUTURE_MS
 
     def set_partitions(self, partitions: int) -> None:
@@ -318,6 +321,8 @@ class Folder:
         try:
             # Not only while retention is on: runs purged before it was switched off keep their ids.
             if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
+                if self.definition_missing is not None and self._names_unknown_definition(msg):
+                    self.definition_missing(timestamp)
                 status = overlay.store.purged_status(run_id)
                 if status is not None:  # the engine would see a new run: the id would be reused
                     why = (
@@ -350,6 +355,15 @@ class Folder:
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, outputs)
+
+    def _names_unknown_definition(self, msg: dict[str, Any]) -> bool:
+        definition_id, revision = msg.get("definition_id"), msg.get("revision")
+        return (
+            msg.get("bundle") is None
+            and isinstance(definition_id, str)
+            and (revision is None or type(revision) is int)
+            and self.ctx.catalog.get(definition_id, revision) is None
+        )
 
     def _forward(
         self,

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog, Ceilings, EngineContext
 from processors.kafka.exits import (  # re-exported: the exit codes callers know the loop by
@@ -108,6 +108,9 @@ class Processor:
         self.housekeeping = Housekeeping(self.topics, self.txn, self.failures, self.membership, self.metrics)
         self.txn.attach(self.folder.snapshots, self.failures, self.housekeeping.refresh_statuses)
         self._definitions: DefinitionsReader | None = None
+        self.folder.definition_missing = self._definition_missing
+        self._definitions_current_at = 0  # wall ms before which every definition record is applied
+        self._definitions_read_at = -1e9  # monotonic time of the last read_to_now
         self._query: Any = None
         self.partition_count = 0
         self.metrics_port: int | None = None
@@ -346,6 +349,27 @@ class Processor:
             txn.records += len(msgs)
         if not_ready:
             self._give_back(not_ready)
+
+    def _definition_missing(self, record_ts: int) -> None:
+        """A StartRun names a definition the catalog lacks. If it was produced after the
+        definitions were last read to their end, the definition may have been registered just
+        before it (`runfold defs register` then `runs start`) and not be polled yet: read the
+        definitions topic up to now before the command is decided, so it is not rejected
+        NotFound by mistake. At most once per 10 ms (a flood of starts of unknown definitions
+        costs a watermark query per 10 ms, not per command); `record_ts` <= 0: no timestamp."""
+        reader = self._definitions
+        if reader is None or (0 < record_ts <= self._definitions_current_at):
+            return
+        mono = time.monotonic()
+        if mono - self._definitions_read_at < 0.01:
+            return
+        self._definitions_read_at = mono
+        began = now_ms()
+        try:
+            if reader.read_to_now(1.0):
+                self._definitions_current_at = began
+        except KafkaException as e:  # the command is decided on what is known
+            self.log.warning("definitions not read to their end", extra={"error": str(e)})
 
     def _give_back(self, offsets: dict[tuple[str, int], int]) -> None:
         consumer = self.membership.consumer

@@ -82,9 +82,14 @@ def make_settings(bootstrap: str, prefix: str, state_dir: Path, **kw: Any) -> Pr
 
 def setup_topology(settings: ProcessorSettings, definitions: list[dict[str, Any]] | None = None) -> None:
     create_topology(settings)
+    register_definitions(settings, definitions if definitions is not None else DEFINITIONS)
+
+
+def register_definitions(settings: ProcessorSettings, definitions: list[dict[str, Any]]) -> None:
+    """Publish definitions to the definitions topic as `runfold defs register` does."""
     producer = Producer(producer_config(settings))
     catalog = Catalog()
-    for raw in definitions if definitions is not None else DEFINITIONS:
+    for raw in definitions:
         defn = catalog.register(raw)
         record = {
             "definition_id": defn.id,

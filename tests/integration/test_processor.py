@@ -11,12 +11,15 @@ from processor_support import (
     Commands,
     Reader,
     Responder,
+    action,
     complete_all,
     make_settings,
+    register_definitions,
     running,
     settled_value,
     setup_topology,
     terminal_of,
+    workflow,
 )
 
 from processors.replay.verify import verify
@@ -78,6 +81,37 @@ def test_start_to_succeeded_with_snapshot_query_and_metrics(settings: ProcessorS
         assert 'runfold_processor_runs{status="succeeded"} 6.0' in metrics
     events.close()
     snapshots.close()
+
+
+def test_a_start_right_after_its_definition_is_registered_is_started_not_rejected(
+    settings: ProcessorSettings,
+) -> None:
+    # `defs register` then `runs start`: the processor's definitions reader may not have polled
+    # the definition when the StartRun naming it is folded. Made certain here: its poll sees
+    # nothing, so only reading the definitions topic to its end before deciding can find them.
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    cmd = Commands(settings)
+    late = [f"late-{i}" for i in range(4)]
+    with running(settings) as pt, Responder(settings, complete_all):
+        reader = pt.processor._definitions
+        assert reader is not None
+        reader.poll = lambda: 0  # type: ignore[method-assign]
+        for wid in late:
+            register_definitions(settings, [workflow(wid, {"a": action("a")})])
+            cmd.start(f"{wid}-run", wid, {})
+            cmd.flush()
+        cmd.start("never-run", "never-registered", {})
+        cmd.flush()
+        events.wait_for(
+            lambda evs: all(terminal_of(evs, f"{w}-run") for w in late) and events.of("never-run"),
+            what="the late definitions' runs to finish, the unknown one to be rejected",
+        )
+    for wid in late:
+        assert [e["type"] for e in terminal_of(events.records, f"{wid}-run")] == ["RunSucceeded"]
+        assert not events.of(f"{wid}-run", "RunRejected")
+    [rejected] = events.of("never-run")
+    assert rejected["type"] == "RunRejected" and rejected["code"] == "NotFound"
+    events.close()
 
 
 def test_cancel_mid_run(settings: ProcessorSettings) -> None:
