@@ -41,7 +41,7 @@ from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import RunView, view_from_query, view_from_snapshot
 from processors.engine.ids import control_character
-from processors.engine.vocabulary import TERMINAL_EVENTS
+from processors.engine.vocabulary import TERMINAL_EVENTS, CommandBody, StartRunBody
 from processors.kafka.fetch import connect_first
 from processors.kafka.partitioning import partition_for
 from processors.kafka.records import coordinates
@@ -223,7 +223,7 @@ class RunClient:
     def _command(
         self,
         run_id: str,
-        body: dict[str, Any],
+        body: CommandBody,
         answer_timeout: float | None,
         events_start: int | None = None,
     ) -> CommandAnswer | None:
@@ -254,7 +254,7 @@ class RunClient:
             events_topic=self.topics.run_events,
             events_partition=events_partition,
             events_start=events_start,
-            signal=body.get("signal"),
+            signal=body["signal"] if body["type"] == "SignalRun" else None,
         )
         if self._offsets is None:
             self._offsets = ProcessedOffsets(self.settings, self.processor_group, self.timeout_s)
@@ -295,7 +295,7 @@ class RunClient:
         partition = self.partition_of(run_id)
         # Where this run's events will start (at the latest): lets wait() skip older history.
         self._started_at[run_id] = self.reader.end_offset(self.topics.run_events, partition)
-        body: dict[str, Any] = {
+        body: StartRunBody = {
             "type": "StartRun",
             "definition_id": definition_id,
             "revision": revision,

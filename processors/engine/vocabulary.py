@@ -9,7 +9,7 @@ plain dicts that mypy checks.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 # ---------------------------------------------------------------------------- messages in
 
@@ -122,6 +122,57 @@ ZERO_USAGE: Final[Usage] = {"prompt_tokens": 0, "completion_tokens": 0, "cost_mi
 def zero_usage() -> Usage:
     """A fresh zero usage, for a record of its own (ZERO_USAGE is shared)."""
     return {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+
+
+# ------------------------------------------------------------------- command bodies
+# What a service writes as a command, beside the envelope's run_id / record_id / ts_ms
+# (schemas/runfold.CommandEnvelope.avsc; docs/messages.md). The codec checks the bytes at the
+# boundary; these let mypy check the dicts a Python producer builds.
+
+
+class StartRunBody(TypedDict):
+    type: Literal["StartRun"]
+    definition_id: str
+    revision: int | None
+    input: Any
+    labels: dict[str, str]
+    budgets: NotRequired[dict[str, int] | None]
+    parent: NotRequired[dict[str, Any] | None]  # a ParentRef: child runs only
+    bundle: NotRequired[Any]  # the pinned definitions of a child run
+
+
+class CancelRunBody(TypedDict):
+    type: Literal["CancelRun"]
+    reason: str
+
+
+class SignalRunBody(TypedDict):
+    type: Literal["SignalRun"]
+    signal: str
+    payload: Any
+
+
+class ResumeRunBody(TypedDict):
+    type: Literal["ResumeRun"]
+    budgets: dict[str, int] | None
+    reason: str
+
+
+CommandBody = StartRunBody | CancelRunBody | SignalRunBody | ResumeRunBody
+
+
+class Envelope(TypedDict):
+    run_id: str
+    record_id: str  # the sender's id of this record: answers and dedupe name it
+    ts_ms: int
+
+
+class StartRunCommand(StartRunBody, Envelope):
+    pass
+
+
+class CancelRunCommand(CancelRunBody, Envelope):
+    pass
 
 
 # ---------------------------------------------------------------------------- records

@@ -30,12 +30,13 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processors.engine.ids import dispatch_id
-from processors.engine.vocabulary import TERMINAL_EVENTS, zero_usage
+from processors.engine.vocabulary import TERMINAL_EVENTS, CancelRunCommand, StartRunCommand, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
 from processors.kafka.coordinators import StaleWait
@@ -121,7 +122,7 @@ def expired(act: dict[str, Any], now_ms: int) -> bool:
     return deadline is not None and now_ms >= deadline
 
 
-def start_command(act: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+def start_command(act: dict[str, Any], ts_ms: int) -> StartRunCommand:
     child = act["child_run_id"]
     return {
         "type": "StartRun",
@@ -138,7 +139,7 @@ def start_command(act: dict[str, Any], ts_ms: int) -> dict[str, Any]:
     }
 
 
-def cancel_command(cancel: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+def cancel_command(cancel: dict[str, Any], ts_ms: int) -> CancelRunCommand:
     child = cancel["child_run_id"]
     return {
         "type": "CancelRun",
@@ -472,8 +473,8 @@ class ChildExecutor:
         for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
 
-    def _produce(self, topic: str, kind: str, msg: dict[str, Any]) -> None:
-        self.producer.produce(topic, self.codec.encode(kind, msg), key=msg["run_id"].encode())
+    def _produce(self, topic: str, kind: str, msg: Mapping[str, Any]) -> None:
+        self.producer.produce(topic, self.codec.encode(kind, dict(msg)), key=msg["run_id"].encode())
 
     def _handle(self, msg: Message, finished: list[tuple[int, str]]) -> None:
         topic, partition, _ = coordinates(msg)
