@@ -75,7 +75,10 @@ def test_each_problem_is_one_line_naming_file_definition_node_field_and_rule(
     queue, scope = sorted(lines)
     assert queue.startswith(f"✗ {bad}: triage@2: error: nodes.search.queue: unknown queue 'tools'")
     assert "RUNFOLD_ACTIVATION_QUEUES=agents,default,tools" in queue and queue.endswith("[unknown_queue]")
-    assert scope.startswith(f"✗ {bad}: triage@2: error: routes.search[0].when: unknown variable 'stat'")
+    assert scope == (  # as docs/client.md shows it
+        f"✗ {bad}: triage@2: error: routes.search[0].when: unknown variable 'stat': "
+        "a condition sees only state, input, output [condition_scope]"
+    )
     assert "✓ triage@1" in done.stdout
 
 

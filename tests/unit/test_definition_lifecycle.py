@@ -21,6 +21,7 @@ from processors.engine.lifecycle import (
     lifecycle_key,
     parse_lifecycle,
 )
+from processors.runtime.drop_reasons import START_REJECTED, dropped_reason
 from schemas import Codec
 
 
@@ -166,3 +167,12 @@ def test_latest_is_never_deprecated_and_follows_the_rule(sequence: list[tuple[st
     assert (latest.revision if latest else None) == expected
     if latest is not None:
         assert not catalog.is_deprecated("wf", latest.revision)
+
+
+def test_the_new_rejections_map_to_bounded_metric_labels() -> None:
+    """`dropped_inputs{reason}` stays bounded: a deprecated start counts as a rejected start."""
+    h = harness(1, 2, events=(event("deprecate", 2, reason="x"),))
+    h.start({}, revision=2)
+    assert dropped_reason(h.last.dropped or "") == START_REJECTED
+    gone = harness(1, events=(event("deprecate", 1),)).start({})
+    assert dropped_reason(gone.last.dropped or "") == START_REJECTED

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from processors.engine import dump_state
 from processors.engine.errors import DefinitionError
 from processors.engine.validation import load_definition
+from processors.runtime.drop_reasons import FIXED
 
 APPROVAL = {
     "type": "object",
@@ -59,8 +60,10 @@ def test_a_payload_of_the_wrong_shape_is_rejected_and_the_run_keeps_waiting() ->
     assert h.types == ["RunRejected"] and h.last.dropped == "signal payload refused"
     rejection = h.last.events[0]
     assert rejection["code"] == "InvalidInput" and rejection["command_type"] == "SignalRun"
-    assert "at $ fails 'required': missing 'reviewer'" in rejection["reason"]
-    assert "payload_schema of review" in rejection["reason"]
+    assert rejection["reason"] == (  # as docs/semantics.md shows it
+        "signal 'approval': payload at $ fails 'required': missing 'reviewer' (schema required) "
+        "(the payload_schema of review)"
+    )
     assert h.state == before and h.status == "waiting"
     h.signal("approval", {"reviewer": 7, "approved": True})
     assert (
@@ -173,3 +176,11 @@ def test_no_sequence_of_signals_fails_a_run_whose_wait_has_a_schema(sent: list[A
         if was_waiting and good:
             assert h.state["state"]["reviewer"] == payload["reviewer"]
     assert h.state is not None and h.refold() == dump_state(h.state)
+
+
+def test_the_refusals_are_fixed_metric_labels() -> None:
+    h = RunHarness(late_wait(payload_schema=APPROVAL, accept_early=False)).start({})
+    h.signal("approval", {})
+    refused = h.last.dropped
+    h.signal("approval", {"reviewer": "a", "approved": True})
+    assert {refused, h.last.dropped} == {"signal payload refused", "early signal refused"} <= FIXED
