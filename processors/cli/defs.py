@@ -135,7 +135,7 @@ def register(
 ) -> None:
     """Validate definitions and publish them to <prefix>.definitions (keyed id@revision).
 
-    Registering identical content again is a no-op; the same id@revision with different content is refused (publish a new revision). Invalid files are reported with the path inside the definition and the rule that failed; the exit code is 1 if any file failed.
+    Each file gets every check `defs validate` makes, against the definitions already registered and the queues RUNFOLD_ACTIVATION_QUEUES names (default,agents when unset). Registering identical content again is a no-op; the same id@revision with different content is refused (publish a new revision). Invalid files are reported with the path inside the definition and the rule that failed; the exit code is 1 if any file failed.
 
     Example: `runfold defs register examples/definitions/`
     """
