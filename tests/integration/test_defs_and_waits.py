@@ -14,6 +14,7 @@ import pytest
 from processor_support import make_settings, running
 from test_cli import Cli
 
+from processors.client import RunClient
 from processors.runtime.settings import ProcessorSettings
 from topology.admin import create_topology
 from topology.settings import KafkaSettings
@@ -149,3 +150,18 @@ def test_deprecate_promote_unpin_decide_what_the_processor_starts(cli: Cli, proc
     assert "none (all deprecated)" in cli("defs", "list").stdout
     cli("defs", "deprecate", "gate@2", "--undo")
     assert cli.json("defs", "unpin", "gate")["latest"] == 2
+
+
+def test_a_processor_started_after_the_events_folds_them_at_catch_up(
+    cli: Cli, settings: ProcessorSettings
+) -> None:
+    """The events are on the topic before the processor starts: its catch-up folds them as the
+    running processor's poll does, so a processor that starts later agrees."""
+    cli("defs", "promote", "gate@1")
+    cli("defs", "deprecate", "gate@2")
+    with running(settings):
+        refused = cli.json("runs", "start", "gate@2", "--run-id", "c-2", code=6)
+        assert refused["code"] == "Conflict" and "gate@2 is deprecated" in refused["reason"]
+        assert cli.json("runs", "start", "gate", "--run-id", "c-1")["answer"] == "accepted"
+        with RunClient(settings, timeout_s=30) as client:
+            assert client.get("c-1").revision == 1  # the promoted one, not the highest
