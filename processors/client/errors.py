@@ -5,6 +5,8 @@ Every error says what was wrong and where; none carries a payload or a secret.
 
 from __future__ import annotations
 
+from processors.engine.errors import Issue
+
 
 class RunfoldError(Exception):
     """Base class of every error the client raises."""
@@ -39,9 +41,10 @@ class UnknownDefinition(RunfoldError):
 class InvalidDefinition(RunfoldError):
     """A definition file or dict failed validation; the message names the source, path and rule."""
 
-    def __init__(self, source: str, detail: str) -> None:
+    def __init__(self, source: str, detail: str, issues: list[Issue] | None = None) -> None:
         self.source = source
         self.detail = detail
+        self.issues = list(issues or [])  # each finding (path, message, rule), when known
         super().__init__(f"{source}: {detail}")
 
 

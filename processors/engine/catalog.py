@@ -24,10 +24,11 @@ from processors.engine.definition import (
     parse_definition,
 )
 from processors.engine.errors import DefinitionError, Issue
+from processors.engine.lifecycle import Lifecycle, RevisionStates
 from processors.engine.refs import canonical_json
 from processors.engine.validation import load_definition
 
-__all__ = ["Bundle", "Catalog", "Ceilings", "bundle_hash", "content_hash", "parse_key"]
+__all__ = ["Bundle", "Catalog", "Ceilings", "bundle_hash", "collect_bundle", "content_hash", "parse_key"]
 
 
 def content_hash(defn: Definition) -> str:
@@ -50,6 +51,7 @@ class Catalog:
         self.ceilings = ceilings or Ceilings()
         self._definitions: dict[str, dict[int, Definition]] = {}
         self._hashes: dict[str, str] = {}
+        self.lifecycle = RevisionStates()  # deprecated and promoted revisions (lifecycle.py)
 
     def register(self, raw: dict[str, Any] | Definition) -> Definition:
         """Validate and add. Re-registering identical content is a no-op; the same
@@ -75,11 +77,26 @@ class Catalog:
         return defn
 
     def get(self, definition_id: str, revision: int | None = None) -> Definition | None:
-        """A definition; `revision=None` is the latest registered."""
-        revisions = self._definitions.get(definition_id)
-        if not revisions:
-            return None
-        return revisions[max(revisions)] if revision is None else revisions.get(revision)
+        """A definition; `revision=None` is `latest`."""
+        if revision is None:
+            return self.latest(definition_id)
+        return self._definitions.get(definition_id, {}).get(revision)
+
+    def latest(self, definition_id: str) -> Definition | None:
+        """What an unpinned start starts (`RevisionStates.latest`); None when none is left."""
+        revisions = self._definitions.get(definition_id, {})
+        revision = self.lifecycle.latest(definition_id, revisions)
+        return None if revision is None else revisions[revision]
+
+    def is_deprecated(self, definition_id: str, revision: int) -> bool:
+        return self.lifecycle.is_deprecated(definition_id, revision)
+
+    def deprecation(self, definition_id: str, revision: int) -> str | None:
+        return self.lifecycle.deprecation(definition_id, revision)
+
+    def apply(self, event: Lifecycle) -> None:
+        """Fold a lifecycle event (deprecate, reinstate, promote, unpin), in topic order."""
+        self.lifecycle.apply(event)
 
     def revisions(self, definition_id: str) -> list[int]:
         return sorted(self._definitions.get(definition_id, {}))
@@ -99,7 +116,7 @@ class Catalog:
             wanted = definition_id if revision is None else definition_key(definition_id, revision)
             raise DefinitionError([Issue("", f"unknown definition {wanted}", rule="not_found")])
         definitions: dict[str, Definition] = {}
-        issues = _collect(root, self.get, definitions)
+        issues = collect_bundle(root, self.get, definitions)
         if issues:
             raise DefinitionError(issues)
         return Bundle.of(root.key, definitions)
@@ -156,7 +173,7 @@ class Bundle:
         if issues:
             raise DefinitionError(issues)
         reachable: dict[str, Definition] = {}
-        issues = _collect(parsed[root], lambda i, r: parsed.get(definition_key(i, r)), reachable)
+        issues = collect_bundle(parsed[root], lambda i, r: parsed.get(definition_key(i, r)), reachable)
         extra = sorted(set(parsed) - set(reachable))
         if extra:
             issues.append(
@@ -184,7 +201,7 @@ class Bundle:
         """The sub-bundle rooted at a child workflow (what a ChildRunActivation carries)."""
         key = definition_key(definition_id, revision)
         wanted: dict[str, Definition] = {}
-        _collect(self.definition(key), lambda i, r: self.definition(definition_key(i, r)), wanted)
+        collect_bundle(self.definition(key), lambda i, r: self.definition(definition_key(i, r)), wanted)
         return Bundle.of(key, wanted)
 
 
@@ -195,7 +212,7 @@ def bundle_hash(root: str, definitions: dict[str, Any]) -> str:
 Lookup = Callable[[str, int], Definition | None]
 
 
-def _collect(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> list[Issue]:
+def collect_bundle(root: Definition, lookup: Lookup, out: dict[str, Definition]) -> list[Issue]:
     """Depth-first over child workflow nodes, filling `out`; returns the problems found."""
     issues: list[Issue] = []
     root_limits = root.budgets.limits()

@@ -14,7 +14,7 @@ from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import cancel_open_steps, plan_superstep
-from processors.engine.superstep import fail_run, progress
+from processors.engine.superstep import fail_run, progress, schema_error
 from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES, ZERO_USAGE
 
 Message = dict[str, Any]
@@ -88,7 +88,26 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         (wait for wait in state["waits"].values() if wait["signal"] == name),
         key=lambda wait: order_key(wait["node"], wait["lineage"]),
     )
+    # Every wait node on a signal declares the same contract (validation: signal_contract).
+    taker = next(
+        n for n, node in sorted(em.pinned.root.nodes.items()) if node.kind == "wait" and node.signal == name
+    )
+    validator = em.pinned.payload_validator(taker)
+    if validator is not None:
+        error = next(iter(validator.iter_errors(payload)), None)
+        if error is not None:  # refused before it reaches the run: the wait goes on waiting
+            reason = f"signal {name[:100]!r}: payload {schema_error(error)} (the payload_schema of {taker})"
+            return rejected(state, rejection(msg, "InvalidInput", reason), "signal payload refused")
     if not waits or status != "running":
+        if not em.pinned.node(taker).accept_early:
+            where = (
+                f"the run is {status}" if status != "running" else f"no wait on {name[:100]!r} is reached yet"
+            )
+            reason = (
+                f"{where}, and wait node {taker} takes only a signal that arrives while it waits "
+                "(accept_early: false); send it again once the run waits for it"
+            )
+            return rejected(state, rejection(msg, "Conflict", reason), "early signal refused")
         em.emit("SignalReceived", signal=name, payload=payload, node=None)
         return em.decision()
     wait = waits[0]

@@ -470,6 +470,28 @@ def _collect_reads(node: Node, bound: _Bound, reads: dict[str, set[tuple[str, ..
         _collect_reads(child, bound, reads)
 
 
+def free_variables(expr: str) -> frozenset[str]:
+    """The identifiers a condition reads that no comprehension binds (`x` in `l.all(x, ...)` is
+    bound), e.g. {"state", "stat"} for `state.a && stat.approved`. Raises like `analyze`."""
+    found: set[str] = set()
+
+    def walk(node: Node, bound: frozenset[str]) -> None:
+        if node[0] == "ident":
+            if node[3] not in bound:
+                found.add(node[3])
+            return
+        if node[0] == "macro":
+            walk(node[3], bound)
+            for part in node[6]:
+                walk(part, bound | {node[5]})
+            return
+        for child in _children(node):
+            walk(child, bound)
+
+    walk(analyze(expr).tree, frozenset())
+    return frozenset(found)
+
+
 # ---- narrowing: hand a program only what it reads ----------------------------------------------
 # A plan of what to keep of a value: None (all of it), or
 #   ("none",)           only its presence was tested: None stands for it

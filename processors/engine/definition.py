@@ -192,6 +192,11 @@ class Node(_Model):
     revision: int | None = Field(default=None, ge=1)
     # wait / sleep
     signal: str | None = Field(default=None, min_length=1, max_length=256)
+    # wait: the JSON Schema a signal's payload must meet (a SignalRun that fails it is rejected
+    # and the run keeps waiting), and whether a signal sent before the wait is reached is kept
+    # for it (true) or refused (false: only a signal that arrives while it waits is taken)
+    payload_schema: dict[str, Any] | None = None
+    accept_early: bool = True
     duration_ms: int | None = Field(default=None, ge=0)
     # state
     mutations: list[Mutation] = Field(default_factory=list)

@@ -48,6 +48,10 @@ class Pinned:
     def node_output_validator(self, name: str) -> Draft202012Validator | None:
         return self._validator(f"node:{name}", self.root.nodes[name].output_schema)
 
+    def payload_validator(self, name: str) -> Draft202012Validator | None:
+        """The `payload_schema` of wait node `name`: what a signal it takes must meet."""
+        return self._validator(f"payload:{name}", self.root.nodes[name].payload_schema)
+
     def child_bundle(self, definition_id: str, revision: int) -> dict[str, Any]:
         """The sub-bundle JSON a ChildRunActivation carries (computed once)."""
         key = f"{definition_id}@{revision}"

@@ -155,11 +155,40 @@ def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
                     f"bundle root {bundle.root} is not the requested {definition_id}@{revision}",
                 )
         else:
+            refused = _lifecycle_refusal(ctx.catalog, definition_id, revision)
+            if refused is not None:
+                return refused
             bundle = _pin_cached(ctx.catalog, definition_id, revision)
     except DefinitionError as exc:
         not_found = any(issue.rule == "not_found" for issue in exc.errors)
         return ("NotFound" if not_found else "InvalidInput"), str(exc)
     return remember(bundle)
+
+
+def _lifecycle_refusal(catalog: Any, definition_id: str, revision: int | None) -> tuple[str, str] | None:
+    """A deprecated revision starts no new run (a bundle-carrying StartRun, a child run of a
+    running parent, is not asked: running runs go on); an unpinned start when every revision
+    is deprecated is NotFound."""
+    revisions = catalog.revisions(definition_id)
+    if not revisions:
+        return None  # pinning answers NotFound
+    hint = f"reinstate one with `runfold defs deprecate {definition_id}@REV --undo`"
+    if revision is None:
+        if catalog.latest(definition_id) is None:
+            return "NotFound", (
+                f"every revision of {definition_id} is deprecated ({', '.join(map(str, revisions))}); "
+                f"{hint} or register a new revision"
+            )
+        return None
+    if not catalog.is_deprecated(definition_id, revision):
+        return None
+    why = catalog.deprecation(definition_id, revision)
+    latest = catalog.latest(definition_id)
+    instead = f"start {latest.key} (latest) or " if latest is not None else ""
+    return "Conflict", (
+        f"{definition_id}@{revision} is deprecated{f' ({why})' if why else ''}: it starts no new run, "
+        f"runs already started continue; {instead}{hint.replace('REV', str(revision))}"
+    )
 
 
 # Pinned bundles per catalog: revisions are immutable, so (id, revision) pins the same

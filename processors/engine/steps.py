@@ -248,7 +248,9 @@ def _settle_instantly(em: Emitter, name: str, node: Node, lineage: str) -> None:
         em.emit_step("StepSucceeded", step, output=step["input"], usage=dict(ZERO_USAGE))
         return
     signal = node.signal or ""
-    for buffered in em.state["signals"]:
+    # accept_early: false takes only a signal that arrives while it waits (the buffer holds
+    # none for it: signal_run refuses a signal no wait on it would take yet)
+    for buffered in em.state["signals"] if node.accept_early else ():
         if buffered["signal"] == signal:
             em.emit("SignalReceived", signal=signal, payload=buffered["payload"], node=name)
             em.emit_step("StepSucceeded", step, output=buffered["payload"], usage=dict(ZERO_USAGE))

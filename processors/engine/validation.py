@@ -41,7 +41,7 @@ ALLOWED_FIELDS: Final[dict[str, frozenset[str]]] = {
     "agent": _COMMON | _EXECUTED | _LEASED | {"agent", "model", "prompt", "structured_output_attempts"},
     "workflow": _COMMON | _EXECUTED | {"workflow", "revision"},
     "state": _COMMON | {"mutations", "writes"},
-    "wait": _COMMON | {"signal", "timeout_ms", "writes"},
+    "wait": _COMMON | {"signal", "timeout_ms", "writes", "payload_schema", "accept_early"},
     "sleep": _COMMON | {"duration_ms"},
 }
 REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -72,6 +72,7 @@ def validate_definition(defn: Definition, ceilings: Ceilings | None = None) -> l
     _check_state_keys(defn, issues)
     for node_id, node in defn.nodes.items():
         _check_node(defn, node_id, node, issues)
+    _check_signal_contracts(defn, issues)
     _check_conditions(defn, issues)
     if ceilings is not None:
         _check_budgets(defn, ceilings, issues)
@@ -206,6 +207,28 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
         _check_ref_template(template, f"{base}.writes.{key}", _WRITES_SOURCES[node.kind] | item, issues)
 
 
+def _check_signal_contracts(defn: Definition, issues: list[Issue]) -> None:
+    """A signal name is one contract: every wait node on it declares the same payload_schema and
+    accept_early. A SignalRun is then checked once, when it arrives, and a signal kept for a wait
+    not reached yet is one any of them may take (the buffer holds no signal one of them refuses)."""
+    first: dict[str, tuple[str, Node]] = {}
+    for node_id, node in defn.nodes.items():
+        if node.kind != "wait" or node.signal is None:
+            continue
+        seen = first.setdefault(node.signal, (node_id, node))
+        other_id, other = seen
+        for name in ("payload_schema", "accept_early"):
+            if getattr(node, name) != getattr(other, name):
+                issues.append(
+                    Issue(
+                        f"nodes.{node_id}.{name}",
+                        f"differs from wait node {other_id!r} on the same signal {node.signal!r}; "
+                        "the wait nodes of one signal must declare the same payload_schema and accept_early",
+                        rule="signal_contract",
+                    )
+                )
+
+
 def _number_or_ref(value: Any) -> bool:
     if value is None or (isinstance(value, dict) and "from" in value):
         return True
@@ -307,6 +330,9 @@ def _check_schemas(defn: Definition, issues: list[Issue]) -> None:
     ]
     schemas += [
         (f"nodes.{node_id}.output_schema", node.output_schema) for node_id, node in defn.nodes.items()
+    ]
+    schemas += [
+        (f"nodes.{node_id}.payload_schema", node.payload_schema) for node_id, node in defn.nodes.items()
     ]
     for path, schema in schemas:
         if schema is None:

@@ -2,7 +2,8 @@
 
 At startup `catch_up` reads every partition from the beginning to its end (read_committed)
 before any command is processed, so a StartRun never races a definition that was
-registered before the processor started. Afterwards `poll` picks up new revisions
+registered before the processor started. Lifecycle records (deprecate, promote: engine
+lifecycle.py) on the same topic are folded into the Catalog in topic order. Afterwards `poll` picks up new revisions
 without blocking, once per loop iteration.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog
+from processors.engine.lifecycle import is_lifecycle, parse_lifecycle
 from processors.kafka.exits import StopRequested, until_stopped
 from processors.kafka.fetch import first_then_buffered
 from processors.runtime.metrics import ProcessorMetrics
@@ -148,7 +150,13 @@ class DefinitionsReader:
             return  # compaction tombstone: revisions are immutable, nothing to unregister
         try:
             record = self._decode(value)
-            self.catalog.register(record["definition"])
+            body = record["definition"]
+            if is_lifecycle(body):  # deprecate/promote: lifecycle.py
+                event = parse_lifecycle(body)
+                self.catalog.apply(event)
+                self._log.info("definition lifecycle", extra={"event": event.event, "target": event.target})
+                return
+            self.catalog.register(body)
             self.registered += 1
         except (DecodeError, ValueError, KeyError, TypeError) as e:
             # DefinitionError is a ValueError. The CLI validates before publishing, so this

@@ -25,6 +25,8 @@ FIXED = frozenset(
         "signal payload too deep",
         "signal payload too large",
         "secret in signal",
+        "signal payload refused",
+        "early signal refused",
         "nothing to resume",
         "invalid budgets",
         "unknown dispatch id",
@@ -54,7 +56,8 @@ _MALFORMED = re.compile(
 )
 _NOT_APPLICABLE = re.compile(r"^\w+ does not apply to a \w+ step$")
 _START = re.compile(
-    r"^(StartRun\.|run_id contains|definition|revision|input |budget|labels|parent|unknown budget|node )"
+    r"^(StartRun\.|run_id contains|definition|revision|input |budget|labels|parent|unknown budget|node "
+    r"|every revision of |\S+@\d+ is deprecated)"
 )
 
 

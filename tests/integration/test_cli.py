@@ -85,8 +85,12 @@ nodes:
 def system(settings: ProcessorSettings, cli: Cli, tmp_path: Path) -> Iterator[None]:
     (tmp_path / "defs").mkdir()
     (tmp_path / "defs" / "approval.yaml").write_text(APPROVAL)
-    # before the processor starts: it reads the definitions topic at start
-    cli("defs", "register", "examples/definitions/", str(tmp_path / "defs"))
+    # before the processor starts: it reads the definitions topic at start. research-brief's
+    # `search` node is on queue tools, which this topology does not serve: refused, with how
+    # to add it (the other files are registered all the same)
+    out = cli("defs", "register", "examples/definitions/", str(tmp_path / "defs"), code=1)
+    assert "research-brief@3" not in out.stdout and "unknown queue 'tools'" in out.stderr
+    assert "RUNFOLD_ACTIVATION_QUEUES=agents,default,tools" in out.stderr
     with running(settings), WorkerThread(Worker(name="cli-test"), settings):
         yield
 

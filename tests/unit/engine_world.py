@@ -157,6 +157,16 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
         raw["output"] = {"from": "state", "pointer": "/out"}
     if draw(st.integers(0, 5)) == 0:
         raw["required"] = ["out"]
+    # signal s1's contract, the same for every wait on it (signal_contract): sometimes a payload
+    # schema (the world's {} / None / [1] payloads fail it), sometimes early signals refused
+    contract: dict[str, Any] = {}
+    if draw(st.integers(0, 3)) == 0:
+        contract["payload_schema"] = {"type": "object", "required": ["ok"]}
+    if draw(st.integers(0, 3)) == 0:
+        contract["accept_early"] = False
+    for node in nodes.values():
+        if node["kind"] == "wait" and node["signal"] == "s1":
+            node.update(contract)
     return raw
 
 
