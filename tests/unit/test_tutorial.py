@@ -21,6 +21,7 @@ def test_the_tutorial_project_passes_its_own_tests(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text)
     (tmp_path / "shop" / "__init__.py").write_text("")
     assert "python -m pytest tests -q" in DOC
+    assert "pip install -e . pytest" in DOC  # the harness's tests need pytest, not in the base install
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "RUNFOLD_"))}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
