@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Annotated, Any
 
@@ -33,8 +34,10 @@ from processors.cli.common import (
     parse_json_arg,
     parse_pairs,
 )
-from processors.client import RunView
+from processors.client import RunClient, RunView
 from processors.client.answers import CommandAnswer
+from processors.client.consumers import scheduled_queues, unconsumed_queues
+from processors.client.errors import RunNotFound
 from processors.client.progress import StepBoard
 from processors.index import settings as index_settings  # index hook
 
@@ -256,10 +259,31 @@ def get(
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         view = client.get(run_id)
-    if as_json:
-        echo_json(view.to_dict(with_state=state))
-    else:
-        _print_view(view, show_state=state)
+        if as_json:
+            echo_json(view.to_dict(with_state=state))
+        else:
+            _print_view(view, show_state=state)
+        _warn_unconsumed(client, view)
+
+
+def _warn_unconsumed(client: RunClient, view: RunView) -> None:
+    """On stderr: the steps scheduled on a queue that no worker consumes (they wait until one does)."""
+    waiting = scheduled_queues(view.steps())
+    if not waiting:
+        return
+    try:
+        idle = unconsumed_queues(client.settings, waiting)
+    except Exception as e:  # a hint only: the answer above stands without it
+        err_console.print(f"[yellow]warning:[/] could not check the queues' consumers: {escape(str(e))}")
+        return
+    for queue in idle:
+        err_console.print(
+            f"[yellow]warning:[/] {escape(', '.join(waiting[queue]))} scheduled on queue {escape(queue)!r}, "
+            f"which no worker consumes ({escape(client.topics.activations(queue))} has no consumer group "
+            f"member): start `runfold worker --queue {escape(queue)} --module ...`",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @runs_app.command("list")
@@ -389,6 +413,8 @@ def watch(
     """
     board = StepBoard(run_id)
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        with contextlib.suppress(RunNotFound):  # a run not started yet has nothing scheduled
+            _warn_unconsumed(client, client.get(run_id))
         events = client.events(run_id, follow=True, timeout=timeout)
         if as_json:
             for ev in events:

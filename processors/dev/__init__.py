@@ -1,0 +1,1 @@
+"""`runfold dev`: broker, topics, definitions, processor, worker and child executor in one terminal, with reload."""
