@@ -123,6 +123,21 @@ def latency(
     _show(b, ["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"])
 
 
+@bench_app.command("fair-limit")
+def fair_limit(
+    runs: Annotated[int, typer.Option(help="Runs of the 3-step workflow folded per round.")] = 3000,
+    partitions: Annotated[int, typer.Option(help="Partitions of every topic.")] = 2,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
+) -> None:
+    """The 3-step fold vs a raw transactional consume -> produce writing the fold's records (same
+    topics, counts and sizes per input, one snapshot per run per transaction), paired per round."""
+    fl = _benchmark("fair_limit")
+
+    b = fl.run(runs, partitions, rounds=rounds, warmup=warmup)
+    _show(b, ["input_records_per_s", "output_records_per_s", "snapshots_per_input", "fold_vs_limit"])
+
+
 @bench_app.command("replay")
 def replay(
     runs: Annotated[int, typer.Option(help="3-step runs in the run-events topic (15 events each).")] = 4000,
