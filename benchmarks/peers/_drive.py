@@ -8,7 +8,10 @@ line on stdout. Around the measured window it prints `{"mark": "start"}` and
 
     {"op": "throughput", "concurrency": 16, "seconds": 5, "warmup_s": 1, "steps": 3}
         closed loop: `concurrency` workflows in flight, each started when one finishes;
-        workflows/s = completions inside the window / its length.
+        workflows/s = completions inside the window / its length. The window opens after
+        `warmup_s` and at least one full cycle (`concurrency` completions; at most 30 s more):
+        at a high concurrency on a loaded host a cycle takes seconds, and a window opened
+        before it would count the ramp.
     {"op": "latency", "rate": 25.0, "seconds": 5, "steps": 1}
         open loop: a start every 1/rate s for `seconds`; latency = completion seen by the
         client - the start's planned time (so a start that queued behind others counts its wait).
@@ -47,6 +50,15 @@ def latency_summary(lat_ms: list[float], planned: int, seconds: float) -> dict[s
     }
 
 
+def warm_until(completed: Callable[[], int], concurrency: int, warmup_s: float) -> None:
+    """Sleep `warmup_s`, then on until `concurrency` workflows completed (at most 30 s more)."""
+    started = time.monotonic()
+    while time.monotonic() - started < warmup_s or (
+        completed() < concurrency and time.monotonic() - started < warmup_s + 30
+    ):
+        time.sleep(0.05)
+
+
 def throughput_threads(
     run_one: Callable[[int], None], concurrency: int, seconds: float, warmup_s: float, steps: int
 ) -> dict[str, Any]:
@@ -69,7 +81,7 @@ def throughput_threads(
     threads = [threading.Thread(target=loop, daemon=True) for _ in range(concurrency)]
     for t in threads:
         t.start()
-    time.sleep(warmup_s)
+    warm_until(lambda: len(done), concurrency, warmup_s)
     t0 = time.monotonic()
     mark("start")
     time.sleep(seconds)
@@ -133,7 +145,11 @@ async def throughput_async(
             done.append(time.monotonic())
 
     tasks = [asyncio.create_task(loop()) for _ in range(concurrency)]
-    await asyncio.sleep(warmup_s)
+    started = time.monotonic()
+    while time.monotonic() - started < warmup_s or (
+        len(done) < concurrency and time.monotonic() - started < warmup_s + 30
+    ):
+        await asyncio.sleep(0.05)
     t0 = time.monotonic()
     mark("start")
     await asyncio.sleep(seconds)

@@ -76,14 +76,15 @@ class Driver:
     def throughput(self, concurrency: int, seconds: float, warmup_s: float, steps: int) -> dict[str, Any]:
         done: list[tuple[float, float]] = []
         t_warm = time.monotonic()
-        t0 = t_warm + warmup_s
-        t1 = t0 + seconds
-        started = False
+        t0 = t1 = float("inf")
         while True:
             now = time.monotonic()
-            if not started and now >= t0:
+            # the window opens after warmup_s and a full cycle (as _drive.warm_until)
+            if t0 == float("inf") and (
+                now - t_warm >= warmup_s and (len(done) >= concurrency or now - t_warm >= warmup_s + 30)
+            ):
                 _drive.mark("start")
-                started = True
+                t0, t1 = now, now + seconds
             if now >= t1:
                 break
             while len(self.sent) < concurrency:
