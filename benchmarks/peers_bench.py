@@ -609,8 +609,12 @@ def one_system(name: str, p: Plan, log: IO[bytes]) -> dict[str, Any]:
     else:
         ctx = dbos_system(name, base + 4, p.cache_dir, log)
     curve = p.curve["runfold" if name.startswith("runfold") else name.split("-")[0]]
+    load = os.getloadavg()[0]
     with ctx as system:
-        return measure(system, curve, p)
+        out = measure(system, curve, p)
+    # the host is shared: its load beside each system's figures (at start, at end)
+    out["loadavg_1m"] = [round(load, 1), round(os.getloadavg()[0], 1)]
+    return out
 
 
 def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
