@@ -73,6 +73,11 @@ class LocalKafkaConfig:
     # its size, so few large ones keep the pauses out of most runs (docs/runtime.md, "Broker GC").
     heap: str = "1g"
     young: str = "512m"
+    # The log cleaner's dedupe buffer is allocated in the heap when the broker starts (Kafka's
+    # default 128 MiB), resident from then on; the dev broker compacts only small topics.
+    cleaner_dedupe_bytes: int = 128 * 2**20
+    # glibc's malloc arenas (MALLOC_ARENA_MAX): 0 leaves glibc's default (8 per core).
+    malloc_arenas: int = 0
 
     @classmethod
     def from_env(
@@ -215,6 +220,7 @@ def server_properties(cfg: LocalKafkaConfig) -> str:
         "num.network.threads": "2",
         "num.io.threads": "4",
         "log.cleaner.threads": "1",
+        "log.cleaner.dedupe.buffer.size": str(cfg.cleaner_dedupe_bytes),
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
@@ -462,9 +468,11 @@ def _up_locked(cfg: LocalKafkaConfig, timeout: float) -> BrokerStatus:
         "kafka.Kafka",
         str(props),
     ]
+    env = {**os.environ, **({"MALLOC_ARENA_MAX": str(cfg.malloc_arenas)} if cfg.malloc_arenas else {})}
     with open(cfg.log_file, "ab") as log:
         proc = subprocess.Popen(
             cmd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -123,6 +123,48 @@ def latency(
     _show(b, ["rate_runs_per_s", "p50_ms", "p95_ms", "p99_ms"])
 
 
+@bench_app.command("fair-limit")
+def fair_limit(
+    runs: Annotated[int, typer.Option(help="Runs of the 3-step workflow folded per round.")] = 3000,
+    partitions: Annotated[int, typer.Option(help="Partitions of every topic.")] = 2,
+    rounds: Rounds = 3,
+    warmup: Warmup = 1,
+) -> None:
+    """The 3-step fold vs a raw transactional consume -> produce writing the fold's records (same
+    topics, counts and sizes per input, one snapshot per run per transaction), paired per round."""
+    fl = _benchmark("fair_limit")
+
+    b = fl.run(runs, partitions, rounds=rounds, warmup=warmup)
+    _show(b, ["input_records_per_s", "output_records_per_s", "snapshots_per_input", "fold_vs_limit"])
+
+
+@bench_app.command("peers")
+def peers(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="1 round, 4 s windows, 2 points per curve: a few minutes.")
+    ] = False,
+    rounds: Annotated[int | None, typer.Option(help="Rounds (default 3; --quick: 1).")] = None,
+    systems: Annotated[
+        str,
+        typer.Option(
+            "--systems", help="Comma-separated: runfold, runfold-fsync, temporal, dbos-sqlite, dbos-postgres."
+        ),
+    ] = "runfold,runfold-fsync,temporal,dbos-sqlite,dbos-postgres",
+    port_base: Annotated[
+        int, typer.Option(help="Its own brokers and servers listen on this port and the next 7.")
+    ] = 19300,
+) -> None:
+    """runfold vs Temporal vs DBOS Transact on no-op workflows, each system started fresh in turn:
+    3-step throughput over a concurrency curve, CPU per workflow over all its processes, 1-step
+    latency at 25 % of its own max and at 2.5 runs/s, peak RSS/PSS, and what each guarantees.
+    Installs the bench-peers extra, builds Temporal's dev server and a DBOS venv when missing."""
+    pb = _benchmark("peers_bench")
+
+    pb.ensure_peer_packages()
+    result = pb.run(quick, rounds, tuple(s.strip() for s in systems.split(",")), port_base)
+    typer.echo(pb.table(result))
+
+
 @bench_app.command("replay")
 def replay(
     runs: Annotated[int, typer.Option(help="3-step runs in the run-events topic (15 events each).")] = 4000,

@@ -1,0 +1,42 @@
+"""The benchmarks run, briefly, against the real broker. Benchmarks measure and never assert
+figures: these tests check the commands start and the output's shape, never a number's size."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+ROOT = Path(__file__).resolve().parents[2]
+# the benchmarks run from the checkout, not from the installed package (as `runfold bench` does)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_fair_limit_replays_the_folds_shape(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("RUNFOLD_BENCH_RESULTS", str(tmp_path))
+    from benchmarks import fair_limit
+
+    bench = fair_limit.run(runs=200, rounds=1, warmup=0, metrics_port=_free_port())
+    saved = orjson.loads((tmp_path / "fair_limit.json").read_bytes())
+    assert saved["errors"] == {}
+    fold, limit = saved["summary"]["fold"], saved["summary"]["limit"]
+    # the limit writes what the fold wrote per input: same inputs, same events and activations
+    assert limit["input_records"]["median"] == fold["input_records"]["median"] == 4 * 200
+    for role in ("events_per_input", "activations_per_input"):
+        assert limit[role]["median"] == pytest.approx(fold[role]["median"], abs=0.002)
+    assert 0 < limit["snapshots_per_input"]["median"] <= 1.0
+    assert bench.ratios["fold_vs_limit"]["value"] is not None
