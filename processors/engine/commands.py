@@ -13,7 +13,8 @@ from processors.engine.ids import instance_key, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
-from processors.engine.steps import cancel_open_steps, plan_superstep
+from processors.engine.steps import plan_superstep
+from processors.engine.stopping import halt
 from processors.engine.superstep import fail_run, progress, schema_error
 from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES, ZERO_USAGE
 
@@ -24,16 +25,19 @@ REASON_CHARS = 1000
 
 
 def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
-    """Idempotent: cancelling a cancelled run changes nothing. A succeeded or failed run
-    is never reopened by a cancel: the caller gets a RunRejected (code Conflict)."""
+    """Idempotent: cancelling a cancelled (or cancelling) run changes nothing. A succeeded or
+    failed run, or one already failing while its steps stop, is never reopened by a cancel: the
+    caller gets a RunRejected (code Conflict). A run pausing while its steps stop ends cancelled."""
     status = state["status"]
-    if status == "cancelled":
+    halting = state.get("halting")
+    if status == "cancelled" or (halting is not None and halting["outcome"] == "RunCancelled"):
         return unchanged("duplicate cancel")
     if status in TERMINAL_STATUSES:
         return rejected(state, rejection(msg, "Conflict", f"run already {status}"), "run already finished")
+    if halting is not None and halting["outcome"] == "RunFailed":
+        return rejected(state, rejection(msg, "Conflict", "run already failing"), "run already failing")
     reason = text(msg.get("reason"), REASON_CHARS) or "cancelled by request"
-    cancel_open_steps(em, f"run cancelled: {reason}")
-    em.emit("RunCancelled", reason=reason, usage=em.usage())
+    halt(em, "RunCancelled", f"run cancelled: {reason}", reason=reason)
     return em.decision()
 
 
@@ -45,6 +49,8 @@ def fail_run_for_runtime(state: RunState, msg: Message, em: Emitter) -> Decision
     is left as it is."""
     if state["status"] in TERMINAL_STATUSES:
         return unchanged("run already finished")
+    if state["status"] == "cancelling":
+        return unchanged("run already stopping")  # it ends once its steps stopped, or at their bound
     code = msg["code"] if msg["code"] in FAILURE_CODES else "ExecutionFailed"
     # The message goes on RunFailed only: every cancelled step (a map's many items) gets the code.
     fail_run(em, failure(code, msg["message"][:REASON_CHARS]), f"run failed: {code}")
@@ -162,4 +168,4 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     return em.decision()
 
 
-__all__ = ["cancel_open_steps", "cancel_run", "resume_run", "signal_run"]
+__all__ = ["cancel_run", "resume_run", "signal_run"]

@@ -207,6 +207,9 @@ class Node(_Model):
     timeout_ms: int | None = Field(default=None, ge=1)
     lease_ms: int = Field(default=30_000, ge=1)
     heartbeat_ms: int = Field(default=5_000, ge=1)
+    # how long a cancelled or timed-out attempt may take to prove it stopped (None: the lease for
+    # an action or agent, WORKFLOW_STOP_TIMEOUT_MS for a child run); then it is stop_unconfirmed
+    stop_timeout_ms: int | None = Field(default=None, ge=1)
     on_failure: FailurePolicy = "fail_fast"
     writes: dict[str, Any] = Field(default_factory=dict)
 

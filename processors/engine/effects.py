@@ -20,6 +20,7 @@ from processors.engine.vocabulary import (
     EXECUTOR_KINDS,
     RUN_STOPPING_EVENTS,
     STEP_SETTLING_EVENTS,
+    STOP_LEASE_EXPIRED,
 )
 
 Event = dict[str, Any]
@@ -47,6 +48,8 @@ def effects(state: RunState | None, event: Event) -> Effects:
         return _scheduled(state, event)
     if etype in STEP_SETTLING_EVENTS:
         return _settled(state, event)
+    if etype == "StepStopping":
+        return _stopping(state, event)
     if etype in ("StepStarted", "StepLeaseExtended"):
         return Effects(set_timers=[_timer(state, event, "lease_expiry", event["lease_expires_ms"])])
     if etype == "StepRetryScheduled":
@@ -202,21 +205,43 @@ def _settled(state: RunState, event: Event) -> Effects:
     etype = event["type"]
     if etype == "StepCancelled" and step["retry_due_ms"] is not None:
         clear.append(step_timer_id("retry_backoff", dispatch))
-    # a timed-out attempt (node timeout, lease expiry) may still run somewhere: stop it
+    stop = step.get("stop")
+    if stop is not None and "due_ms" in stop:
+        clear.append(step_timer_id("stop_timeout", dispatch))
+    # an attempt timed out by its executor, or whose lease expired (its worker presumed dead),
+    # may still run somewhere: stop it (a stopping one was told at StepStopping)
     in_flight = (etype == "StepCancelled" and step["cancel_in_flight"]) or (
-        etype == "StepFailed" and event["failure"]["code"] == "Timeout"
+        etype == "StepFailed"
+        and event["failure"]["code"] == "Timeout"
+        and event.get("stop") in (None, STOP_LEASE_EXPIRED)
     )
-    if in_flight and kind in EXECUTOR_KINDS:
+    if in_flight:
+        reason = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
+        messages += _cancel_messages(state, event, kind, reason)
+    if not messages and not clear:  # most settlements: no timer armed, nothing in flight
+        return NONE
+    return Effects(messages=messages, clear_timers=clear)
+
+
+def _stopping(state: RunState, event: Event) -> Effects:
+    """Ask the attempt to stop, and bound the wait for its proof (stopping.py)."""
+    step = state["steps"][instance_key(event["node"], event["lineage"])]
+    return Effects(
+        messages=_cancel_messages(state, event, step["kind"], event["reason"]),
+        set_timers=[_timer(state, event, "stop_timeout", event["due_ms"])],
+    )
+
+
+def _cancel_messages(state: RunState, event: Event, kind: str | None, reason: str) -> list[Message]:
+    if kind in EXECUTOR_KINDS:
         message = _envelope(event, 0, "CancelActivation")
-        message["reason"] = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
-        messages.append(message)
-    elif in_flight and kind == "workflow":
+        message["reason"] = reason
+        return [message]
+    if kind == "workflow":
         message = _envelope(event, 0, "ChildRunCancel")
         message["child_run_id"] = child_run_id(
             state["run_id"], event["node"], event["lineage"], event["attempt"]
         )
-        message["reason"] = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]
-        messages.append(message)
-    if not messages and not clear:  # most settlements: no timer armed, nothing in flight
-        return NONE
-    return Effects(messages=messages, clear_timers=clear)
+        message["reason"] = reason
+        return [message]
+    return []

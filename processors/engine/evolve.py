@@ -140,6 +140,7 @@ def _budget_exhausted(s: RunState, ev: Event) -> None:
 
 
 def _run_paused(s: RunState, ev: Event) -> None:
+    _end_halt(s)
     s["status"] = "paused"
     s["pause"] = {"code": ev["code"], "reason": ev["reason"]}
     _stop_wall(s, ev["ts_ms"])
@@ -159,6 +160,25 @@ def _run_resumed(s: RunState, ev: Event) -> None:
     _arm_wall(s, ev["ts_ms"])
 
 
+def _run_cancelling(s: RunState, ev: Event) -> None:
+    """The run waits for its stopping attempts before the outcome it names (stopping.py)."""
+    previous = s.get("halting")
+    s["status"] = "cancelling"
+    s["halting"] = {
+        "outcome": ev["outcome"],
+        "reason": ev.get("reason"),
+        "code": ev.get("code"),
+        "failure": ev.get("failure"),
+        "step_reason": ev["step_reason"],
+        "stops": previous["stops"] if previous is not None else [],
+    }
+    _stop_wall(s, ev["ts_ms"])
+
+
+def _end_halt(s: RunState) -> None:
+    s.pop("halting", None)  # `s` is this event's own copy of the state
+
+
 def _run_succeeded(s: RunState, ev: Event) -> None:
     s["status"] = "succeeded"
     s["output"] = ev["output"]
@@ -166,12 +186,14 @@ def _run_succeeded(s: RunState, ev: Event) -> None:
 
 
 def _run_failed(s: RunState, ev: Event) -> None:
+    _end_halt(s)
     s["status"] = "failed"
     s["failure"] = ev["failure"]
     _stop_wall(s, ev["ts_ms"])
 
 
 def _run_cancelled(s: RunState, ev: Event) -> None:
+    _end_halt(s)
     s["status"] = "cancelled"
     s["cancel_reason"] = ev["reason"]
     _stop_wall(s, ev["ts_ms"])
@@ -261,10 +283,11 @@ def _step_update(s: RunState, ev: Event, **changes: Any) -> None:
 
 
 def _step_started(s: RunState, ev: Event) -> None:
+    old = s["steps"][instance_key(ev["node"], ev["lineage"])]
     _step_update(
         s,
         ev,
-        status="running",
+        status="stopping" if old["status"] == "stopping" else "running",
         started_ms=ev["ts_ms"],
         worker_id=ev["worker_id"],
         lease_expires_ms=ev["lease_expires_ms"],
@@ -295,10 +318,39 @@ def _step_failed(s: RunState, ev: Event) -> None:
     if old is None or old["superstep"] != s["superstep"]:
         _settled_unscheduled(s, ev, key, old, "failed")  # its input or map source did not resolve
     else:
+        stop = _stop_after(old, ev)
         _step_update(
-            s, ev, status="failed", failure=ev["failure"], usage=ev["usage"], finished_ms=ev["ts_ms"]
+            s,
+            ev,
+            status="failed",
+            failure=ev["failure"],
+            usage=ev["usage"],
+            finished_ms=ev["ts_ms"],
+            **({} if stop is None else {"stop": stop}),
         )
     _drop_wait(s, key)
+
+
+def _stop_after(old: dict[str, Any], ev: Event) -> dict[str, Any] | None:
+    """The step's stop record after a settling event that says how the attempt stopped."""
+    how = ev.get("stop")
+    if how is None:
+        return None
+    return {**(old.get("stop") or {}), "how": how}
+
+
+def _step_stopping(s: RunState, ev: Event) -> None:
+    _step_update(
+        s,
+        ev,
+        status="stopping",
+        stop={
+            "cause": ev["cause"],
+            "reason": ev["reason"],
+            "failure": ev.get("failure"),
+            "due_ms": ev["due_ms"],
+        },
+    )
 
 
 def _settled_unscheduled(s: RunState, ev: Event, key: str, old: dict[str, Any] | None, status: str) -> None:
@@ -343,6 +395,21 @@ def _step_retry_scheduled(s: RunState, ev: Event) -> None:
 def _step_cancelled(s: RunState, ev: Event) -> None:
     key = instance_key(ev["node"], ev["lineage"])
     old = s["steps"][key]
+    changes: dict[str, Any] = {}
+    stop = _stop_after(old, ev)
+    if stop is not None:  # settled from stopping: what its evidence recorded
+        usage = ev.get("usage") or dict(ZERO_USAGE)
+        _add_usage(s, usage)
+        changes.update(stop=stop, usage=usage)
+        halting = s.get("halting")
+        if halting is not None:
+            entry = {
+                "node": ev["node"],
+                "lineage": ev["lineage"],
+                "attempt": ev["attempt"],
+                "stop": stop["how"],
+            }
+            s["halting"] = {**halting, "stops": [*halting["stops"], entry]}
     _step_update(
         s,
         ev,
@@ -350,6 +417,7 @@ def _step_cancelled(s: RunState, ev: Event) -> None:
         reason=ev["reason"],
         finished_ms=ev["ts_ms"],
         cancel_in_flight=old["status"] in ("scheduled", "running"),
+        **changes,
     )
     _drop_wait(s, key)
 
@@ -430,12 +498,14 @@ _HANDLERS: dict[str, Callable[[RunState, Event], None]] = {
     "StepRetryScheduled": _step_retry_scheduled,
     "StepSkipped": _step_skipped,
     "StepCancelled": _step_cancelled,
+    "StepStopping": _step_stopping,
     "SuperstepCommitted": _superstep_committed,
     "RunWaiting": _run_waiting,
     "SignalReceived": _signal_received,
     "BudgetWarning": _budget_warning,
     "BudgetExhausted": _budget_exhausted,
     "RunPaused": _run_paused,
+    "RunCancelling": _run_cancelling,
     "RunResumed": _run_resumed,
     "RunSucceeded": _run_succeeded,
     "RunFailed": _run_failed,

@@ -20,10 +20,16 @@ from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import fail_attempt, pause_for, retry_attempt, retry_exhausted
+from processors.engine.stopping import ask_to_stop, finish_halt
 from processors.engine.superstep import progress, schema_error
 from processors.engine.vocabulary import (
     EXECUTOR_KINDS,
     FAILURE_CODES,
+    STOP_COMPLETED,
+    STOP_CONFIRMED,
+    STOP_FAILED,
+    STOP_LEASE_EXPIRED,
+    STOP_UNCONFIRMED,
     TERMINAL_RECEIPTS,
     TERMINAL_STATUSES,
     ZERO_USAGE,
@@ -194,6 +200,13 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
         return "step already cancelled"
     if status == "skipped":  # a later superstep skipped the node; this receipt is of an older activation
         return "step skipped"
+    if status == "stopping" and rtype != "ActivationAccepted" and rtype != "ActivationHeartbeat":
+        settle_stopping(
+            em, step, _stopped_how(msg), _usage(msg) if rtype in TERMINAL_RECEIPTS else ZERO_USAGE
+        )
+        return None
+    if status != "stopping" and "cause" in step.get("stop", ()) and rtype != "ActivationHeartbeat":
+        return "attempt already stopped"  # settled from stopping: its evidence came already
     if rtype in TERMINAL_RECEIPTS:
         outcome, value, usage = _outcome(em, step, msg)
         if status in ("scheduled", "running"):
@@ -215,6 +228,8 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
     if rtype == "ActivationCancelled":
         if status in ("scheduled", "running"):
             reason = text(msg.get("reason"), MESSAGE_CHARS) or "no reason given"
+            # an executor that gave up on its own (a shutdown): the next attempt may start
+            # unless it says its handler has not stopped
             fail_attempt(
                 em,
                 step,
@@ -226,6 +241,7 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
                     lineage=step["lineage"],
                 ),
                 ZERO_USAGE,
+                stop=_stopped_how(msg),
             )
             return None
         return "step already settled"
@@ -234,10 +250,11 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
     if type(lease_ms) is not int or lease_ms <= 0:
         return f"{rtype} without a positive lease_ms"
     if rtype == "ActivationAccepted":
-        if status == "scheduled":
+        # a stopping attempt accepted now still runs: its lease is the one stop that can be assumed
+        if status == "scheduled" or (status == "stopping" and step["worker_id"] is None):
             em.emit_step("StepStarted", step, worker_id=worker, lease_expires_ms=em.ts + lease_ms)
             return None
-        if status == "running":
+        if status in ("running", "stopping"):
             if step["worker_id"] == worker:
                 return "duplicate receipt"
             em.emit_step(
@@ -249,9 +266,9 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
             return None
         return "step already settled"
     # ActivationHeartbeat
-    if status == "scheduled":
+    if status == "scheduled" or (status == "stopping" and step["worker_id"] is None):
         return "heartbeat before acceptance"
-    if status != "running":
+    if status not in ("running", "stopping"):
         return "step already settled"
     if step["worker_id"] != worker:
         return "heartbeat from a worker that does not hold the lease"
@@ -270,8 +287,10 @@ def _timer(em: Emitter, msg: Message) -> str | None:
             return "stale timer"
         pause_for(em, budgets.WALL_TIME_OVERRUN)
         return None
-    if state["status"] != "running":
-        return "stale timer"  # paused: its steps were cancelled
+    if state["status"] != "running" and not (
+        state["status"] == "cancelling" and kind in ("lease_expiry", "stop_timeout")
+    ):
+        return "stale timer"  # paused: its steps were cancelled; cancelling: only stops count
     if (
         not isinstance(msg.get("node"), str)
         or not isinstance(msg.get("lineage"), str)
@@ -292,18 +311,22 @@ def _timer(em: Emitter, msg: Message) -> str | None:
         if status not in ("scheduled", "running") or step["kind"] not in ("action", "agent", "workflow"):
             return "stale timer"
         timeout = em.pinned.node(name).timeout_ms
-        fail_attempt(
+        message = f"{name} timed out after {timeout} ms"
+        # the attempt may still run: it settles (and a retry starts) once it stopped
+        ask_to_stop(
             em,
             step,
-            failure(
-                "Timeout", f"{name} timed out after {timeout} ms", retryable=True, node=name, lineage=lineage
-            ),
-            ZERO_USAGE,
+            "timeout",
+            message,
+            failure("Timeout", message, retryable=True, node=name, lineage=lineage),
         )
         return None
     if kind == "lease_expiry":
-        if status != "running" or msg.get("due_ms") != step["lease_expires_ms"]:
+        if status not in ("running", "stopping") or msg.get("due_ms") != step["lease_expires_ms"]:
             return "stale timer"
+        if status == "stopping":
+            settle_stopping(em, step, STOP_LEASE_EXPIRED, ZERO_USAGE)
+            return None
         fail_attempt(
             em,
             step,
@@ -315,7 +338,13 @@ def _timer(em: Emitter, msg: Message) -> str | None:
                 lineage=lineage,
             ),
             ZERO_USAGE,
+            stop=STOP_LEASE_EXPIRED,
         )
+        return None
+    if kind == "stop_timeout":
+        if status != "stopping" or msg.get("due_ms") != step["stop"]["due_ms"]:
+            return "stale timer"
+        settle_stopping(em, step, STOP_UNCONFIRMED, ZERO_USAGE)
         return None
     if kind == "wait_timeout":
         if status != "waiting":
@@ -339,3 +368,40 @@ def _timer(em: Emitter, msg: Message) -> str | None:
         em.emit_step("StepSucceeded", step, output=None, usage=dict(ZERO_USAGE))
         return None
     return f"unknown timer kind {kind!r}"
+
+
+def _stopped_how(msg: Message) -> str:
+    """How the attempt a receipt ends stopped: an ActivationCancelled confirms the stop unless it
+    says `confirmed: false` (an executor whose handler did not stop within its grace time); a
+    child run's cancelled terminal receipt is its confirmed stop."""
+    rtype = msg["type"]
+    if rtype == "ActivationCancelled":
+        return STOP_UNCONFIRMED if msg.get("confirmed") is False else STOP_CONFIRMED
+    if rtype == "ActivationCompleted":
+        return STOP_COMPLETED
+    if rtype == "ChildRunFinished":
+        status = msg["status"]
+        return (
+            STOP_CONFIRMED
+            if status == "cancelled"
+            else STOP_COMPLETED
+            if status == "succeeded"
+            else STOP_FAILED
+        )
+    return STOP_FAILED
+
+
+def settle_stopping(em: Emitter, step: dict[str, Any], how: str, usage: Usage) -> None:
+    """A stopping attempt's terminal evidence came (or its bound passed): a cancelled one (every
+    step of a cancelling run) settles StepCancelled, a timed-out one fails with its Timeout (and
+    may retry now). A completion or failure is recorded (`stop`, usage), never the outcome."""
+    halting = em.state.get("halting")
+    stop = step["stop"]
+    if halting is not None or stop["cause"] == "cancelled":
+        reason = halting["step_reason"] if halting is not None else stop["reason"]
+        em.emit_step("StepCancelled", step, reason=reason, stop=how, usage=usage)
+        finish_halt(em)
+        return
+    problem = stop["failure"]
+    assert problem is not None  # a timeout names its failure (stopping.ask_to_stop)
+    fail_attempt(em, step, problem, usage, stop=how)

@@ -15,8 +15,9 @@ from processors.engine import budgets
 from processors.engine.definition import Node
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import RefError
-from processors.engine.ids import dispatch_id, instance_key, order_key, step_timer_id
+from processors.engine.ids import dispatch_id, instance_key, step_timer_id
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
+from processors.engine.stopping import halt
 from processors.engine.vocabulary import (
     DISPATCHED_KINDS,
     EXECUTOR_KINDS,
@@ -267,10 +268,13 @@ def retry_attempt(em: Emitter, step: dict[str, Any]) -> None:
         _settle_instantly(em, name, node, step["lineage"])
 
 
-def fail_attempt(em: Emitter, step: dict[str, Any], problem: Failure, usage: Usage) -> None:
+def fail_attempt(
+    em: Emitter, step: dict[str, Any], problem: Failure, usage: Usage, stop: str | None = None
+) -> None:
     """StepFailed, then a retry if the failure is retryable and attempts and the run's
     retry budget remain; otherwise the instance's failure is final (RetryExhausted when
-    retries ran out)."""
+    retries ran out). `stop`: how the attempt stopped, when that is known (stopping.py)."""
+    extra = {} if stop is None else {"stop": stop}
     policy = em.pinned.node(step["node"]).retry
     if problem["retryable"] and policy is not None:
         attempts = _attempts(step)
@@ -279,7 +283,7 @@ def fail_attempt(em: Emitter, step: dict[str, Any], problem: Failure, usage: Usa
         elif not budgets.fits(em.state, "retries", 1):
             problem = retry_exhausted(step, problem, "budget")
         else:
-            em.emit_step("StepFailed", step, failure=problem, usage=usage)
+            em.emit_step("StepFailed", step, failure=problem, usage=usage, **extra)
             due = em.ts + policy.delay_ms(attempts)
             em.emit_step(
                 "StepRetryScheduled",
@@ -289,7 +293,7 @@ def fail_attempt(em: Emitter, step: dict[str, Any], problem: Failure, usage: Usa
                 timer_id=step_timer_id("retry_backoff", step["dispatch_id"]),
             )
             return
-    em.emit_step("StepFailed", step, failure=problem, usage=usage)
+    em.emit_step("StepFailed", step, failure=problem, usage=usage, **extra)
 
 
 def _attempts(step: dict[str, Any]) -> int:
@@ -308,19 +312,8 @@ def retry_exhausted(step: dict[str, Any], problem: Failure, why: str) -> Failure
     return failure("RetryExhausted", message, node=step["node"], lineage=step["lineage"])
 
 
-def open_steps(em: Emitter) -> list[dict[str, Any]]:
-    """Open instances of the current superstep, in deterministic order."""
-    superstep = em.state["superstep"]
-    found = [
-        step
-        for step in em.state["steps"].values()
-        if step["superstep"] == superstep and step["status"] in OPEN_STEP_STATUSES
-    ]
-    return sorted(found, key=lambda step: order_key(step["node"], step["lineage"]))
-
-
 def pause_for(em: Emitter, over: budgets.Overrun) -> None:
-    """BudgetExhausted + cancel in-flight steps + RunPaused (code BudgetExceeded)."""
+    """BudgetExhausted, then RunPaused (code BudgetExceeded) once the in-flight steps stopped."""
     state = em.state
     em.emit(
         "BudgetExhausted",
@@ -328,15 +321,7 @@ def pause_for(em: Emitter, over: budgets.Overrun) -> None:
         used=budgets.used(state, over.dimension, em.ts) + over.amount,
         limit=budgets.limit(state, over.dimension),
     )
-    cancel_open_steps(em, f"run paused: {over.reason}")
-    em.emit("RunPaused", code="BudgetExceeded", reason=over.reason)
-
-
-def cancel_open_steps(em: Emitter, reason: str) -> None:
-    if em.state["open"] == 0:
-        return
-    for step in open_steps(em):
-        em.emit_step("StepCancelled", step, reason=reason)
+    halt(em, "RunPaused", f"run paused: {over.reason}", code="BudgetExceeded", reason=over.reason)
 
 
 def node_failure(em: Emitter, name: str, hint: int = 0) -> Failure | bool | None:

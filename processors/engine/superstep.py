@@ -22,13 +22,13 @@ from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
 from processors.engine.steps import (
-    cancel_open_steps,
     held_back,
     map_items,
     node_failure,
     pause_for,
     plan_superstep,
 )
+from processors.engine.stopping import halt
 from processors.engine.vocabulary import Failure
 
 
@@ -73,8 +73,8 @@ def _fail_fast_failure(em: Emitter) -> Failure | None:
 
 
 def fail_run(em: Emitter, problem: Failure, cancel_reason: str) -> None:
-    cancel_open_steps(em, cancel_reason)
-    em.emit("RunFailed", failure=problem, usage=em.usage())
+    """RunFailed, once the run's in-flight steps stopped (stopping.py)."""
+    halt(em, "RunFailed", cancel_reason, problem=problem)
 
 
 def commit_superstep(em: Emitter) -> None:

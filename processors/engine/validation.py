@@ -34,7 +34,7 @@ from processors.engine.secrets import find_secret_literals, is_secret_handle
 from processors.engine.vocabulary import EXECUTOR_KINDS
 
 _COMMON: Final = frozenset({"kind", "description", "on_failure"})
-_EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "writes"})
+_EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "stop_timeout_ms", "writes"})
 _LEASED: Final = frozenset({"queue", "capabilities", "lease_ms", "heartbeat_ms", "output_schema"})
 ALLOWED_FIELDS: Final[dict[str, frozenset[str]]] = {
     "action": _COMMON | _EXECUTED | _LEASED | {"action"},

@@ -37,8 +37,9 @@ TERMINAL_EVENTS: Final[dict[str, str]] = {
     "RunFailed": "failed",
     "RunCancelled": "cancelled",
 }
-# Run events after which a run no longer runs (its wall-time timer stops).
-RUN_STOPPING_EVENTS: Final = frozenset({"RunPaused", *TERMINAL_EVENTS})
+# Run events after which a run no longer runs (its wall-time timer stops). RunCancelling: the run
+# waits for its in-flight attempts to stop before the RunCancelled, RunFailed or RunPaused it names.
+RUN_STOPPING_EVENTS: Final = frozenset({"RunPaused", "RunCancelling", *TERMINAL_EVENTS})
 # Run events that settle a step's attempt.
 STEP_SETTLING_EVENTS: Final = frozenset({"StepSucceeded", "StepFailed", "StepCancelled"})
 ACTIVATION_MESSAGES: Final = frozenset({"ActionActivation", "CancelActivation"})
@@ -46,7 +47,16 @@ CHILD_MESSAGES: Final = frozenset({"ChildRunActivation", "ChildRunCancel"})
 
 # ---------------------------------------------------------------------------- statuses
 
-RUN_STATUSES: Final = ("queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled")
+RUN_STATUSES: Final = (
+    "queued",
+    "running",
+    "waiting",
+    "cancelling",
+    "paused",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
 # A finished run: terminal until an explicit resume (a failed run only).
 TERMINAL_STATUSES: Final = frozenset(TERMINAL_EVENTS.values())
 STEP_STATUSES: Final = (
@@ -54,17 +64,31 @@ STEP_STATUSES: Final = (
     "running",
     "waiting",
     "retry_wait",
+    "stopping",
     "succeeded",
     "failed",
     "cancelled",
     "skipped",
 )
-# Step statuses in which an attempt is outstanding (the superstep cannot commit yet).
-OPEN_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting", "retry_wait"})
+# Step statuses in which an attempt is outstanding (the superstep cannot commit yet). `stopping`:
+# the attempt was cancelled or timed out but may still run; it settles on its terminal evidence.
+OPEN_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting", "retry_wait", "stopping"})
 # Step statuses in which an activation may be in flight at an executor or child run.
-IN_FLIGHT_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting"})
+IN_FLIGHT_STEP_STATUSES: Final = frozenset({"scheduled", "running", "waiting", "stopping"})
 # Step statuses that hold one of a run's max_concurrency slots (a retry's backoff included).
-IN_FLIGHT_SLOT_STATUSES: Final = frozenset({"scheduled", "running", "retry_wait"})
+IN_FLIGHT_SLOT_STATUSES: Final = frozenset({"scheduled", "running", "retry_wait", "stopping"})
+
+# How a stopping attempt stopped (StepCancelled.stop, StepFailed.stop, the terminal event's
+# `stops`): its executor confirmed the stop, it completed or failed anyway, its lease expired (a
+# dead worker: the only stop that is assumed), or nothing proved it within stop_timeout_ms.
+STOP_CONFIRMED: Final = "confirmed"
+STOP_COMPLETED: Final = "completed"
+STOP_FAILED: Final = "failed"
+STOP_LEASE_EXPIRED: Final = "lease_expired"
+STOP_UNCONFIRMED: Final = "stop_unconfirmed"
+STOP_HOWS: Final = (STOP_CONFIRMED, STOP_COMPLETED, STOP_FAILED, STOP_LEASE_EXPIRED, STOP_UNCONFIRMED)
+# Why an attempt is stopping: its run is being cancelled (or failed, or paused), or it timed out.
+STOP_CAUSES: Final = ("cancelled", "timeout")
 # Statuses an instance is (re)activated from by a resume.
 NOT_SCHEDULED_STATUSES: Final = frozenset({"failed", "cancelled", "skipped"})
 
@@ -215,6 +239,19 @@ class StepRecord(TypedDict):
     usage: Usage
     reason: str | None
     cancel_in_flight: bool
+    # only on an attempt that went through `stopping` or whose stop was recorded (stopping.py)
+    stop: NotRequired[StopRecord]
+
+
+class StopRecord(TypedDict, total=False):
+    """Why a stopping attempt stops (cause, reason, the failure a timeout settles it with, the
+    stop_timeout bound `due_ms`) and, once it settled, `how` it stopped (STOP_HOWS)."""
+
+    cause: str
+    reason: str
+    failure: Failure | None
+    due_ms: int
+    how: str
 
 
 class TimerBody(TypedDict):
@@ -248,6 +285,13 @@ __all__ = [
     "RUN_STOPPING_EVENTS",
     "STEP_SETTLING_EVENTS",
     "STEP_STATUSES",
+    "STOP_CAUSES",
+    "STOP_COMPLETED",
+    "STOP_CONFIRMED",
+    "STOP_FAILED",
+    "STOP_HOWS",
+    "STOP_LEASE_EXPIRED",
+    "STOP_UNCONFIRMED",
     "TERMINAL_EVENTS",
     "TERMINAL_RECEIPTS",
     "TERMINAL_STATUSES",
@@ -256,6 +300,7 @@ __all__ = [
     "Failure",
     "Ledger",
     "StepRecord",
+    "StopRecord",
     "TimerBody",
     "Usage",
 ]

@@ -8,7 +8,9 @@ Inputs (one consumer, `read_committed`, group `<prefix>-child-executor`):
   with `Timeout` under the node's retry policy, as it does for an action the worker refuses.
 - `<p>.run-events`: a child's `RunSucceeded` / `RunFailed` / `RunCancelled` -> a
   `ChildRunFinished` receipt keyed by the parent run id (a `RunRejected` of a child's
-  `StartRun`, e.g. depth or input, -> `ChildRunFinished` failed, so the parent never hangs).
+  `StartRun`, e.g. depth or input, -> `ChildRunFinished` failed, so the parent never hangs;
+  a `RunRejected` NotFound of a `CancelRun`, a child never started, -> `ChildRunFinished`
+  cancelled: the parent's stopping step has its stop, engine/stopping.py).
 
 Each polled batch is one Kafka transaction: the produced commands/receipts and the consumed
 offsets commit together, so a crash neither loses nor duplicates an outcome.
@@ -160,11 +162,11 @@ def finished_receipt(
         status, output = "succeeded", event.get("output")
     elif kind == "RunFailed":
         status, failure = "failed", event.get("failure")
-    elif kind == "RunCancelled":
+    elif kind == "RunCancelled" or event.get("command_type") == "CancelRun":
         status = "cancelled"
         failure = {
             "code": "Cancelled",
-            "message": event.get("reason") or "child run cancelled",
+            "message": event.get("reason") or "child run cancelled",  # (a never started one: NotFound)
             "retryable": False,
             "node": None,
             "lineage": None,
@@ -510,10 +512,18 @@ class ChildExecutor:
             children = self.parents.get(partition)
             if children is not None:  # else fetched before its partition was revoked in this batch's consume
                 children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
-        elif rtype in TERMINAL_EVENTS or (
-            rtype == "RunRejected"
-            and record.get("command_type") == "StartRun"
-            and record.get("code") != "Conflict"
+        elif (
+            rtype in TERMINAL_EVENTS
+            or (
+                rtype == "RunRejected"
+                and record.get("command_type") == "StartRun"
+                and record.get("code") != "Conflict"
+            )
+            or (  # a cancel of a child never started (its deadline passed): stopped without work
+                rtype == "RunRejected"
+                and record.get("command_type") == "CancelRun"
+                and record.get("code") == "NotFound"
+            )
         ):
             child = record["run_id"]
             step = self.parents.get(partition, {}).get(child) or parent_step_from_id(child)

@@ -31,3 +31,5 @@ class Entry:
     extra: list[tuple[tuple[str, int], int]] = field(default_factory=list)
     label: str = ""  # the action's metric label
     lease_abandoned: bool = False  # past deadline + grace: no more heartbeats
+    stop_requested_ms: int | None = None  # when a CancelActivation for it arrived (stop_watch.py)
+    stop_reported: bool = False  # its stop_unconfirmed receipt was sent

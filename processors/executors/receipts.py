@@ -70,9 +70,15 @@ def undeliverable(activation: dict[str, Any], worker_id: str, kind: str, why: st
     return failed(activation, worker_id, "InvalidOutput", text[:2000], False)
 
 
-def cancelled(activation: dict[str, Any], worker_id: str, reason: str) -> dict[str, Any]:
-    msg = _base(activation, "ActivationCancelled", worker_id, "cancelled")
+def cancelled(
+    activation: dict[str, Any], worker_id: str, reason: str, confirmed: bool = True
+) -> dict[str, Any]:
+    """`confirmed`: the handler was joined (or never started). False is `stop_unconfirmed`: it
+    did not stop within its grace time and may still run (stop_watch.py); its record id differs,
+    so the confirmed receipt its end sends later is a receipt of its own."""
+    msg = _base(activation, "ActivationCancelled", worker_id, "cancelled" if confirmed else "unconfirmed")
     msg["reason"] = reason
+    msg["confirmed"] = confirmed
     return msg
 
 

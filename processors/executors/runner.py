@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from processors.executors import log_redaction, receipts
+from processors.executors import log_redaction, receipts, stop_watch
 from processors.executors.agents.structured import ProviderRouter, run_agent
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError, Cancelled
@@ -415,6 +415,7 @@ class WorkerRunner:
             return
         entry = self.running.get(dispatch)
         if entry is not None:
+            stop_watch.requested(entry, now_ms())
             self._signal(entry, reason, "cancel")
 
     def _dead_letter(self, msg: Message, tp: tuple[str, int], offset: int, error: str) -> None:
@@ -579,6 +580,10 @@ class WorkerRunner:
         self._flush_metrics()
         now = now_ms()
         grace = self.settings.cancel_grace_ms
+        for entry in stop_watch.unconfirmed(self.running.values(), now, grace):
+            self.delivery.produce(
+                entry.activation, stop_watch.unconfirmed_receipt(entry, self.worker_id, now)
+            )
         for entry in list(self.running.values()):
             if entry.task is None or entry.task.done() or entry.ctx is None:
                 continue

@@ -150,6 +150,10 @@ def _run_paused(run: RunRow, ev: dict[str, Any]) -> None:
     run.pause_code, run.pause_reason = ev["code"], ev["reason"]
 
 
+def _run_cancelling(run: RunRow, ev: dict[str, Any]) -> None:
+    run.phase = "cancelling"  # until its in-flight attempts stopped (engine/stopping.py)
+
+
 def _run_resumed(run: RunRow, ev: dict[str, Any]) -> None:
     run.phase = "running"
     run.budgets = dict(ev.get("budgets") or {})
@@ -243,7 +247,8 @@ def _step_scheduled(run: RunRow, ev: dict[str, Any]) -> None:
 
 def _step_started(run: RunRow, ev: dict[str, Any]) -> None:
     step = _existing(run, ev)
-    step.status, step.started_ms, step.worker_id = "running", ev["ts_ms"], ev["worker_id"]
+    status = "stopping" if step.status == "stopping" else "running"  # accepted while asked to stop
+    step.status, step.started_ms, step.worker_id = status, ev["ts_ms"], ev["worker_id"]
 
 
 def _settle(run: RunRow, ev: dict[str, Any], status: str) -> None:
@@ -296,6 +301,12 @@ def _step_cancelled(run: RunRow, ev: dict[str, Any]) -> None:
     step = _existing(run, ev)
     step.status, step.reason, step.finished_ms = "cancelled", ev["reason"], ev["ts_ms"]
     step.waiting = False
+    if ev.get("stop") is not None:  # what a stopping attempt's completion or failure reported
+        _add_usage(run, step, ev.get("usage"))
+
+
+def _step_stopping(run: RunRow, ev: dict[str, Any]) -> None:
+    _existing(run, ev).status = "stopping"
 
 
 def _step_skipped(run: RunRow, ev: dict[str, Any]) -> None:
@@ -325,6 +336,7 @@ _HANDLERS = {
     "StepRetryScheduled": _step_retry_scheduled,
     "StepSkipped": _step_skipped,
     "StepCancelled": _step_cancelled,
+    "StepStopping": _step_stopping,
     "SuperstepCommitted": _superstep_committed,
     "RunWaiting": _run_waiting,
     "SignalReceived": _signal_received,
@@ -332,6 +344,7 @@ _HANDLERS = {
     "BudgetExhausted": _nothing,
     "RunPaused": _run_paused,
     "RunResumed": _run_resumed,
+    "RunCancelling": _run_cancelling,
     "RunSucceeded": _terminal,
     "RunFailed": _terminal,
     "RunCancelled": _terminal,

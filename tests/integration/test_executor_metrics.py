@@ -225,7 +225,8 @@ def test_child_executor_metrics_over_http(settings: ProcessorSettings) -> None:
 def test_child_executor_starts_no_child_whose_deadline_passed(settings: ProcessorSettings) -> None:
     """The child executor was down until the parent's child step timed out: when it comes up,
     the queued activation is past its deadline and no child run starts; the parent failed on
-    its own node timeout, and the cancel that timeout sent finds no child."""
+    its own node timeout once the cancel that timeout sent found no child (until then its step
+    is stopping: the child executor answers a cancel of no child as its stop)."""
     from processors.engine.ids import child_run_id
 
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
@@ -233,7 +234,10 @@ def test_child_executor_starts_no_child_whose_deadline_passed(settings: Processo
     with running(settings):
         commands.start("p-late", "m-parent-late", {})
         commands.flush()
-        events.wait_for(lambda r: bool(events.of("p-late", "RunFailed")), 60, "the parent's step timed out")
+        events.wait_for(
+            lambda r: bool(events.of("p-late", "StepStopping")), 60, "the parent's step timed out"
+        )
+        assert not events.of("p-late", "RunFailed")  # its child's stop is not proved yet
         child = ChildExecutor(settings, metrics_port=0, metrics_host="127.0.0.1")
         thread = threading.Thread(target=lambda: child.run(install_signals=False), daemon=True)
         thread.start()
@@ -248,11 +252,13 @@ def test_child_executor_starts_no_child_whose_deadline_passed(settings: Processo
             # The child's commands share its partition, so a StartRun would be folded before
             # the CancelRun, whose rejection (no such run) is the last word on the child.
             events.wait_for(lambda r: bool(events.of(child_id, "RunRejected")), 30, "the cancel of no child")
+            events.wait_for(lambda r: bool(events.of("p-late", "RunFailed")), 30, "the parent failed")
         finally:
             child.request_stop()
             thread.join(20)
     events.close()
     assert events.of("p-late", "RunFailed")[0]["failure"]["code"] == "Timeout"
+    assert events.of("p-late", "StepFailed")[0]["stop"] == "confirmed"
     assert [e["type"] for e in events.of(child_id)] == ["RunRejected"]
     assert events.of(child_id, "RunRejected")[0]["code"] == "NotFound"
     assert value(m, "runfold_child_executor_activations_total") == 0

@@ -193,6 +193,31 @@ class RunHarness:
             }
         )
 
+    def stopped(
+        self, node: str, lineage: str = "", confirmed: bool = True, attempt: int | None = None
+    ) -> RunHarness:
+        """The executor's ActivationCancelled once it joined the handler (or could not)."""
+        return self.send(
+            {
+                "type": "ActivationCancelled",
+                **self.ident(node, lineage, attempt),
+                "worker_id": "w1",
+                "reason": "run cancelled",
+                "confirmed": confirmed,
+            }
+        )
+
+    def stop_all(self) -> RunHarness:
+        """Every stopping attempt's executor confirms its stop (a child run: its RunCancelled)."""
+        for _key, step in sorted(self.state["steps"].items()):
+            if step["status"] != "stopping":
+                continue
+            if step["kind"] == "workflow":
+                self.child_finished(step["node"], status="cancelled", lineage=step["lineage"])
+            else:
+                self.stopped(step["node"], step["lineage"])
+        return self
+
     def child_finished(
         self,
         node: str,

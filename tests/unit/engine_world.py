@@ -83,6 +83,10 @@ PAYLOADS: list[Any] = [{"ok": True}, {"ok": False}, {}, None, {"password": "x"},
 EXECUTOR_KINDS = ("action", "agent")
 DISPATCHED = ("action", "agent", "workflow")
 TERMINAL_EVENTS = frozenset({"RunSucceeded", "RunFailed", "RunCancelled"})
+# receipts that tell the engine an attempt's handler (or child run) is over
+STOP_EVIDENCE = frozenset(
+    {"ActivationCompleted", "ActivationFailed", "ActivationCancelled", "ChildRunFinished"}
+)
 STATS: Counter[str] = Counter()  # what the generated runs did, for the soak's report
 
 
@@ -344,6 +348,10 @@ class World:
         self.expected_usage = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
         self.last_terminal: str | None = None  # the last terminal or pause event, None after a resume
         self.inputs = 0
+        # instance key -> the dispatch id of its attempt that may still execute: activated, and no
+        # terminal evidence yet (its executor's terminal receipt or stop, its lease's expiry); one
+        # the engine gave up on at its stop bound (stop_unconfirmed) is excused
+        self.executing: dict[str, str] = {}
 
     # ---- driving ----------------------------------------------------------------------------
     def send(self, msg: dict[str, Any], *, advance: int = 0, duplicate: bool = False) -> Any:
@@ -355,6 +363,16 @@ class World:
             full = {"run_id": RUN, "record_id": f"in-{self.records}", **msg, "ts_ms": self.now}
         if full["type"] == "TimerFired":
             self.timers.pop(full["timer_id"], None)  # the runtime drops a timer that came back
+        excused: dict[str, str] | None = None
+        if full["type"] in STOP_EVIDENCE and full.get("confirmed") is not False:
+            self._stopped(full)  # the world's executor stopped the attempt before it said so
+        elif (
+            full["type"] == "TimerFired" and full.get("timer_kind") in ("lease_expiry", "stop_timeout")
+        ) or (full["type"] == "ActivationCancelled"):
+            # the stop the engine may assume (a dead worker's lease) or give up proving (its bound,
+            # an executor's stop_unconfirmed): excused, if the engine acts on it
+            excused = dict(self.executing)
+            self._stopped(full)
         before = self.state
         GUARD.current = (time.monotonic(), self.raw, full)
         decision = decide(self.state, full, self.ctx)  # must never raise (nor run away: GUARD)
@@ -369,6 +387,8 @@ class World:
             self._fold(event)
             if carried != self.state:  # the runtime takes the carried states instead of folding
                 raise Violation(f"the state carried after {event['type']} is not evolve's")
+        if excused is not None and not decision.events:
+            self.executing = excused  # the engine dropped it: the attempt still counts as running
         self.check(full, before, decision, duplicate)
         # applied: it moved the run (a receipt refused as a ReceiptConflict is refused again)
         if any(e["type"] != "ReceiptConflict" for e in decision.events) and full["type"] not in (
@@ -379,6 +399,11 @@ class World:
         ):
             self.applied.append(full)
         return decision
+
+    def _stopped(self, msg: dict[str, Any]) -> None:
+        key = _key(msg) if isinstance(msg.get("node"), str) and isinstance(msg.get("lineage"), str) else ""
+        if self.executing.get(key) == msg.get("dispatch_id"):
+            del self.executing[key]
 
     def _fold(self, event: dict[str, Any]) -> None:
         before = self.state
@@ -398,6 +423,13 @@ class World:
                 step = self.state["steps"][_key(message)]
                 if step["dispatch_id"] != message["dispatch_id"] or step["status"] != "scheduled":
                     raise Violation(f"{mtype} for a step that is not scheduled with that dispatch id: {step}")
+                key = _key(message)
+                if key in self.executing:
+                    raise Violation(
+                        f"two attempts of {key} in flight at once: attempt {message['attempt']} "
+                        f"dispatched while {self.executing[key]} may still run"
+                    )
+                self.executing[key] = message["dispatch_id"]
                 self.activations[message["dispatch_id"]] = message
             else:
                 if message["dispatch_id"] not in self.activations:
@@ -429,8 +461,17 @@ class World:
                 {"RunResumed", "RunCancelled", "SignalReceived", "RunFailed", "ReceiptConflict"}
             ),
         }[self.last_terminal]
+        if (
+            self.last_terminal is not None
+            and (etype.startswith("Step") or etype == "ReceiptConflict")
+            and (etype != "ReceiptConflict" or self.last_terminal != "RunPaused")
+        ):
+            raise Violation(f"step effect {etype} accepted after the run's {self.last_terminal}")
         if allowed_after is not None and etype not in allowed_after:
             raise Violation(f"{etype} after {self.last_terminal}")
+        # "cancelled" means stopped: no attempt may still run (but one reported stop_unconfirmed)
+        if (etype in TERMINAL_EVENTS or etype == "RunPaused") and self.executing:
+            raise Violation(f"{etype} while attempts may still run: {sorted(self.executing)}")
         if etype in TERMINAL_EVENTS or etype == "RunPaused":
             self.last_terminal = etype
             STATS[f"outcome: {etype}"] += 1
@@ -506,7 +547,10 @@ class World:
             settled = [
                 e
                 for e in decision.events
-                if e["type"] in ("StepSucceeded", "StepFailed")
+                if (
+                    e["type"] in ("StepSucceeded", "StepFailed")
+                    or (e["type"] == "StepCancelled" and e.get("stop"))
+                )
                 and (e["node"], e["lineage"], e["attempt"]) == (msg["node"], msg["lineage"], msg["attempt"])
             ]
             if settled:
@@ -539,11 +583,12 @@ class World:
                 3
                 if step is not None
                 and step["dispatch_id"] == dispatch
-                and step["status"] in ("scheduled", "running")
+                and step["status"] in ("scheduled", "running", "stopping")
                 else 1
             )
             if act["type"] == "ChildRunActivation":
                 out += [f"child-ok {dispatch} {tag}"] * live * 2 + [f"child-failed {dispatch} {tag}"] * live
+                out += [f"child-cancelled {dispatch} {tag}"] * live
                 continue
             out += [
                 f"{verb} {dispatch} {tag}"
@@ -557,6 +602,7 @@ class World:
                 f"{verb} {dispatch} {tag}"
                 for verb in ("accept-other", "complete-bad", "fail", "fail-retryable", "gave-up")
             ]
+            out += [f"{verb} {dispatch} {tag}" for verb in ("stopped", "stopped", "stop-unconfirmed")]
         out += [f"fire {timer_id}" for timer_id in sorted(self.timers) for _ in range(3)]
         out += [f"again {index}" for index in range(max(0, len(self.applied) - 6), len(self.applied))]
         if self.state is not None:
@@ -667,9 +713,18 @@ class World:
                 "retryable": verb == "fail-retryable",
                 "usage": usage,
             }
-        if verb == "gave-up":
+        if verb == "gave-up":  # an executor that predates `confirmed`: it stopped
             return {"type": "ActivationCancelled", **ident, "worker_id": "w1", "reason": "shutting down"}
-        return self.child_receipt(act, "succeeded" if verb == "child-ok" else "failed", data, usage)
+        if verb in ("stopped", "stop-unconfirmed"):
+            return {
+                "type": "ActivationCancelled",
+                **ident,
+                "worker_id": "w1",
+                "reason": "run cancelled",
+                "confirmed": verb == "stopped",
+            }
+        status = {"child-ok": "succeeded", "child-cancelled": "cancelled"}.get(verb, "failed")
+        return self.child_receipt(act, status, data, usage)
 
     def child_receipt(
         self, act: dict[str, Any], status: str, data: Any, usage: dict[str, Any]
@@ -729,7 +784,7 @@ class World:
             step = self.state["steps"][key]
             if (
                 step["superstep"] == superstep
-                and step["status"] in ("scheduled", "running")
+                and step["status"] in ("scheduled", "running", "stopping")
                 and step["kind"] in DISPATCHED
             ):
                 return step
@@ -740,13 +795,26 @@ class World:
         if act is None:
             raise Violation(f"step {_key(step)} is {step['status']} but was never activated")
         ident = {name: step[name] for name in ("node", "lineage", "attempt", "dispatch_id")}
+        stopping = step["status"] == "stopping"
+        if stopping and step["kind"] != "workflow":
+            self.send(
+                {
+                    "type": "ActivationCancelled",
+                    **ident,
+                    "worker_id": "w1",
+                    "reason": "stop",
+                    "confirmed": True,
+                },
+                advance=1,
+            )
+            return
         if step["kind"] == "workflow":
             self.send(
                 {
                     "type": "ChildRunFinished",
                     **ident,
                     "child_run_id": act["child_run_id"],
-                    "status": "succeeded",
+                    "status": "cancelled" if stopping else "succeeded",
                     "output": {"v": 1},
                     "failure": None,
                     "usage": {},

@@ -96,6 +96,23 @@ def completed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
     }
 
 
+def stopped(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
+    """The worker's confirmed stop of `act` after a CancelActivation."""
+    return "receipts", {
+        "type": "ActivationCancelled",
+        "run_id": act["run_id"],
+        "ts_ms": ts,
+        "record_id": f"s-{act['dispatch_id']}",
+        "node": act["node"],
+        "lineage": act["lineage"],
+        "attempt": act["attempt"],
+        "dispatch_id": act["dispatch_id"],
+        "worker_id": "w",
+        "reason": "cancelled",
+        "confirmed": True,
+    }
+
+
 def purge(store: PartitionStore, now_ms: int) -> int:
     """What the loop does: the due runs go through a (committed) transaction's overlay.
     Returns how many runs were purged (not counting stale entries dropped)."""

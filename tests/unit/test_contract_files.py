@@ -18,10 +18,10 @@ from schemas.contract import SCHEMA_DIR, STANDALONE_DIR, TOPIC_RECORDS, fingerpr
 # (keep the old one in schemas/history/<kind>/ so records already in the log still decode).
 FINGERPRINTS = {
     "commands": "a603db8dbef79e61",
-    "receipts": "08513f8e0ee0dabc",
+    "receipts": "f1017a3e4ce431dc",  # issue 27: ActivationCancelled.confirmed (v1: 08513f8e0ee0dabc)
     "activations": "199fd866e4f4405f",
     "child_activations": "b16f383694186dbf",
-    "run_events": "aa225c37072e13b6",
+    "run_events": "ebcb920fa2804fb3",  # issue 27: the stopping phase (v1: aa225c37072e13b6)
     "run_state": "bec981ddea69fcc0",
     "definitions": "ada0c3fd574491f8",
     "dead_letters": "d5e255ed6943190f",

@@ -47,13 +47,13 @@ def exercise() -> list[RunHarness]:
     h2.fire("wait_timeout", "review")
     h2.start({"different": True})  # RunRejected
     runs.append(h2)
-    h3 = RunHarness(d, run_id="r-3").start({}).accept("a").cancel()
+    h3 = RunHarness(d, run_id="r-3").start({}).accept("a").cancel().stop_all()
     runs.append(h3)
     child = definition({"c": act}, id="child")
     parent = definition({"sub": {"kind": "workflow", "workflow": "child", "revision": 1}}, id="parent")
     h4 = RunHarness(child, parent, run_id="r-4")
     h4.root_id = "parent"
-    h4.start({}).cancel()
+    h4.start({}).cancel().stop_all()
     runs.append(h4)
     h5 = RunHarness(d, run_id="r-5").start({}).complete("a", 1).complete("b", 1).complete("c", 1)
     h5.fire("wall_time")

@@ -15,13 +15,58 @@ WAIT = {"kind": "wait", "signal": "approval", "writes": {"approved": {"from": "s
 def test_cancel_is_idempotent_and_cascades() -> None:
     d = definition({"a": act(), "b": act()}, entry=["a", "b"])
     h = RunHarness(d).start({}).accept("a").cancel("user asked")
-    assert h.types == ["StepCancelled", "StepCancelled", "RunCancelled"]
+    # both attempts may still run: the run is cancelling until each proved it stopped
+    assert h.types == ["StepStopping", "StepStopping", "RunCancelling"]
     assert [m["type"] for m in h.messages[-2:]] == ["CancelActivation", "CancelActivation"]
-    assert h.status == "cancelled"
+    assert h.status == "cancelling"
     h.cancel()
     assert h.types == [] and h.last.dropped == "duplicate cancel"
+    h.stopped("a")
+    assert h.types == ["StepCancelled"] and h.status == "cancelling"
+    h.complete("b", 1)  # it finished before it read the cancel: recorded, still cancelled
+    assert h.types == ["StepCancelled", "RunCancelled"] and h.status == "cancelled"
+    assert h.step("b")["status"] == "cancelled" and h.step("b")["stop"]["how"] == "completed"
+    assert h.last.events[-1]["stops"] == [
+        {"node": "a", "lineage": "", "attempt": 1, "stop": "confirmed"},
+        {"node": "b", "lineage": "", "attempt": 1, "stop": "completed"},
+    ]
     h.complete("a", 1)
     assert h.last.dropped == "run finished"
+
+
+def test_a_cancel_with_nothing_in_flight_ends_the_run_at_once() -> None:
+    d = definition({"nap": {"kind": "sleep", "duration_ms": 1000}, "a": act()}, entry=["nap", "a"])
+    h = RunHarness(d).start({}).complete("a", 1).cancel()
+    assert h.types == ["StepCancelled", "RunCancelled"] and "stops" not in h.last.events[-1]
+
+
+def test_a_stop_that_cannot_be_proved_ends_at_its_bound_or_the_lease() -> None:
+    d = definition({"a": act(lease_ms=8000, stop_timeout_ms=2000), "b": act()}, entry=["a", "b"])
+    h = RunHarness(d).start({}).accept("b", lease_ms=1000).cancel()
+    assert h.status == "cancelling"
+    h.fire("lease_expiry", "b")  # a dead worker: the one stop that is assumed
+    assert h.types == ["StepCancelled"] and h.step("b")["stop"]["how"] == "lease_expired"
+    h.fire("stop_timeout", "a")  # never accepted, never answered
+    assert h.types == ["StepCancelled", "RunCancelled"]
+    assert [s["stop"] for s in h.last.events[-1]["stops"]] == ["lease_expired", "stop_unconfirmed"]
+    h.stopped("a")
+    assert h.last.dropped == "run finished"
+
+
+def test_an_executor_that_cannot_stop_its_handler_says_so() -> None:
+    h = RunHarness(definition({"a": act()})).start({}).accept("a").cancel().stopped("a", confirmed=False)
+    assert h.types == ["StepCancelled", "RunCancelled"]
+    assert h.last.events[-1]["stops"][0]["stop"] == "stop_unconfirmed"
+
+
+def test_a_cancel_while_a_budget_pause_waits_ends_the_run_cancelled() -> None:
+    d = definition({"a": act(), "b": act()}, entry=["a", "b"], budgets={"max_cost_micros": 10})
+    h = RunHarness(d).start({}).accept("b").complete("a", 1, usage={"cost_micros": 11})
+    assert h.types[-3:] == ["BudgetExhausted", "StepStopping", "RunCancelling"]
+    h.cancel("enough")
+    assert h.types == ["RunCancelling"] and h.state["halting"]["outcome"] == "RunCancelled"
+    h.stopped("b")
+    assert h.types == ["StepCancelled", "RunCancelled"] and h.state["cancel_reason"] == "enough"
 
 
 def test_cancel_of_a_finished_run_answers_without_reopening() -> None:
@@ -110,6 +155,10 @@ def test_child_failure_is_child_failed_and_cancel_cascades() -> None:
     h2.root_id = "wf"
     h2.start({}).cancel()
     assert h2.messages[-1]["type"] == "ChildRunCancel" and h2.messages[-1]["child_run_id"] == "p-2/sub"
+    assert h2.status == "cancelling"  # until the child's own terminal event says it stopped
+    h2.child_finished("sub", status="cancelled")
+    assert h2.types == ["StepCancelled", "RunCancelled"]
+    assert h2.last.events[-1]["stops"] == [{"node": "sub", "lineage": "", "attempt": 1, "stop": "confirmed"}]
 
 
 def test_token_budget_warns_once_then_pauses_and_resume_continues() -> None:
@@ -128,8 +177,12 @@ def test_token_budget_warns_once_then_pauses_and_resume_continues() -> None:
 def test_pause_cancels_in_flight_and_resume_reactivates() -> None:
     d = definition({"a": act(), "b": act()}, entry=["a", "b"], budgets={"max_cost_micros": 10})
     h = RunHarness(d).start({}).accept("b").complete("a", 1, usage={"cost_micros": 11})
-    assert h.types[-3:] == ["BudgetExhausted", "StepCancelled", "RunPaused"]
+    assert h.types[-3:] == ["BudgetExhausted", "StepStopping", "RunCancelling"]
     assert h.messages[-1]["type"] == "CancelActivation"
+    h.resume({"max_cost_micros": 100})
+    assert h.last.dropped == "nothing to resume"  # not before b stopped: no second attempt beside it
+    h.stopped("b")
+    assert h.types == ["StepCancelled", "RunPaused"]
     h.complete("b", 1)
     assert h.last.dropped == "step already cancelled"
     h.resume({"max_cost_micros": 100})
@@ -141,6 +194,8 @@ def test_pause_cancels_in_flight_and_resume_reactivates() -> None:
 def test_wall_time_budget_pauses() -> None:
     h = RunHarness(definition({"a": act()}, budgets={"wall_time_ms": 1000})).start({})
     h.fire("wall_time")
+    assert h.types[-1] == "RunCancelling" and h.status == "cancelling"
+    h.stopped("a")
     assert h.types[-1] == "RunPaused" and h.state["pause"]["reason"] == "workflow wall-time budget exceeded"
     h.resume({"wall_time_ms": 100_000})
     assert h.status == "running" and any(t["timer_kind"] == "wall_time" for t in h.timers.values())
@@ -196,10 +251,14 @@ def test_fail_run_from_the_runtime_fails_the_run_cancels_open_steps_and_leaves_f
     d = definition({"a": act(), "b": act()}, entry=["a", "b"])
     h = RunHarness(d).start({}).accept("a")
     h.send({"type": "FailRun", "code": "Limit", "message": "outputs too large " + "x" * 2000})
-    assert h.types == ["StepCancelled", "StepCancelled", "RunFailed"] and h.status == "failed"
+    assert h.types == ["StepStopping", "StepStopping", "RunCancelling"] and h.status == "cancelling"
+    assert [m["type"] for m in h.messages[-2:]] == ["CancelActivation", "CancelActivation"]
+    h.send({"type": "FailRun", "code": "Limit", "message": "again"})
+    assert h.types == [] and h.last.dropped == "run already stopping"
+    h.stopped("a").stopped("b")
+    assert h.types == ["StepCancelled", "RunFailed"] and h.status == "failed"
     failure = h.last.events[-1]["failure"]
     assert failure["code"] == "Limit" and len(failure["message"]) == 1000 and not failure["retryable"]
-    assert [m["type"] for m in h.messages[-2:]] == ["CancelActivation", "CancelActivation"]
     h.send({"type": "FailRun", "code": "Limit", "message": "again"})
     assert h.types == [] and h.last.dropped == "run already finished"
     h.send({"type": "FailRun", "code": "NoSuchCode", "message": "m"})

@@ -103,11 +103,13 @@ def test_state_growing_past_max_state_bytes_fails_the_run_with_a_small_event() -
 
 def test_long_free_text_is_cut_before_it_is_copied_into_events() -> None:
     d = definition({"a": act(), "b": act()}, entry=["a", "b"])
-    h = RunHarness(d).start({}).fail("a", message="m" * 100_000)
+    h = RunHarness(d).start({}).fail("a", message="m" * 100_000).stop_all()
     assert len(h.state["failure"]["message"]) == 4000
     h2 = RunHarness(d, run_id="r-2").start({}).cancel("c" * 100_000)
-    assert len(h2.state["cancel_reason"]) == 1000
-    assert all(len(e.get("reason", "")) < 1100 for e in h2.last.events)
+    assert all(len(e.get("reason") or "") < 1100 for e in h2.last.events)
+    assert all(len(e.get("step_reason") or "") < 1100 for e in h2.last.events)
+    h2.stop_all()
+    assert len(h2.state["cancel_reason"]) == 1000 and h2.status == "cancelled"
     h3 = RunHarness(definition({"a": act()}, budgets={"max_steps": 1}), run_id="r-3").start({})
     h3.fail("a")
     h3.resume({"k" * 100_000: 1})

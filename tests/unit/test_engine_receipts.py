@@ -81,9 +81,38 @@ def test_node_timeout_fails_retryably() -> None:
     h = RunHarness(definition({"a": act(timeout_ms=500, retry=RETRY)})).start({})
     assert h.messages[-1]["deadline_ms"] == h.now + 500
     h.fire("node_timeout", "a")
+    # the attempt may still run: asked to stop, and retried only once it stopped
+    assert h.types == ["StepStopping"] and h.messages[-1]["type"] == "CancelActivation"
+    assert not any(t["timer_kind"] == "retry_backoff" for t in h.timers.values())
+    h.accept("a").heartbeat("a", lease_ms=60_000)  # it still runs, and keeps its lease
+    assert h.types == ["StepLeaseExtended"] and h.step("a")["status"] == "stopping"
+    h.stopped("a")
     assert (
         h.types == ["StepFailed", "StepRetryScheduled"] and h.last.events[0]["failure"]["code"] == "Timeout"
     )
+    assert h.last.events[0]["stop"] == "confirmed" and not any(
+        t["timer_kind"] in ("stop_timeout", "lease_expiry") and t["attempt"] == 1 for t in h.timers.values()
+    )
+    h.stopped("a")  # redelivered
+    assert h.last.dropped == "attempt already stopped"
+    h.fire("retry_backoff", "a")
+    assert h.types == ["StepScheduled"] and h.step("a")["attempt"] == 2
+
+
+def test_a_timed_out_attempt_that_completes_anyway_stays_timed_out() -> None:
+    h = RunHarness(definition({"a": act(timeout_ms=500)})).start({}).accept("a").fire("node_timeout", "a")
+    h.complete("a", {"late": True}, usage={"prompt_tokens": 7})
+    assert h.types[0] == "StepFailed" and h.last.events[0]["stop"] == "completed"
+    assert h.state["failure"]["code"] == "Timeout" and h.state["usage"]["prompt_tokens"] == 7
+    h.complete("a", {"late": True}, usage={"prompt_tokens": 7})
+    assert h.last.dropped == "run finished"
+
+
+def test_a_timed_out_attempt_never_answering_ends_at_stop_timeout() -> None:
+    h = RunHarness(definition({"a": act(timeout_ms=500, stop_timeout_ms=3000, retry=RETRY)})).start({})
+    h.fire("node_timeout", "a").fire("stop_timeout", "a")
+    assert h.types == ["StepFailed", "StepRetryScheduled"]
+    assert h.last.events[0]["stop"] == "stop_unconfirmed"
 
 
 def test_output_schema_violation_is_invalid_output() -> None:
@@ -148,9 +177,11 @@ def test_stale_unknown_and_finished_receipts_are_dropped() -> None:
 def test_fail_fast_cancels_siblings_in_flight() -> None:
     d = definition({"a": act(), "b": act(), "c": act()}, entry=["a", "b", "c"])
     h = RunHarness(d).start({}).accept("c").complete("a", 1).fail("b", message="b broke")
-    assert h.types == ["StepFailed", "StepCancelled", "RunFailed"]
-    assert h.state["failure"]["node"] == "b" and h.step("c")["status"] == "cancelled"
+    assert h.types == ["StepFailed", "StepStopping", "RunCancelling"] and h.status == "cancelling"
     assert h.messages[-1]["type"] == "CancelActivation" and h.messages[-1]["node"] == "c"
+    h.complete("c", 1)  # c finished before the cancel reached it: recorded, the run fails
+    assert h.types == ["StepCancelled", "RunFailed"]
+    assert h.state["failure"]["node"] == "b" and h.step("c")["status"] == "cancelled"
     h.complete("c", 1)
     assert h.last.dropped == "run finished"
 

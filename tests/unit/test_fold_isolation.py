@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fold_rig import CODEC, TOPICS, TS, Rig, completed, contents, restore, start, state
+from fold_rig import CODEC, TOPICS, TS, Rig, completed, contents, restore, start, state, stopped
 
 from processors.engine import commands as commands_module
 from processors.engine import receipts as receipts_module
@@ -218,12 +218,13 @@ def test_a_failure_at_any_stage_of_a_timers_fold_fails_its_run_and_clears_the_ti
     real = getattr(fold_module, stage)
 
     def broken(*args: Any, **kw: Any) -> Any:
-        # only the timer's own fold: its wall-time budget pauses the run (BudgetExhausted,
-        # RunPaused); the FailRun folded instead (StepCancelled, RunFailed) goes through
+        # only the timer's own fold: its wall-time budget pauses the run (BudgetExhausted, and
+        # RunCancelling to RunPaused while `a` stops); the FailRun folded instead (RunCancelling
+        # to RunFailed) goes through
         if stage == "decide":
             hit = args[1]["type"] == "TimerFired" and args[1]["run_id"] == "x"
         elif stage == "dump_state":
-            hit = args[0]["run_id"] == "x" and args[0]["status"] == "paused"
+            hit = args[0]["run_id"] == "x" and (args[0].get("halting") or {}).get("outcome") == "RunPaused"
         else:
             hit = args[1]["run_id"] == "x" and args[1]["type"] == "BudgetExhausted"
         if hit:
@@ -240,12 +241,14 @@ def test_a_failure_at_any_stage_of_a_timers_fold_fails_its_run_and_clears_the_ti
     txn = Txn(r, ("receipts", fired), completed(r.activation("ok"), TS + 10))
     dead = assert_charged(txn, 0, "")
     assert f"injected {stage} failure" in dead["error"]
-    assert [e["type"] for e in txn.events("x")][-1] == "RunFailed"
-    failed = txn.events("x")[-1]["failure"]
+    last = txn.events("x")[-1]
+    assert last["type"] == "RunCancelling" and last["outcome"] == "RunFailed"  # `a` may still run
+    failed = last["failure"]
     assert (
         failed["code"] == ("Limit" if stage == "dump_state" else "State")
         and "dead letters" in failed["message"]
     )
+    assert [e["type"] for e in Txn(r, stopped(r.activation("x"), TS + 20)).events("x")][-1] == "RunFailed"
     assert not [k for k in r.store.db.keys() if k[:1] == b"t" and b"x\x1f" in k], "the fired timer is done"  # noqa: SIM118 (rocksdict)
     assert [e["type"] for e in txn.events("ok")][-1] == "RunSucceeded"
 

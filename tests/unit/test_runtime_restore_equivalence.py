@@ -14,7 +14,8 @@ from processors.runtime.timers import TimerFirer
 
 WALL = 3_600_000
 # `m` maps over state /items, which is null: each activation of the superstep fails the run
-# (InvalidInput), fail-fast cancelling `a`, scheduled with a node timeout in the same record.
+# (InvalidInput), fail-fast cancelling `a`, scheduled with a timer in the same record (a sleep:
+# nothing in flight, so the run fails at once; an action would first have to stop).
 MAPFAIL = {
     "schema": "runfold.workflow/v1",
     "id": "mapfail",
@@ -22,7 +23,7 @@ MAPFAIL = {
     "entry": ["a", "m"],
     "state": {"items": None},
     "nodes": {
-        "a": {"kind": "action", "action": "a", "timeout_ms": 7_200_000},
+        "a": {"kind": "sleep", "duration_ms": 7_200_000},
         "m": {"kind": "action", "action": "m", "map": {"from": "state", "pointer": "/items"}},
     },
     "budgets": {"wall_time_ms": WALL},

@@ -100,3 +100,70 @@ def test_history_directory_registers_old_writer_schemas(tmp_path: Path) -> None:
     new_reader = Codec(schema_dir=tmp_path)
     old_bytes = Codec(history=[]).encode("commands", START)
     assert new_reader.decode("commands", old_bytes) == {**START, "priority": None}
+
+
+# The writer schemas replaced by the stopping phase (issue 27), kept in schemas/history/.
+V1_FINGERPRINTS = {"run_events": "aa225c37072e13b6", "receipts": "08513f8e0ee0dabc"}
+
+
+def test_the_kept_v1_schemas_are_the_ones_on_the_wire_before_the_stopping_phase() -> None:
+    from schemas.contract import fingerprint64, read_history
+
+    kept = {kind: fingerprint64(schema).hex() for kind, schema in read_history()}
+    assert kept == V1_FINGERPRINTS
+
+
+def test_records_written_before_the_stopping_phase_decode_with_its_defaults() -> None:
+    history = dict(
+        (kind, orjson.loads((SCHEMA_DIR / "history" / kind / "v1.avsc").read_bytes()))
+        for kind in V1_FINGERPRINTS
+    )
+    old_writer = Codec(schemas={**load_contract(), **history}, history=[])
+    reader = Codec()  # the current schemas plus history/
+    cancelled = {
+        "type": "ActivationCancelled",
+        "run_id": "r",
+        "record_id": "x",
+        "ts_ms": TS,
+        "node": "a",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "worker_id": "w",
+        "reason": "stop",
+    }
+    # an executor that predates `confirmed` sent ActivationCancelled only once its handler stopped
+    assert reader.decode("receipts", old_writer.encode("receipts", cancelled)) == {
+        **cancelled,
+        "confirmed": True,
+    }
+    step = {"node": "a", "lineage": "", "attempt": 1, "dispatch_id": "d"}
+    event = {"type": "StepCancelled", "run_id": "r", "record_id": "r:3", "ts_ms": TS, "sequence": 3, **step}
+    got = reader.decode("run_events", old_writer.encode("run_events", {**event, "reason": "why"}))
+    assert got["stop"] is None and got["usage"] == {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost_micros": 0,
+    }
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
+    ended = {"type": "RunCancelled", "run_id": "r", "record_id": "r:4", "ts_ms": TS, "sequence": 4}
+    got = reader.decode(
+        "run_events", old_writer.encode("run_events", {**ended, "reason": "why", "usage": usage})
+    )
+    assert got["stops"] == []
+
+
+def test_an_old_reader_reads_the_new_fields_of_known_messages_once_told_the_schema() -> None:
+    """Old readers keep working: the added fields are ignored; only the two new event types are
+    branches an old reader cannot read (docs/contract.md, Schema evolution)."""
+    history = {
+        kind: orjson.loads((SCHEMA_DIR / "history" / kind / "v1.avsc").read_bytes())
+        for kind in V1_FINGERPRINTS
+    }
+    old_reader = Codec(schemas={**load_contract(), **history}, history=list(load_contract().items()))
+    new_writer = Codec(history=[])
+    usage = {"prompt_tokens": 1, "completion_tokens": 0, "cost_micros": 0}
+    ended = {"type": "RunCancelled", "run_id": "r", "record_id": "r:4", "ts_ms": TS, "sequence": 4}
+    stops = [{"node": "a", "lineage": "", "attempt": 1, "stop": "confirmed"}]
+    data = new_writer.encode("run_events", {**ended, "reason": "why", "usage": usage, "stops": stops})
+    assert old_reader.decode("run_events", data) == {**ended, "reason": "why", "usage": usage}

@@ -147,6 +147,17 @@ def test_finished_receipts_per_outcome() -> None:
             },
             "failed",
         ),
+        (  # the parent cancelled a child that was never started: stopped without work
+            {
+                "type": "RunRejected",
+                "run_id": "p/w[1]",
+                "sequence": 0,
+                "code": "NotFound",
+                "reason": "run p/w[1] does not exist",
+                "command_type": "CancelRun",
+            },
+            "cancelled",
+        ),
     ]
     for event, status in events:
         receipt = codec.decode(
