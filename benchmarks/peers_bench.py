@@ -815,6 +815,35 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join("  ".join(v.ljust(width[i]) for i, v in enumerate(r)) for r in rows)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The summary as the table in docs/benchmarks.md."""
+    head = (
+        "| system | 3-step workflows/s (max; at in flight) | CPU ms per workflow | 1-step p50 / p99 ms at 25 % "
+        f"of its max (rate) | p50 / p99 ms at {LOW_RATE} runs/s | peak PSS / RSS MiB | runfold (defaults) / it |"
+    )
+    rows = [head, "|---|---|---|---|---|---|---|"]
+    for name, s in result["summary"].items():
+        if "skipped" in s or "error" in s:
+            rows.append(
+                f"| {name} | {'skipped' if 'skipped' in s else 'error'}: {s.get('skipped') or s.get('error')} | | | | | |"
+            )
+            continue
+        at = [
+            r[name].get("max_at_concurrency")
+            for r in result["raw_rounds"]
+            if "max_at_concurrency" in r.get(name, {})
+        ]
+        rows.append(
+            f"| {name} | {s.get('max_workflows_per_s', '-'):,} (at {', '.join(str(a) for a in at)}) "
+            f"| {s.get('cpu_ms_per_workflow', '-')} "
+            f"| {s.get('p50_ms_at_25pct', '-')} / {s.get('p99_ms_at_25pct', '-')} ({s.get('rate_at_25pct', '-')}/s) "
+            f"| {s.get('p50_ms_at_low_rate', '-')} / {s.get('p99_ms_at_low_rate', '-')} "
+            f"| {s.get('peak_pss_mib', '-'):,} / {s.get('peak_rss_mib', '-'):,} "
+            f"| {s.get('runfold_throughput_ratio', '-')}x |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     import argparse
 

@@ -68,16 +68,20 @@ class LocalKafkaConfig:
     controller_port: int = DEFAULT_PORT + 1
     data_dir: Path = Path(".runfold/kafka")
     cache_dir: Path = Path.home() / ".cache" / "runfold"
-    # Kafka's own default heap. The young generation is half of it: the broker allocates ~35 MB/s
-    # under the benchmarks, and each young collection pauses every request for 20-45 ms whatever
-    # its size, so few large ones keep the pauses out of most runs (docs/runtime.md, "Broker GC").
-    heap: str = "1g"
-    young: str = "512m"
-    # The log cleaner's dedupe buffer is allocated in the heap when the broker starts (Kafka's
-    # default 128 MiB), resident from then on; the dev broker compacts only small topics.
-    cleaner_dedupe_bytes: int = 128 * 2**20
-    # glibc's malloc arenas (MALLOC_ARENA_MAX): 0 leaves glibc's default (8 per core).
-    malloc_arenas: int = 0
+    # Sized for a laptop (docs/benchmarks.md, "The local broker on a laptop"): 512 MB, half of it
+    # young. The broker allocates ~35 MB/s under the benchmarks, and each young collection pauses
+    # every request whatever its size, so the young generation stays large (docs/runtime.md,
+    # "Broker GC"). Kafka's 1 GB default cost the whole dev tree (broker + processor + worker)
+    # ~230 MiB more PSS for the same workflow throughput; 384 MB lost throughput.
+    heap: str = "512m"
+    young: str = "256m"
+    # The log cleaner's dedupe buffer is allocated in the heap when the broker starts and stays
+    # resident (Kafka's default 128 MiB, a quarter of this heap); the dev broker compacts only
+    # small topics (run-state, definitions), which 16 MiB holds ~500,000 keys of.
+    cleaner_dedupe_bytes: int = 16 * 2**20
+    # glibc's malloc arenas (MALLOC_ARENA_MAX): 2 instead of 8 per core for the JVM's native
+    # allocations; 0 leaves glibc's default.
+    malloc_arenas: int = 2
 
     @classmethod
     def from_env(
