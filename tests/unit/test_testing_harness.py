@@ -122,8 +122,13 @@ def test_an_action_that_never_answers_times_out_and_exhausts_its_retries() -> No
         result = env.run("wf")
     result.assert_failed("RetryExhausted")
     assert result.attempts("a") == 2
-    assert result.now_ms - DEFAULT_START_MS == 5_000 + 1_000 + 5_000
+    # A timed-out attempt that never answers may still run (issue 27): its retry waits for its
+    # stop, here the lease (30 s from its acceptance, no heartbeats) expiring. Attempt 1 times
+    # out at 5 s and is stopped at 30 s; the backoff ends at 31 s; attempt 2 times out at 36 s
+    # and is stopped at 61 s, when the step is exhausted.
+    assert result.now_ms - DEFAULT_START_MS == 30_000 + 1_000 + 30_000
     assert [e["failure"]["code"] for e in result.events_of("StepFailed")] == ["Timeout", "RetryExhausted"]
+    assert len(result.events_of("StepStopping")) == 2
 
 
 def test_a_non_retryable_error_and_an_unknown_action_fail_at_once() -> None:
