@@ -9,6 +9,7 @@ grandchild survives and a worker finishing a handler is let drain. Every line a 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -53,6 +54,7 @@ class Service:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self._reader = threading.Thread(
             target=self._pump, args=(self.proc,), name=f"dev-{self.name}", daemon=True
@@ -84,6 +86,17 @@ class Service:
         self.stop(grace_s)
         self.restarts += 1
         self.start()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when `runfold dev` dies, even by SIGKILL or an
+    OOM kill, which no handler of ours sees (its own session would otherwise outlive it, as
+    orphans holding the broker's group memberships). Linux only; Popen runs on the main
+    thread, whose end is the process's."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

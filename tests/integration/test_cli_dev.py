@@ -143,3 +143,47 @@ def test_dev_runs_reloads_and_stops_cleanly(kafka_bootstrap: str, topic_prefix: 
             delete_topology(settings)
         except Exception as e:
             print(f"cleanup of {prefix} failed: {e}")
+
+
+def test_dev_killed_outright_takes_its_services_with_it(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    # SIGKILL (or an OOM kill) runs no handler of dev's: its services, each in a session of its
+    # own, must still end with it instead of living on as orphans.
+    prefix = f"{topic_prefix}-devkill"
+    (tmp_path / "definitions").mkdir()
+    (tmp_path / "definitions" / "greet.yaml").write_text(DEFINITION)
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "actions.py").write_text(ACTIONS.format(word="hello"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RUNFOLD_TOPIC_PREFIX": prefix,
+    }
+    proc = subprocess.Popen(
+        [str(RUNFOLD), "dev", "definitions", "--module", "myapp.actions"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = Lines(proc)
+    settings = load_settings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    try:
+        lines.wait_for("started; watching")
+        assert len(_own_processes(prefix)) >= 3
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while _own_processes(prefix) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _own_processes(prefix) == []
+    finally:
+        for pid in _own_processes(prefix):
+            os.kill(pid, signal.SIGKILL)
+        try:
+            delete_topology(settings)
+        except Exception as e:
+            print(f"cleanup of {prefix} failed: {e}")
