@@ -36,10 +36,11 @@ from processors.cli.common import (
 )
 from processors.client import RunClient, RunView
 from processors.client.answers import CommandAnswer
-from processors.client.consumers import scheduled_queues, unconsumed_queues
+from processors.client.consumers import scheduled_queues
 from processors.client.errors import RunNotFound
 from processors.client.progress import StepBoard
 from processors.index import settings as index_settings  # index hook
+from topology.consumers import unconsumed_queues
 
 runs_app = typer.Typer(no_args_is_help=True, help="Start, control and inspect workflow runs.")
 

@@ -47,6 +47,7 @@ from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.preflight import check_state_dir, check_topology
 from processors.runtime.producers import KAFKA_TIMEOUT_S, TxnProducers
 from processors.runtime.query import QueryServer
+from processors.runtime.queue_watch import QueueWatch
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.timers import TimerFirer
 from processors.runtime.txn import ProduceFailed, RecordTooLarge, Transaction, now_ms
@@ -108,6 +109,7 @@ class Processor:
         self.housekeeping = Housekeeping(self.topics, self.txn, self.failures, self.membership, self.metrics)
         self.txn.attach(self.folder.snapshots, self.failures, self.housekeeping.refresh_statuses)
         self._definitions: DefinitionsReader | None = None
+        self.queue_watch = QueueWatch(settings, self.metrics, self.log)
         self.folder.definition_missing = self._definition_missing
         self._definitions_current_at = 0  # wall ms before which every definition record is applied
         self._definitions_read_at = -1e9  # monotonic time of the last read_to_now
@@ -199,6 +201,7 @@ class Processor:
         )
         n = self._definitions.catch_up(KAFKA_TIMEOUT_S, self.stop_event)
         self.membership.subscribe()
+        self.queue_watch.start()
         self.log.info(
             "processor started",
             extra={
@@ -222,6 +225,7 @@ class Processor:
             self.partitions.close_readers()
         if self.stopping.fatal is None:
             self.producers.flush(5)
+        self.queue_watch.close()
         if self._definitions is not None:
             self._definitions.close()
         if self._query is not None:

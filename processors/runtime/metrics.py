@@ -118,6 +118,12 @@ class ProcessorMetrics(MetricsEndpoint):
             registry=r,
         )
         self.definitions = Gauge("runfold_processor_definitions", "Definitions in the catalogue", registry=r)
+        self.queue_unconsumed = Gauge(
+            "runfold_processor_queue_unconsumed",
+            "1 when activations were dispatched to the queue and no live consumer is assigned its topic",
+            ["queue"],
+            registry=r,
+        )
         self.definition_errors = Counter(
             "runfold_processor_definition_errors", "Definition records that failed validation", registry=r
         )

@@ -1,6 +1,7 @@
 """`runs get` and `runs watch` of a run whose step is scheduled on a queue that no worker consumes
-say so on stderr (issue 24), and stop saying it once a consumer group member is assigned the
-queue's topic."""
+say so on stderr (issue 24), and so does the processor (a warning and the
+`runfold_processor_queue_unconsumed` gauge); both stop once a consumer group member is
+assigned the queue's topic."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_a_step_on_a_queue_without_consumers_is_pointed_out(
     )
     setup_topology(settings, [LONELY])
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
-    with running(settings):
+    with running(settings) as pt:
         commands.start("alone-1", "lonely", {})
         commands.flush()
         events.wait_for(lambda r: bool(events.of("alone-1", "StepScheduled")), 60, "StepScheduled")
@@ -56,6 +57,11 @@ def test_a_step_on_a_queue_without_consumers_is_pointed_out(
         assert "runfold worker --queue lonely" in got.stderr
         watched = _cli(settings, "runs", "watch", "alone-1", "--timeout", "1")
         assert "which no worker consumes" in watched.stderr, watched.stderr
+        # the processor says so too: a gauge and one warning (its own look runs every 30 s)
+        unconsumed = pt.processor.metrics.queue_unconsumed
+        assert pt.processor.queue_watch.check() == {"lonely"}
+        assert unconsumed.labels("lonely")._value.get() == 1
+        assert unconsumed.labels("default")._value.get() == 0  # nothing dispatched there
 
         member = Consumer(consumer_config(settings, f"{topic_prefix}-someone"))
         member.subscribe([settings.topics.activations("lonely")])
@@ -67,6 +73,8 @@ def test_a_step_on_a_queue_without_consumers_is_pointed_out(
             served = _cli(settings, "runs", "get", "alone-1")
             assert served.returncode == 0
             assert "no worker consumes" not in served.stderr, served.stderr
+            assert pt.processor.queue_watch.check() == set()
+            assert unconsumed.labels("lonely")._value.get() == 0
         finally:
             member.close()
     events.close()
