@@ -30,9 +30,11 @@ from typing import Any
 from rich.console import Console
 
 from processors.client import RunClient
+from processors.client.definitions import load_source
 from processors.client.errors import DefinitionConflict, InvalidDefinition
 from processors.dev.services import Service, say
 from processors.dev.watch import FileWatch, definition_files
+from processors.engine import Catalog
 from processors.engine.definition import DEFAULT_QUEUES
 from topology.admin import create_topology
 from topology.settings import KafkaSettings, load_settings
@@ -68,7 +70,9 @@ def _raise_stop(signum: int, _frame: Any) -> None:
 def _bootstrap(console: Console) -> str:
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    from processors.demo.run import DemoError, ensure_broker  # the demo's broker path, kept running
+    # The demo's broker path (kept running), imported only when no broker is configured: it
+    # brings the local broker launcher, which every other `runfold` command would load for nothing.
+    from processors.demo.run import DemoError, ensure_broker
 
     try:
         bootstrap, _ = ensure_broker(console, keep_broker=True)
@@ -93,9 +97,6 @@ def _register(client: RunClient, files: list[Path]) -> list[Any]:
 
 def _queues(folder: Path) -> list[str]:
     """Every queue the folder's definitions name, with the processor's defaults."""
-    from processors.client.definitions import load_source
-    from processors.engine import Catalog
-
     queues = set(DEFAULT_QUEUES.values()) | {"default"}
     catalog = Catalog()
     for path in definition_files(folder):
