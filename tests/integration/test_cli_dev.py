@@ -18,7 +18,7 @@ import pytest
 
 from processors.client import RunClient
 from topology.admin import delete_topology
-from topology.settings import load_settings
+from topology.settings import KafkaSettings, load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 RUNFOLD = Path(sys.executable).parent / "runfold"
@@ -84,17 +84,19 @@ class Lines:
         raise AssertionError(f"no line with {text!r} in {timeout}s; output:\n" + "\n".join(self.all[-60:]))
 
 
-def test_dev_runs_reloads_and_stops_cleanly(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
-    prefix = f"{topic_prefix}-dev"
+def _start_dev(
+    tmp_path: Path, bootstrap: str, prefix: str
+) -> tuple[subprocess.Popen[str], Lines, KafkaSettings]:
+    """A project of one's own in `tmp_path` (the greet definition, myapp/actions.py saying
+    "hello") and `runfold dev` started on it, its output read as it comes."""
     (tmp_path / "definitions").mkdir()
     (tmp_path / "definitions" / "greet.yaml").write_text(DEFINITION)
     (tmp_path / "myapp").mkdir()
     (tmp_path / "myapp" / "__init__.py").write_text("")
-    actions = tmp_path / "myapp" / "actions.py"
-    actions.write_text(ACTIONS.format(word="hello"))
+    (tmp_path / "myapp" / "actions.py").write_text(ACTIONS.format(word="hello"))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "RUNFOLD_TOPIC_PREFIX": prefix,
     }
     proc = subprocess.Popen(
@@ -105,8 +107,13 @@ def test_dev_runs_reloads_and_stops_cleanly(kafka_bootstrap: str, topic_prefix: 
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lines = Lines(proc)
-    settings = load_settings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    return proc, Lines(proc), load_settings(bootstrap_servers=bootstrap, topic_prefix=prefix)
+
+
+def test_dev_runs_reloads_and_stops_cleanly(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    prefix = f"{topic_prefix}-dev"
+    proc, lines, settings = _start_dev(tmp_path, kafka_bootstrap, prefix)
+    actions = tmp_path / "myapp" / "actions.py"
     try:
         lines.wait_for("greet@1 registered")
         lines.wait_for("started; watching")
@@ -151,26 +158,7 @@ def test_dev_killed_outright_takes_its_services_with_it(
     # SIGKILL (or an OOM kill) runs no handler of dev's: its services, each in a session of its
     # own, must still end with it instead of living on as orphans.
     prefix = f"{topic_prefix}-devkill"
-    (tmp_path / "definitions").mkdir()
-    (tmp_path / "definitions" / "greet.yaml").write_text(DEFINITION)
-    (tmp_path / "myapp").mkdir()
-    (tmp_path / "myapp" / "__init__.py").write_text("")
-    (tmp_path / "myapp" / "actions.py").write_text(ACTIONS.format(word="hello"))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "RUNFOLD_TOPIC_PREFIX": prefix,
-    }
-    proc = subprocess.Popen(
-        [str(RUNFOLD), "dev", "definitions", "--module", "myapp.actions"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = Lines(proc)
-    settings = load_settings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    proc, lines, settings = _start_dev(tmp_path, kafka_bootstrap, prefix)
     try:
         lines.wait_for("started; watching")
         assert len(_own_processes(prefix)) >= 3
