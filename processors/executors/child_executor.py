@@ -237,6 +237,7 @@ class ChildExecutor:
             }
         )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
+        self._renewed = False  # the producer was replaced for a fatal error and nothing committed since
         self._instance_id = instance_id
         self.producer = self._new_producer()
         self._calls = CallThread("runfold-child-txn-call")
@@ -355,7 +356,9 @@ class ChildExecutor:
         # (librdkafka#4420): serve its error callbacks first, and stop (exit 1) if it did.
         self.producer.poll(0)
         if self._producer_failed is not None:
-            raise KafkaException(self._producer_failed)
+            if self._renewed or self._producer_failed.code() in FENCED_CODES:
+                raise KafkaException(self._producer_failed)
+            self._renew(self._producer_failed)  # failed fatally while idle: a new one carries on
         self.producer.begin_transaction()
         try:
             for msg in msgs:
@@ -395,6 +398,13 @@ class ChildExecutor:
             return
         except KafkaException as exc:
             err = exc.args[0]
+            if err.fatal() and err.code() not in FENCED_CODES and not self._renewed:
+                # Not another instance: typically the coordinator was lost (a broker killed),
+                # and its successor aborted the transaction and bumped the epoch, so the
+                # producer's next call fails (INVALID_TXN_STATE). A new producer carries on,
+                # once between two commits (the processor's rule, runtime/producers.py).
+                self._renew(err)
+                return
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
                 raise
             self.counts["aborts"] += 1
@@ -403,6 +413,7 @@ class ChildExecutor:
             self.producer.abort_transaction(TXN_TIMEOUT_S)
             self._rewind()
             return
+        self._renewed = False
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
@@ -420,7 +431,18 @@ class ChildExecutor:
                 f"{len(self._abandoned)} send_offsets_to_transaction calls never returned "
                 f"(the last: {exc}); a restart frees the clients left inside them"
             )
-        log.warning("replacing the transactional producer: send_offsets_to_transaction %s", exc)
+        self._replace_producer(f"send_offsets_to_transaction {exc}")
+
+    def _renew(self, err: KafkaError) -> None:
+        """A fatal error on the producer that is not a fence: replace it (at most once between
+        two commits; a second one stops, exit 1)."""
+        self._renewed = True
+        self._replace_producer(f"it failed fatally: {err.str()}")
+
+    def _replace_producer(self, why: str) -> None:
+        """A new producer, whose init_transactions fences the old one and aborts its open
+        transaction at the coordinator; the input is rewound to the committed offsets."""
+        log.warning("replacing the transactional producer: %s", why)
         self.counts["aborts"] += 1
         self.metrics.aborted()
         self.producer = self._new_producer()

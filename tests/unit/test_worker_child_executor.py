@@ -308,3 +308,54 @@ def test_a_metrics_port_taken_is_a_configuration_exit_2_not_a_crash_to_restart()
             metrics_host="127.0.0.1",
         )
         assert executor.run(install_signals=False) == EXIT_CONFIG == 2
+
+
+def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_commits() -> None:
+    # Seen in the 3-node chaos scenario: the transaction coordinator killed, its successor
+    # aborted the transaction, and commit failed INVALID_TXN_STATE (fatal). The executor stopped
+    # (exit 1); the processor, with the same error, replaces its producer and goes on.
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processors.executors.child_executor import ChildExecutor
+    from topology.settings import KafkaSettings
+
+    executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
+    invalid = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+
+    class _Dying:  # everything goes through until the commit
+        def poll(self, timeout: float) -> int:
+            return 0
+
+        def flush(self, timeout: float = 0) -> int:
+            return 0
+
+        def __len__(self) -> int:
+            return 0
+
+        def begin_transaction(self) -> None:
+            pass
+
+        def send_offsets_to_transaction(self, *args: object) -> None:
+            pass
+
+        def commit_transaction(self, timeout: float = 0) -> None:
+            raise KafkaException(invalid)
+
+    class _Fresh(_Dying):
+        initialised = False
+
+        def init_transactions(self, timeout: float) -> None:
+            self.initialised = True
+
+    made: list[_Fresh] = []
+    rewinds: list[int] = []
+    executor._new_producer = lambda: made.append(_Fresh()) or made[-1]  # type: ignore[method-assign]
+    executor._rewind = lambda: rewinds.append(1)  # type: ignore[method-assign]
+    executor.producer = _Dying()  # type: ignore[assignment]
+    executor._transact([])  # replaced, input rewound, not stopped
+    assert len(made) == 1 and made[0].initialised and executor.producer is made[0]
+    assert executor.producers_replaced == 1 and rewinds == [1]
+    with pytest.raises(KafkaException) as stopped:  # again with no commit between: stop
+        executor._transact([])
+    assert stopped.value.args[0].code() == KafkaError.INVALID_TXN_STATE
+    executor.consumer.close()
