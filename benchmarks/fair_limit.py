@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from benchmarks.harness import Bench, RoundContext, error_text
+from benchmarks.passthrough_bench import transactional_loop
 from benchmarks.processor_bench import register, spawn, stop_rig, throughput
-from processors.kafka.records import coordinates
 from processors.runtime.settings import ProcessorSettings
 from topology.admin import create_topology, delete_topology
 from topology.settings import consumer_config, producer_config
@@ -193,59 +193,21 @@ def limit_loop(settings: ProcessorSettings, shape: Shape) -> dict[str, Any]:
     producer = Producer(settings.producer_config())
     producer.init_transactions(30)
     consumer.subscribe([t.commands, t.receipts])
-    expected = len(shape.inputs)
-    batch = settings.batch_size
-    interval = settings.commit_interval_ms / 1000.0
-    done = txns = in_txn = 0
-    open_txn = False
-    deadline = 0.0
-    nxt: dict[tuple[str, int], int] = {}
     touched: dict[bytes | None, int] = {}  # run key -> partition, this transaction
-    t0: float | None = None
-    commit_s = 0.0
-    while done < expected:
-        if open_txn:
-            msgs = consumer.consume(batch - in_txn, 0)
-        else:
-            first = consumer.poll(0.1)
-            msgs = [first] if first is not None else []
-            if first is not None:
-                msgs.extend(consumer.consume(batch - 1, 0))
-        if msgs:
-            if t0 is None:
-                t0 = time.perf_counter()
-            if not open_txn:
-                producer.begin_transaction()
-                open_txn = True
-                deadline = time.monotonic() + interval
-            for m in msgs:
-                if m.error() is not None:
-                    continue
-                topic, partition, offset = coordinates(m)
-                key = m.key()
-                emitter.per_input(producer, key, partition)
-                touched[key] = partition
-                nxt[(topic, partition)] = offset + 1
-                done += 1
-            in_txn += len(msgs)
-        if open_txn and (not msgs or in_txn >= batch or time.monotonic() >= deadline):
-            for key, partition in touched.items():  # one snapshot per run per transaction
-                emitter.emit(producer, "snapshots", key, partition)
-            c0 = time.perf_counter()
-            producer.send_offsets_to_transaction(
-                [TopicPartition(tp, p, o) for (tp, p), o in nxt.items()],
-                consumer.consumer_group_metadata(),
-                30,
-            )
-            producer.commit_transaction(30)
-            commit_s += time.perf_counter() - c0
-            txns += 1
-            open_txn = False
-            in_txn = 0
-            nxt.clear()
-            touched.clear()
-    elapsed = time.perf_counter() - (t0 or time.perf_counter())
+
+    def fold_like(m: Message, _topic: str, partition: int, _offset: int) -> None:
+        key = m.key()
+        emitter.per_input(producer, key, partition)
+        touched[key] = partition
+
+    def snapshots() -> None:  # one snapshot per run per transaction
+        for key, partition in touched.items():
+            emitter.emit(producer, "snapshots", key, partition)
+        touched.clear()
+
+    r = transactional_loop(settings, consumer, producer, len(shape.inputs), fold_like, snapshots)
     consumer.close()
+    done, txns, elapsed, commit_s = r
     n = max(done, 1)
     return {
         "input_records": done,

@@ -15,9 +15,11 @@ import argparse
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from typing import NamedTuple
 
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processors.kafka.records import coordinates
@@ -53,11 +55,25 @@ def preload(settings: ProcessorSettings, topic: str, n: int) -> None:
     p.flush(60)
 
 
-def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) -> dict[str, float]:
-    consumer = Consumer(settings.input_consumer_config())
-    producer = Producer(settings.producer_config())
-    producer.init_transactions(30)
-    consumer.subscribe([src])
+class LoopResult(NamedTuple):
+    records: int  # input records consumed and committed
+    transactions: int
+    seconds: float  # from the first record consumed
+    commit_s: float  # in send_offsets_to_transaction + commit_transaction
+
+
+def transactional_loop(
+    settings: ProcessorSettings,
+    consumer: Consumer,
+    producer: Producer,
+    expected: int,
+    on_record: Callable[[Message, str, int, int], None],
+    before_commit: Callable[[], None] = lambda: None,
+) -> LoopResult:
+    """The processor's batch and commit rule without its fold: take what is buffered (blocking
+    only with no transaction open), `on_record(msg, topic, partition, offset)` for each input,
+    and commit (after `before_commit`) when the input is drained, the batch is full or
+    `commit_interval_ms` has passed; until `expected` inputs are done."""
     batch = settings.batch_size
     interval = settings.commit_interval_ms / 1000.0
     done = txns = in_txn = 0
@@ -65,6 +81,7 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
     deadline = 0.0
     nxt: dict[tuple[str, int], int] = {}
     t0: float | None = None
+    commit_s = 0.0
     while done < expected:
         if open_txn:
             msgs = consumer.consume(batch - in_txn, 0)
@@ -84,27 +101,42 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
                 if m.error() is not None:
                     continue
                 topic, partition, offset = coordinates(m)
-                producer.produce(dst, m.value(), m.key(), partition=partition)
+                on_record(m, topic, partition, offset)
                 nxt[(topic, partition)] = offset + 1
                 done += 1
             in_txn += len(msgs)
         if open_txn and (not msgs or in_txn >= batch or time.monotonic() >= deadline):
+            before_commit()
+            c0 = time.perf_counter()
             producer.send_offsets_to_transaction(
                 [TopicPartition(t, p, o) for (t, p), o in nxt.items()], consumer.consumer_group_metadata(), 30
             )
             producer.commit_transaction(30)
+            commit_s += time.perf_counter() - c0
             txns += 1
             open_txn = False
             in_txn = 0
             nxt.clear()
-    elapsed = time.perf_counter() - (t0 or time.perf_counter())
+    return LoopResult(done, txns, time.perf_counter() - (t0 or time.perf_counter()), commit_s)
+
+
+def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) -> dict[str, float]:
+    consumer = Consumer(settings.input_consumer_config())
+    producer = Producer(settings.producer_config())
+    producer.init_transactions(30)
+    consumer.subscribe([src])
+
+    def copy(m: Message, _topic: str, partition: int, _offset: int) -> None:
+        producer.produce(dst, m.value(), m.key(), partition=partition)
+
+    r = transactional_loop(settings, consumer, producer, expected, copy)
     consumer.close()
     return {
-        "records": done,
-        "seconds": round(elapsed, 3),
-        "records_per_s": round(done / elapsed, 1),
-        "transactions": txns,
-        "mean_batch": round(done / max(txns, 1), 1),
+        "records": r.records,
+        "seconds": round(r.seconds, 3),
+        "records_per_s": round(r.records / r.seconds, 1),
+        "transactions": r.transactions,
+        "mean_batch": round(r.records / max(r.transactions, 1), 1),
     }
 
 

@@ -41,7 +41,7 @@ from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import RunView, view_from_query, view_from_snapshot
 from processors.engine.ids import control_character
-from processors.engine.vocabulary import TERMINAL_EVENTS, CommandBody, StartRunBody
+from processors.engine.vocabulary import TERMINAL_EVENTS, CommandBody, start_run_body
 from processors.kafka.fetch import connect_first
 from processors.kafka.partitioning import partition_for
 from processors.kafka.records import coordinates
@@ -295,15 +295,7 @@ class RunClient:
         partition = self.partition_of(run_id)
         # Where this run's events will start (at the latest): lets wait() skip older history.
         self._started_at[run_id] = self.reader.end_offset(self.topics.run_events, partition)
-        body: StartRunBody = {
-            "type": "StartRun",
-            "definition_id": definition_id,
-            "revision": revision,
-            "input": {} if input is None else input,
-            "labels": dict(labels or {}),
-        }
-        if budgets:
-            body["budgets"] = dict(budgets)
+        body = start_run_body(definition_id, input, revision, labels, budgets)
         self._command(run_id, body, answer_timeout, events_start=self._started_at[run_id])
         return run_id
 

@@ -9,6 +9,7 @@ plain dicts that mypy checks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
 # ---------------------------------------------------------------------------- messages in
@@ -183,6 +184,26 @@ class ResumeRunBody(TypedDict):
 
 
 CommandBody = StartRunBody | CancelRunBody | SignalRunBody | ResumeRunBody
+
+
+def start_run_body(
+    definition_id: str,
+    input: Any = None,
+    revision: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    budgets: Mapping[str, int] | None = None,
+) -> StartRunBody:
+    """A StartRun as a service sends it (the client, the test harness): no input is `{}`."""
+    body: StartRunBody = {
+        "type": "StartRun",
+        "definition_id": definition_id,
+        "revision": revision,
+        "input": {} if input is None else input,
+        "labels": dict(labels or {}),
+    }
+    if budgets:
+        body["budgets"] = dict(budgets)
+    return body
 
 
 class Envelope(TypedDict):

@@ -26,7 +26,7 @@ from typing import Any
 from processors.client.definitions import load_source
 from processors.client.errors import CommandRejected
 from processors.engine import Catalog, Ceilings, Definition, EngineContext, decide, effects, run_status
-from processors.engine.vocabulary import TERMINAL_EVENTS, TERMINAL_STATUSES
+from processors.engine.vocabulary import TERMINAL_EVENTS, TERMINAL_STATUSES, start_run_body
 from processors.executors.child_executor import (
     cancel_command,
     expired,
@@ -135,17 +135,7 @@ class WorkflowEnvironment:
         """Start a run and process until nothing is left to do at the current time (no time is
         skipped). Raises `CommandRejected` when the engine rejects the start, as the client does."""
         run_id = run_id or f"test-{len(self.events) + 1}"
-        body = {
-            "type": "StartRun",
-            "definition_id": definition_id,
-            "revision": revision,
-            "input": {} if input is None else input,
-            "parent": None,
-            "bundle": None,
-            "budgets": dict(budgets) if budgets else None,
-            "labels": dict(labels or {}),
-        }
-        self.command(run_id, body)
+        self.command(run_id, dict(start_run_body(definition_id, input, revision, labels, budgets)))
         return TestRun(self, run_id)
 
     def run(
