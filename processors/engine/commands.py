@@ -9,13 +9,14 @@ import orjson
 from processors.engine import budgets
 from processors.engine.context import Decision, rejected, unchanged
 from processors.engine.emitter import Emitter, failure, rejection, text
+from processors.engine.errors import schema_error
 from processors.engine.ids import instance_key, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
 from processors.engine.stopping import halt
-from processors.engine.superstep import fail_run, progress, schema_error
+from processors.engine.superstep import fail_run, progress
 from processors.engine.vocabulary import FAILURE_CODES, NOT_SCHEDULED_STATUSES, TERMINAL_STATUSES, ZERO_USAGE
 
 Message = dict[str, Any]

@@ -173,6 +173,25 @@ class Route(_Model):
         return {"to": data} if isinstance(data, str) else data
 
 
+# A tool's name is what the model calls it by: the name rule both OpenAI and Anthropic accept.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_TURNS_CEILING = 50
+MAX_TOOL_CALLS_CEILING = 200
+
+
+class Tool(_Model):
+    """A tool an agent node's model may call: an action on a queue, run like an action node's
+    attempt (lease, heartbeat, retry, timeout), its arguments checked against `input_schema`."""
+
+    description: str = ""
+    action: str = Field(min_length=1, max_length=256)
+    queue: str = Field(default="default", pattern=QUEUE_PATTERN)
+    capabilities: list[str] = Field(default_factory=list)
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    retry: RetryPolicy | None = None
+    timeout_ms: int | None = Field(default=None, ge=1)
+
+
 class Node(_Model):
     """One node; fields that do not apply to its `kind` are rejected by `validate_definition`."""
 
@@ -187,6 +206,10 @@ class Node(_Model):
     prompt: Any = None
     output_schema: dict[str, Any] | None = None
     structured_output_attempts: int = Field(default=1, ge=1, le=20)
+    # agent with tools: a loop of model turns and tool calls (agent_loop.py), bounded per step
+    tools: dict[str, Tool] = Field(default_factory=dict)
+    max_turns: int = Field(default=8, ge=1, le=MAX_TURNS_CEILING)
+    max_tool_calls: int = Field(default=20, ge=0, le=MAX_TOOL_CALLS_CEILING)
     # workflow (child run)
     workflow: str | None = Field(default=None, pattern=DEFINITION_ID_PATTERN)
     revision: int | None = Field(default=None, ge=1)

@@ -11,10 +11,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from processors.engine.ids import child_run_id, dispatch_id, instance_key, step_timer_id, wall_timer_id
+from processors.engine.ids import (
+    child_run_id,
+    dispatch_id,
+    instance_key,
+    split_loop_lineage,
+    step_timer_id,
+    wall_timer_id,
+)
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.refs import ABSENT, RefError, Scope, resolve
 from processors.engine.state import RunState
+from processors.engine.transcript import tool_call, tool_specs, transcript
 from processors.engine.vocabulary import (
     DISPATCHED_KINDS,
     EXECUTOR_KINDS,
@@ -124,6 +132,9 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         return NONE
     p = pinned(state["bundle"], state["bundle_hash"])
     node = p.node(event["node"])
+    loop = split_loop_lineage(event["lineage"])
+    if node.tools and loop is None:
+        return NONE  # an agent loop's step: its turns and tool calls are the activations
     timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []
     # A retry: the backoff timer that led here has fired (the runtime dropped it then), but
     # only this event tells a restore, which folds events and never sees the TimerFired.
@@ -149,18 +160,22 @@ def _scheduled(state: RunState, event: Event) -> Effects:
             deadline_ms=deadline,
         )
         return Effects(messages=[message], set_timers=timers, clear_timers=clear)
+    action, capabilities = node.action or node.agent or "", node.capabilities
+    if loop is not None and loop[2] is not None:  # a tool call: the tool's action, the tool's grants
+        tool = node.tools[tool_call(state, event["node"], loop)["name"]]
+        action, capabilities = tool.action, tool.capabilities
     message = _envelope(event, 0, "ActionActivation")
     message.update(
         definition_id=state["definition_id"],
         root_run_id=state["root_run_id"],
         kind=kind,
-        action=node.action or node.agent or "",
+        action=action,
         queue=event["queue"],
         input=event["input"],
         deadline_ms=deadline,
         lease_ms=node.lease_ms,
         heartbeat_ms=node.heartbeat_ms,
-        capabilities=list(node.capabilities),
+        capabilities=list(capabilities),
         agent=_agent_spec(state, p, event) if kind == "agent" else None,
     )
     return Effects(messages=[message], set_timers=timers, clear_timers=clear)
@@ -175,19 +190,25 @@ def _agent_spec(state: RunState, p: Pinned, event: Event) -> dict[str, Any]:
     node = p.node(event["node"])
     item: Any = ABSENT
     scope_state = state["state"]
+    loop = split_loop_lineage(event["lineage"])
+    lineage = event["lineage"] if loop is None else loop[0]
     try:
-        if node.map is not None and event["lineage"]:
-            item = resolve(node.map, Scope(input=state["input"], state=scope_state))[int(event["lineage"])]
+        if node.map is not None and lineage:
+            item = resolve(node.map, Scope(input=state["input"], state=scope_state))[int(lineage)]
         prompt = resolve(node.prompt, Scope(input=state["input"], state=scope_state, item=item))
     except (RefError, IndexError, TypeError, KeyError):
         prompt = node.prompt  # checked when the step was scheduled; unreachable for a valid run
-    return {
+    spec: dict[str, Any] = {
         "agent": node.agent or "",
         "model": node.model or "",
         "prompt": prompt,
         "output_schema": node.output_schema,
         "structured_output_attempts": node.structured_output_attempts,
     }
+    if loop is not None:  # a model turn: the tools it may ask for, and the loop so far
+        spec["tools"] = tool_specs(node)
+        spec["messages"] = transcript(state, event["node"], loop[0], loop[1])
+    return spec
 
 
 def _settled(state: RunState, event: Event) -> Effects:
@@ -210,10 +231,14 @@ def _settled(state: RunState, event: Event) -> Effects:
         clear.append(step_timer_id("stop_timeout", dispatch))
     # an attempt timed out by its executor, or whose lease expired (its worker presumed dead),
     # may still run somewhere: stop it (a stopping one was told at StepStopping)
-    in_flight = (etype == "StepCancelled" and step["cancel_in_flight"]) or (
-        etype == "StepFailed"
-        and event["failure"]["code"] == "Timeout"
-        and event.get("stop") in (None, STOP_LEASE_EXPIRED)
+    # (an agent loop's step was never handed out: only its turns and calls are ever in flight)
+    in_flight = "loop" not in step and (
+        (etype == "StepCancelled" and step["cancel_in_flight"])
+        or (
+            etype == "StepFailed"
+            and event["failure"]["code"] == "Timeout"
+            and event.get("stop") in (None, STOP_LEASE_EXPIRED)
+        )
     )
     if in_flight:
         reason = event["reason"] if etype == "StepCancelled" else event["failure"]["message"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from processors.engine.context import Decision, EngineContext
 from processors.engine.evolve import evolve
-from processors.engine.ids import event_record_id, rejection_record_id
+from processors.engine.ids import event_record_id, rejection_record_id, split_loop_lineage
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.state import RunState, usage_of
 from processors.engine.vocabulary import Failure, Usage
@@ -65,6 +65,7 @@ class Emitter:
         "ctx",
         "events",
         "failed_any",
+        "loops",
         "run_id",
         "settled_items",
         "state",
@@ -84,6 +85,9 @@ class Emitter:
         # mapped node -> an item of it that settled: the node may now be settled as failed
         self.settled_items: dict[str, int] = {}
         self.usage_changed = False  # the ledger moved: check budgets
+        # agent loops (node, lineage of the step) that a turn or tool call settled in, or that were
+        # just scheduled: progress drives each to its next turn, call or outcome (agent_loop.py)
+        self.loops: set[tuple[str, str]] = set()
         self._pinned: Pinned | None = None
 
     @property
@@ -112,7 +116,12 @@ class Emitter:
             if etype == "StepFailed":
                 self.failed_any = True
             if (etype == "StepSucceeded" or etype == "StepFailed") and fields["lineage"]:
-                self.settled_items[fields["node"]] = int(fields["lineage"])
+                lineage = fields["lineage"]
+                loop = split_loop_lineage(lineage)
+                if loop is None:
+                    self.settled_items[fields["node"]] = int(lineage)
+                else:
+                    self.loops.add((fields["node"], loop[0]))
         return event
 
     def emit_step(self, etype: str, step: dict[str, Any], **fields: Any) -> Event:

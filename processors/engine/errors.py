@@ -7,7 +7,7 @@ Every error says what was wrong and where; none of them carries a user value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
 
@@ -87,3 +87,17 @@ class ReducerTypeError(Exception):
         self.key = key
         self.reason = reason
         super().__init__(f"state key {key!r}: {reason}" if key else reason)
+
+
+def schema_error(error: Any) -> str:
+    """A JSON Schema error without the offending value (it may hold a secret): where, which rule,
+    and what the schema asked for, in the schema's own words (property names it requires, the
+    type it expects), so the producer can fix the message without the schema at hand."""
+    path = error.json_path
+    rule, wanted, detail = error.validator, error.validator_value, ""
+    if rule == "required" and isinstance(error.instance, dict) and isinstance(wanted, list):
+        missing = [str(name) for name in wanted if name not in error.instance]
+        detail = f": missing {', '.join(repr(m) for m in missing)}" if missing else ""
+    elif rule == "type":
+        detail = f": expected {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
+    return f"at {path} fails {rule!r}{detail} (schema {'/'.join(str(p) for p in error.schema_path)})"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from processors.engine.errors import EventBeforeStart
-from processors.engine.ids import instance_key
+from processors.engine.ids import instance_key, is_loop_lineage, split_loop_lineage
 from processors.engine.pinned import pinned, root_definition
 from processors.engine.refs import input_hash
 from processors.engine.state import RunState
@@ -235,8 +235,17 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
     retrying = same_superstep and old is not None and old["status"] == "retry_wait"
     # Reservations: a fresh activation takes a step (and an agent); a retry took its retry at
     # StepRetryScheduled; a re-activation after a resume takes nothing (it was reserved once).
+    loop = split_loop_lineage(lineage)
+    looping = (
+        loop is None
+        and ev["kind"] == "agent"
+        and bool(pinned(s["bundle"], s["bundle_hash"]).node(node).tools)
+    )
     if not same_superstep:
-        _add_usage(s, None, steps=1, agents=1 if ev["kind"] == "agent" else 0)
+        if loop is not None:  # an agent loop's model turn takes an agent, its tool call a step
+            _add_usage(s, None, steps=0 if loop[2] is None else 1, agents=1 if loop[2] is None else 0)
+        else:  # an agent with tools takes a step; its agents are its turns
+            _add_usage(s, None, steps=1, agents=1 if ev["kind"] == "agent" and not looping else 0)
     step = {
         "node": node,
         "lineage": lineage,
@@ -262,13 +271,29 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
         "reason": None,
         "cancel_in_flight": False,
     }
+    if looping:  # a re-activation (a resume) goes on with the loop it had: turns are not paid twice
+        step["loop"] = old["loop"] if same_superstep and old is not None and "loop" in old else {"turn": 0}
     _put_step(s, key, step, old)
-    _count_item(s, node, lineage)
+    if loop is not None and loop[2] is None:
+        _loop_turn(s, node, loop[0], loop[1])
+    else:
+        _count_item(s, node, lineage)
+
+
+def _loop_turn(s: RunState, node: str, parent: str, turn: int) -> None:
+    """An agent loop's turn was scheduled: its step's `loop.turn` is the latest turn."""
+    key = instance_key(node, parent)
+    old = s["steps"][key]
+    if old["loop"]["turn"] >= turn:
+        return  # a turn retried or dispatched again
+    step = dict(old)
+    step["loop"] = {**old["loop"], "turn": turn}
+    _put_step(s, key, step, old)
 
 
 def _count_item(s: RunState, node: str, lineage: str) -> None:
     """`maps[node]`: how many items of a mapped node this superstep has activated."""
-    if lineage and s["maps"].get(node, 0) <= int(lineage):
+    if lineage and not is_loop_lineage(lineage) and s["maps"].get(node, 0) <= int(lineage):
         maps = dict(s["maps"])
         maps[node] = int(lineage) + 1
         s["maps"] = maps

@@ -31,9 +31,44 @@ def instance_key(node: str, lineage: str) -> str:
     return f"{node}[{lineage}]" if lineage else node
 
 
-def order_key(node: str, lineage: str) -> tuple[str, int]:
-    """The deterministic order of node instances: by node, then map index (unmapped first)."""
-    return (node, int(lineage) if lineage else -1)
+def order_key(node: str, lineage: str) -> tuple[str, int, int, int]:
+    """The deterministic order of node instances: by node, then map index (unmapped first), then
+    an agent loop's turn and tool call (the step itself before its turns, a turn before its calls)."""
+    if not lineage:
+        return (node, -1, -1, -1)
+    loop = split_loop_lineage(lineage)
+    if loop is None:
+        return (node, int(lineage), -1, -1)
+    parent, turn, call = loop
+    return (node, int(parent) if parent else -1, turn, -1 if call is None else call)
+
+
+# An agent loop's model turns and tool calls are node instances of the agent node, below the
+# step's own lineage: turn t is `{lineage}~{t}`, tool call i of turn t is `{lineage}~{t}.{i}`
+# ("~" and "." never occur in a map index). docs/messages.md fixes the formula.
+LOOP_MARK = "~"
+
+
+def turn_lineage(parent: str, turn: int) -> str:
+    return f"{parent}{LOOP_MARK}{turn}"
+
+
+def call_lineage(parent: str, turn: int, call: int) -> str:
+    return f"{parent}{LOOP_MARK}{turn}.{call}"
+
+
+def is_loop_lineage(lineage: str) -> bool:
+    return LOOP_MARK in lineage
+
+
+def split_loop_lineage(lineage: str) -> tuple[str, int, int | None] | None:
+    """(the step's own lineage, turn, call or None for the model turn), or None if `lineage` is
+    not an agent loop's."""
+    parent, mark, rest = lineage.partition(LOOP_MARK)
+    if not mark:
+        return None
+    turn, dot, call = rest.partition(".")
+    return parent, int(turn), int(call) if dot else None
 
 
 def child_run_id(parent_run_id: str, node: str, lineage: str, attempt: int) -> str:

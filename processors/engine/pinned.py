@@ -52,6 +52,10 @@ class Pinned:
         """The `payload_schema` of wait node `name`: what a signal it takes must meet."""
         return self._validator(f"payload:{name}", self.root.nodes[name].payload_schema)
 
+    def tool_input_validator(self, name: str, tool: str) -> Draft202012Validator | None:
+        """The validator of the arguments of tool `tool` of agent node `name`."""
+        return self._validator(f"tool:{name}:{tool}", self.root.nodes[name].tools[tool].input_schema)
+
     def child_bundle(self, definition_id: str, revision: int) -> dict[str, Any]:
         """The sub-bundle JSON a ChildRunActivation carries (computed once)."""
         key = f"{definition_id}@{revision}"

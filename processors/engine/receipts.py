@@ -15,13 +15,14 @@ import orjson
 from processors.engine import budgets
 from processors.engine.context import Decision, unchanged
 from processors.engine.emitter import Emitter, failure, text
-from processors.engine.ids import instance_key
+from processors.engine.errors import schema_error
+from processors.engine.ids import instance_key, is_loop_lineage
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
-from processors.engine.steps import fail_attempt, pause_for, retry_attempt, retry_exhausted
+from processors.engine.steps import fail_attempt, loop_tool, pause_for, retry_attempt, retry_exhausted
 from processors.engine.stopping import ask_to_stop, finish_halt
-from processors.engine.superstep import progress, schema_error
+from processors.engine.superstep import progress
 from processors.engine.vocabulary import (
     EXECUTOR_KINDS,
     FAILURE_CODES,
@@ -150,7 +151,8 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
             ),
             usage,
         )
-    validator = em.pinned.node_output_validator(name)
+    # an agent loop's turn and tool call outputs are not the step's: agent_loop.py checks its answer
+    validator = None if is_loop_lineage(lineage) else em.pinned.node_output_validator(name)
     if validator is not None:
         error = next(iter(validator.iter_errors(output)), None)
         if error is not None:
@@ -310,7 +312,8 @@ def _timer(em: Emitter, msg: Message) -> str | None:
     if kind == "node_timeout":
         if status not in ("scheduled", "running") or step["kind"] not in ("action", "agent", "workflow"):
             return "stale timer"
-        timeout = em.pinned.node(name).timeout_ms
+        tool = loop_tool(em, name, lineage)
+        timeout = tool.timeout_ms if tool is not None else em.pinned.node(name).timeout_ms
         message = f"{name} timed out after {timeout} ms"
         # the attempt may still run: it settles (and a retry starts) once it stopped
         ask_to_stop(

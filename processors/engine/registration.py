@@ -54,16 +54,23 @@ def registration_issues(defn: Definition, catalog: Catalog, queues: frozenset[st
 
 def _queue_issues(defn: Definition, queues: frozenset[str]) -> list[Issue]:
     issues = []
+    wanted_by: list[tuple[str, str]] = []  # (path, queue) of every queue the definition dispatches to
     for node_id, node in defn.nodes.items():
-        if node.kind not in EXECUTOR_KINDS or node.queue is None or node.queue in queues:
+        if node.kind in EXECUTOR_KINDS and node.queue is not None:
+            wanted_by.append((f"nodes.{node_id}.queue", node.queue))
+        wanted_by += [
+            (f"nodes.{node_id}.tools.{name}.queue", tool.queue) for name, tool in node.tools.items()
+        ]
+    for path, queue in wanted_by:
+        if queue in queues:
             continue
-        wanted = ",".join(sorted(queues | {node.queue}))
+        wanted = ",".join(sorted(queues | {queue}))
         issues.append(
             Issue(
-                f"nodes.{node_id}.queue",
-                f"unknown queue {node.queue!r}: the topology serves {', '.join(sorted(queues))}; to add it, "
+                path,
+                f"unknown queue {queue!r}: the topology serves {', '.join(sorted(queues))}; to add it, "
                 f"set {QUEUES_ENV}={wanted} for `runfold topology create`, the processor and `defs register`, "
-                f"and run a worker on it (`runfold worker --queue {node.queue} --module MODULE`)",
+                f"and run a worker on it (`runfold worker --queue {queue} --module MODULE`)",
                 rule="unknown_queue",
             )
         )

@@ -16,7 +16,7 @@ from processors.engine import budgets
 from processors.engine.catalog import Bundle
 from processors.engine.context import Decision, EngineContext, rejected, unchanged
 from processors.engine.emitter import Emitter, rejection
-from processors.engine.errors import DefinitionError
+from processors.engine.errors import DefinitionError, schema_error
 from processors.engine.ids import control_character
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.pinned import Pinned, remember
@@ -24,7 +24,7 @@ from processors.engine.refs import input_hash
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
-from processors.engine.superstep import progress, schema_error
+from processors.engine.superstep import progress
 from processors.engine.vocabulary import EXECUTOR_KINDS
 
 Message = dict[str, Any]

@@ -12,10 +12,17 @@ from itertools import chain
 from typing import Any, cast
 
 from processors.engine import budgets
-from processors.engine.definition import Node
+from processors.engine.definition import Node, RetryPolicy, Tool
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import RefError
-from processors.engine.ids import dispatch_id, instance_key, step_timer_id
+from processors.engine.ids import (
+    dispatch_id,
+    instance_key,
+    is_loop_lineage,
+    split_loop_lineage,
+    step_timer_id,
+    turn_lineage,
+)
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
 from processors.engine.stopping import halt
 from processors.engine.vocabulary import (
@@ -98,7 +105,7 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
                 continue
             if not current:
                 fresh_steps += 1
-                fresh_agents += node.kind == "agent"
+                fresh_agents += node.kind == "agent" and not node.tools  # a loop's agents are its turns
             plans.append((name, node, lineage, item, old))
     if not plans and not unscheduled:
         return False
@@ -146,6 +153,7 @@ def _free_slots(em: Emitter) -> int:
         if step["superstep"] == superstep
         and step["status"] in IN_FLIGHT_SLOT_STATUSES
         and step["kind"] in DISPATCHED_KINDS
+        and not is_loop_lineage(step["lineage"])  # an agent loop takes one slot, its step's
     )
     return cap - busy
 
@@ -208,14 +216,22 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
 
 
 def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, node_input: Any) -> None:
-    """StepScheduled for one attempt (its effects dispatch the activation)."""
+    """StepScheduled for one attempt (its effects dispatch the activation). An agent loop's tool
+    call runs its tool's action on the tool's queue, under the tool's timeout."""
     kind = node.kind
+    queue = node.queue if kind in EXECUTOR_KINDS else None
+    timeout = node.timeout_ms
+    tool = loop_tool(em, name, lineage)
+    if tool is not None:
+        kind, queue, timeout = "action", tool.queue, tool.timeout_ms
     if kind == "sleep":
         deadline: int | None = em.ts + (node.duration_ms or 0)
     elif kind == "state":
         deadline = None
+    elif kind == "agent" and node.tools and not is_loop_lineage(lineage):
+        deadline = None  # the loop itself: its turns and calls have the deadlines
     else:
-        deadline = em.ts + node.timeout_ms if node.timeout_ms else None
+        deadline = em.ts + timeout if timeout else None
     em.emit(
         "StepScheduled",
         node=name,
@@ -223,12 +239,32 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         attempt=attempt,
         dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
         kind=kind,
-        queue=node.queue if kind in EXECUTOR_KINDS else None,
+        queue=queue,
         input=node_input,
         input_hash=_input_hash(em.state, node_input),
         deadline_ms=deadline,
         superstep=em.state["superstep"],
     )
+    if kind == "agent" and node.tools and not is_loop_lineage(lineage):
+        em.loops.add((name, lineage))  # progress starts (or, resumed, continues) the loop
+
+
+def loop_tool(em: Emitter, name: str, lineage: str) -> Tool | None:
+    """The tool an agent loop's tool call `lineage` calls (None for any other instance, and for
+    a call whose tool is unknown: those are settled without an activation)."""
+    loop = split_loop_lineage(lineage)
+    if loop is None or loop[2] is None:
+        return None
+    parent, turn, call = loop
+    answer = em.state["steps"][instance_key(name, turn_lineage(parent, turn))]["output"]
+    requested = answer["tool_calls"][call]
+    return em.pinned.node(name).tools.get(requested["name"])
+
+
+def retry_policy(em: Emitter, step: dict[str, Any]) -> RetryPolicy | None:
+    """The retry rule of an attempt: its node's, or for an agent loop's tool call its tool's."""
+    tool = loop_tool(em, step["node"], step["lineage"])
+    return tool.retry if tool is not None else em.pinned.node(step["node"]).retry
 
 
 def _input_hash(state: dict[str, Any], node_input: Any) -> str:
@@ -275,7 +311,7 @@ def fail_attempt(
     retry budget remain; otherwise the instance's failure is final (RetryExhausted when
     retries ran out). `stop`: how the attempt stopped, when that is known (stopping.py)."""
     extra = {} if stop is None else {"stop": stop}
-    policy = em.pinned.node(step["node"]).retry
+    policy = retry_policy(em, step)
     if problem["retryable"] and policy is not None:
         attempts = _attempts(step)
         if attempts >= policy.max_attempts:

@@ -28,8 +28,11 @@ WORKFLOW_STOP_TIMEOUT_MS: Final = 60_000
 
 
 def may_still_run(step: dict[str, Any]) -> bool:
-    """The attempt was handed to an executor or a child run and has not settled."""
-    return step["status"] in ("scheduled", "running") and step["kind"] in DISPATCHED_KINDS
+    """The attempt was handed to an executor or a child run and has not settled. An agent loop's
+    step is never handed out itself (its turns and tool calls are): it is cancelled at once."""
+    return (
+        step["status"] in ("scheduled", "running") and step["kind"] in DISPATCHED_KINDS and "loop" not in step
+    )
 
 
 def stop_timeout_ms(em: Emitter, step: dict[str, Any]) -> int:

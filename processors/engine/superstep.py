@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
+from processors.engine.agent_loop import advance
 from processors.engine.conditions import select_routes
 from processors.engine.definition import END
 from processors.engine.emitter import Emitter, failure
-from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError
+from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError, schema_error
 from processors.engine.ids import order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
@@ -49,6 +50,12 @@ def progress(em: Emitter) -> None:
             if over is not None:
                 pause_for(em, over)
                 return
+        if em.loops:  # after the budgets: a turn that overran them pauses before the next one
+            loops = sorted(em.loops)
+            em.loops.clear()
+            for name, lineage in loops:
+                advance(em, name, lineage)
+            continue  # a loop may have settled its step, failed or paused the run
         if not em.state["frontier"]:
             return
         if held_back(em) and plan_superstep(em):
@@ -240,17 +247,3 @@ def finish_run(em: Emitter) -> None:
             )
             return
     em.emit("RunSucceeded", output=output, usage=em.usage())
-
-
-def schema_error(error: Any) -> str:
-    """A JSON Schema error without the offending value (it may hold a secret): where, which rule,
-    and what the schema asked for, in the schema's own words (property names it requires, the
-    type it expects), so the producer can fix the message without the schema at hand."""
-    path = error.json_path
-    rule, wanted, detail = error.validator, error.validator_value, ""
-    if rule == "required" and isinstance(error.instance, dict) and isinstance(wanted, list):
-        missing = [str(name) for name in wanted if name not in error.instance]
-        detail = f": missing {', '.join(repr(m) for m in missing)}" if missing else ""
-    elif rule == "type":
-        detail = f": expected {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
-    return f"at {path} fails {rule!r}{detail} (schema {'/'.join(str(p) for p in error.schema_path)})"

@@ -21,6 +21,7 @@ from processors.engine.definition import (
     END,
     LIMIT_DIMENSIONS,
     NODE_ID_PATTERN,
+    TOOL_NAME_PATTERN,
     Ceilings,
     Definition,
     Node,
@@ -38,7 +39,18 @@ _EXECUTED: Final = frozenset({"input", "map", "retry", "timeout_ms", "stop_timeo
 _LEASED: Final = frozenset({"queue", "capabilities", "lease_ms", "heartbeat_ms", "output_schema"})
 ALLOWED_FIELDS: Final[dict[str, frozenset[str]]] = {
     "action": _COMMON | _EXECUTED | _LEASED | {"action"},
-    "agent": _COMMON | _EXECUTED | _LEASED | {"agent", "model", "prompt", "structured_output_attempts"},
+    "agent": _COMMON
+    | _EXECUTED
+    | _LEASED
+    | {
+        "agent",
+        "model",
+        "prompt",
+        "structured_output_attempts",
+        "tools",
+        "max_turns",
+        "max_tool_calls",
+    },
     "workflow": _COMMON | _EXECUTED | {"workflow", "revision"},
     "state": _COMMON | {"mutations", "writes"},
     "wait": _COMMON | {"signal", "timeout_ms", "writes", "payload_schema", "accept_early"},
@@ -165,6 +177,7 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
                 rule="no_effect",
             )
         )
+    _check_tools(base, node, issues)
     for key in node.writes:
         if key not in defn.state:
             issues.append(
@@ -205,6 +218,32 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
         issues.append(Issue(path, "secret handles are not allowed in a prompt", rule="secret_in_prompt"))
     for key, template in node.writes.items():
         _check_ref_template(template, f"{base}.writes.{key}", _WRITES_SOURCES[node.kind] | item, issues)
+
+
+def _check_tools(base: str, node: Node, issues: list[Issue]) -> None:
+    if not node.tools:
+        return
+    for name, tool in node.tools.items():
+        path = f"{base}.tools.{name}"
+        if not re.match(TOOL_NAME_PATTERN, name):
+            issues.append(Issue(path, f"a tool name must match {TOOL_NAME_PATTERN}", rule="tool_name"))
+        if tool.input_schema.get("type", "object") != "object":
+            issues.append(
+                Issue(
+                    f"{path}.input_schema",
+                    "a tool's arguments are an object: type must be object",
+                    rule="tool_schema",
+                )
+            )
+    if node.max_tool_calls == 0:
+        issues.append(
+            Issue(
+                f"{base}.max_tool_calls",
+                "0 tool calls: the tools can never be called",
+                severity="warning",
+                rule="no_effect",
+            )
+        )
 
 
 def _check_signal_contracts(defn: Definition, issues: list[Issue]) -> None:
@@ -333,6 +372,11 @@ def _check_schemas(defn: Definition, issues: list[Issue]) -> None:
     ]
     schemas += [
         (f"nodes.{node_id}.payload_schema", node.payload_schema) for node_id, node in defn.nodes.items()
+    ]
+    schemas += [
+        (f"nodes.{node_id}.tools.{name}.input_schema", tool.input_schema)
+        for node_id, node in defn.nodes.items()
+        for name, tool in node.tools.items()
     ]
     for path, schema in schemas:
         if schema is None:

@@ -39,7 +39,7 @@ from processors.engine import (
     evolve,
     run_status,
 )
-from processors.engine.ids import dispatch_id
+from processors.engine.ids import dispatch_id, is_loop_lineage, split_loop_lineage
 from processors.engine.vocabulary import OPEN_STEP_STATUSES, TERMINAL_STATUSES
 
 RUN = "r"
@@ -78,6 +78,26 @@ OUTPUTS: list[Any] = [
     {"w": 2},
     {"api_key": "abc"},
     "text",
+]
+# what a model turn of an agent loop may answer: tool calls (good, unknown, bad arguments, several
+# at once), an answer, and outputs that are not a turn
+TURN_OUTPUTS: list[Any] = [
+    {"content": "", "tool_calls": [{"id": "a", "name": "look", "arguments": {"q": 1}}]},
+    {
+        "content": "two",
+        "tool_calls": [
+            {"id": "a", "name": "look", "arguments": {"q": 1}},
+            {"id": "b", "name": "poke", "arguments": {}},
+        ],
+    },
+    {"content": "", "tool_calls": [{"id": "a", "name": "nope", "arguments": {}}]},
+    {"content": "", "tool_calls": [{"id": "a", "name": "look", "arguments": {"x": 1}}]},
+    {"content": "", "tool_calls": [{"id": "a", "name": "poke", "arguments": "text"}]},
+    {"content": "done", "answer": {"v": 1}},
+    {"content": "done", "answer": 3},
+    {"tool_calls": 5},
+    {"tool_calls": [{"name": 1}]},
+    "not a turn",
 ]
 PAYLOADS: list[Any] = [{"ok": True}, {"ok": False}, {}, None, {"password": "x"}, [1]]
 EXECUTOR_KINDS = ("action", "agent")
@@ -239,6 +259,17 @@ def _node(draw: st.DrawFn) -> dict[str, Any]:
             }
         if draw(st.integers(0, 2)) == 0:
             node["timeout_ms"] = draw(st.integers(50, 500))
+        if kind == "agent" and draw(st.integers(0, 2)) > 0:  # an agent loop (agent_loop.py)
+            node["tools"] = {
+                "look": {"action": "work", "input_schema": {"type": "object", "required": ["q"]}},
+                "poke": {"action": "work", "queue": "default"},
+            }
+            if draw(st.booleans()):
+                node["tools"]["poke"]["retry"] = {"max_attempts": draw(st.integers(1, 3))}
+            if draw(st.booleans()):
+                node["tools"]["look"]["timeout_ms"] = draw(st.integers(50, 500))
+            node["max_turns"] = draw(st.integers(1, 3))
+            node["max_tool_calls"] = draw(st.integers(0, 4))
         if kind in EXECUTOR_KINDS:
             lease = draw(st.integers(100, 1000))
             node.update(lease_ms=lease, heartbeat_ms=draw(st.integers(1, lease - 1)))
@@ -490,7 +521,14 @@ class World:
                             f"dispatched past {limit_key}: {usage[dimension]} > {limits[limit_key]}"
                         )
             step = state["steps"][_key(event)]
-            policy = self.definition.nodes[event["node"]].retry
+            if (
+                old is not None
+                and not fresh
+                and old["status"] == "succeeded"
+                and is_loop_lineage(event["lineage"])
+            ):
+                raise Violation(f"{_key(event)} ran again after it succeeded: a turn or tool call runs once")
+            policy = self._retry_policy(state, event)
             if step["attempt"] - step["first_attempt"] + 1 > (policy.max_attempts if policy else 1):
                 raise Violation(f"attempt {step['attempt']} of {_key(event)} past its retry policy")
             cap = int(limits.get("max_concurrency") or 0)
@@ -511,6 +549,17 @@ class World:
             ]
             if still_open or state["open"] != 0:
                 raise Violation(f"{etype} with steps still open: {still_open} (open={state['open']})")
+
+    def _retry_policy(self, state: dict[str, Any], event: dict[str, Any]) -> Any:
+        """The retry rule of an attempt: its node's, or for a loop's tool call its tool's."""
+        node = self.definition.nodes[event["node"]]
+        loop = split_loop_lineage(event["lineage"])
+        if loop is None or loop[2] is None:
+            return node.retry
+        parent, turn, call = loop
+        turn_record = state["steps"][f"{event['node']}[{parent}~{turn}]"]
+        STATS["tool call dispatched"] += 1
+        return node.tools[turn_record["output"]["tool_calls"][call]["name"]].retry
 
     def check(self, msg: dict[str, Any], before: Any, decision: Any, duplicate: bool) -> None:
         if duplicate and (decision.events or self.state is not before):
@@ -685,7 +734,13 @@ class World:
             lease = data.draw(st.sampled_from([act.get("lease_ms") or 500, 50, 5000]), label="lease")
             return {"type": mtype, **ident, "worker_id": worker, "lease_ms": lease}
         if verb in ("complete", "complete-ok"):
-            output = data.draw(st.sampled_from(OUTPUTS), label="output") if verb == "complete" else {"v": 1}
+            if _is_turn(act):
+                menu = TURN_OUTPUTS if verb == "complete" else TURN_OUTPUTS[:2] * 2 + TURN_OUTPUTS[5:6]
+                output = data.draw(st.sampled_from(menu), label="turn output")
+            else:
+                output = (
+                    data.draw(st.sampled_from(OUTPUTS), label="output") if verb == "complete" else {"v": 1}
+                )
             return {
                 "type": "ActivationCompleted",
                 **ident,
@@ -786,6 +841,7 @@ class World:
                 step["superstep"] == superstep
                 and step["status"] in ("scheduled", "running", "stopping")
                 and step["kind"] in DISPATCHED
+                and "loop" not in step  # an agent loop's step: its turns and calls are activated
             ):
                 return step
         return None
@@ -832,11 +888,25 @@ class World:
                 "type": "ActivationCompleted",
                 **ident,
                 "worker_id": "w1",
-                "output": {"v": 1},
+                "output": _drained_turn(step) if _is_turn(step) else {"v": 1},
                 "usage": {"prompt_tokens": 1},
             },
             advance=1,
         )
+
+
+def _drained_turn(step: dict[str, Any]) -> Any:
+    """How the drain answers a model turn: the first asks for both tools, later ones answer."""
+    loop = split_loop_lineage(step["lineage"])
+    assert loop is not None
+    STATS["turns drained"] += 1
+    return TURN_OUTPUTS[1] if loop[1] == 1 else TURN_OUTPUTS[5]
+
+
+def _is_turn(item: dict[str, Any]) -> bool:
+    """A model turn of an agent loop (`node[~t]`, not a tool call `node[~t.i]`)."""
+    loop = split_loop_lineage(item["lineage"])
+    return loop is not None and loop[2] is None
 
 
 def _key(item: dict[str, Any]) -> str:
@@ -851,6 +921,7 @@ def _in_flight(state: dict[str, Any]) -> int:
         if step["superstep"] == superstep
         and step["status"] in ("scheduled", "running", "retry_wait")
         and step["kind"] in DISPATCHED
+        and not is_loop_lineage(step["lineage"])  # an agent loop holds one slot, its step's
     )
 
 

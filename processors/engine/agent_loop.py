@@ -1,0 +1,235 @@
+"""The agent loop: an agent node with `tools` runs model turns and tool calls until it answers.
+
+The step `node[lineage]` is never handed to an executor itself. Its model turns (`node[~t]`) and
+the tool calls each turn asks for (`node[~t.i]`) are node instances of their own (ids.py): each
+attempt has its own dispatch identity, lease, timeout, retry and stopping phase, exactly as an
+action's, and its outcome is a step record in the run state. So a crash anywhere resumes at the
+first unfinished turn or call: a settled turn is never paid for twice, a settled call never runs
+twice (beyond an attempt's at-least-once window, as for actions).
+
+`advance` is the one rule, called (by `superstep.progress`) whenever something in the loop
+settled or the step was (re-)scheduled. It looks at the latest turn and does the next thing:
+- no turn yet: the first turn;
+- the turn is open: nothing (wait for it);
+- it failed: the step fails with its failure (its retries, the node's `retry`, are spent);
+- it answered (no tool calls): the answer, checked against the node's output_schema, is the
+  step's output;
+- it asked for tool calls: each becomes an activation of its tool, all at once (a call of an
+  unknown tool, or with arguments that are not an object or fail the tool's input_schema, is
+  settled at once as an error result for the model); once every call settled (a failure is an
+  error result too), the next turn, which is sent the transcript (transcript.py).
+Limits: `max_turns` and `max_tool_calls` bound the loop (exceeding one fails the step: Limit);
+the run's budgets are checked before each turn (max_agents: a turn is an agent) and each batch
+of calls (max_steps: a call is a step), and tokens and cost after each turn (superstep.progress):
+an exhausted budget pauses the run, and a resume goes on with the same loop (evolve keeps
+`loop` across the re-activation; cancelled turns and calls are dispatched again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from processors.engine import budgets
+from processors.engine.definition import Node
+from processors.engine.emitter import Emitter, failure
+from processors.engine.errors import schema_error
+from processors.engine.ids import call_lineage, dispatch_id, instance_key, turn_lineage
+from processors.engine.steps import pause_for, schedule
+from processors.engine.transcript import transcript
+from processors.engine.vocabulary import OPEN_STEP_STATUSES, ZERO_USAGE, Failure
+
+Step = dict[str, Any]
+
+
+def advance(em: Emitter, name: str, lineage: str) -> None:
+    """Drive the agent loop of step `name[lineage]` one move further, if it can move."""
+    state = em.state
+    step = state["steps"].get(instance_key(name, lineage))
+    if (
+        step is None
+        or "loop" not in step
+        or step["status"] != "scheduled"
+        or step["superstep"] != state["superstep"]
+    ):
+        return  # settled or cancelled already: a late turn or call changes nothing
+    node = em.pinned.node(name)
+    turn = step["loop"]["turn"]
+    if turn == 0:
+        _next_turn(em, step, node, 1)
+        return
+    record = _current(em, name, turn_lineage(lineage, turn))
+    if record is None:  # unreachable: loop.turn counts turns that were scheduled
+        _next_turn(em, step, node, turn)
+        return
+    status = record["status"]
+    if status in OPEN_STEP_STATUSES:
+        return
+    if status == "cancelled":  # the run paused and resumed: the unfinished turn runs again
+        _again(em, node, record)
+        return
+    if status != "succeeded":
+        _fail(em, step, record["failure"] or _problem(step, "Cancelled", f"turn {turn} did not finish"))
+        return
+    output = record["output"]
+    shape = _turn_shape_problem(output)
+    if shape is not None:
+        _fail(em, step, _problem(step, "InvalidOutput", f"turn {turn} of {name}: {shape}"))
+        return
+    calls: list[dict[str, Any]] = output.get("tool_calls") or []
+    if not calls:
+        _answer(em, step, output)
+        return
+    fresh = _current(em, name, call_lineage(lineage, turn, 0)) is None
+    if fresh and not _start_calls(em, step, node, turn, calls):
+        return  # the step failed or the run paused
+    if _calls_open(em, node, step, turn, len(calls)):
+        return
+    if turn >= node.max_turns:
+        message = f"{name} used its {node.max_turns} turns (max_turns) without an answer"
+        _fail(em, step, _problem(step, "Limit", message))
+        return
+    _next_turn(em, step, node, turn + 1)
+
+
+def _current(em: Emitter, name: str, lineage: str) -> Step | None:
+    """The record of a turn or call of this superstep's loop (an older loop's is not)."""
+    record = em.state["steps"].get(instance_key(name, lineage))
+    if record is None or record["superstep"] != em.state["superstep"]:
+        return None
+    return record  # type: ignore[no-any-return]
+
+
+def _problem(step: Step, code: str, message: str) -> Failure:
+    return failure(code, message, node=step["node"], lineage=step["lineage"])
+
+
+def _fail(em: Emitter, step: Step, problem: Failure) -> None:
+    """The loop's step fails (not retried: its turns had the node's retries)."""
+    problem = {**problem, "retryable": False, "node": step["node"], "lineage": step["lineage"]}
+    em.emit_step("StepFailed", step, failure=problem, usage=dict(ZERO_USAGE))
+
+
+def _turn_shape_problem(output: Any) -> str | None:
+    """Why a model turn's output is not `{content?, answer?}` or `{content?, tool_calls: [...]}`."""
+    if not isinstance(output, dict):
+        return "a model turn's output must be an object"
+    calls = output.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        return "tool_calls must be a list"
+    for index, call in enumerate(calls):
+        if not isinstance(call, dict) or type(call.get("id")) is not str or type(call.get("name")) is not str:
+            return f"tool_calls[{index}] must be an object with a string id and name"
+    return None
+
+
+def _answer(em: Emitter, step: Step, output: dict[str, Any]) -> None:
+    name = step["node"]
+    answer = output["answer"] if "answer" in output else output.get("content")
+    validator = em.pinned.node_output_validator(name)
+    if validator is not None:
+        error = next(iter(validator.iter_errors(answer)), None)
+        if error is not None:
+            _fail(em, step, _problem(step, "InvalidOutput", f"output of {name} {schema_error(error)}"))
+            return
+    # usage: the turns' own events carried it into the run's ledger; the step adds none
+    em.emit_step("StepSucceeded", step, output=answer, usage=dict(ZERO_USAGE))
+
+
+def _next_turn(em: Emitter, step: Step, node: Node, turn: int) -> None:
+    name, lineage = step["node"], step["lineage"]
+    messages = transcript(em.state, name, lineage, turn)
+    size = len(orjson.dumps(messages))
+    limit = em.ctx.ceilings.max_state_bytes
+    if size > limit:
+        message = f"the transcript of {name} grew to {size} bytes, over max_state_bytes {limit}"
+        _fail(em, step, _problem(step, "Limit", message))
+        return
+    over = budgets.overrun(em.state, 0, 1, False)
+    if over is not None:
+        pause_for(em, over)
+        return
+    key = turn_lineage(lineage, turn)
+    old = em.state["steps"].get(instance_key(name, key))
+    schedule(em, name, node, key, old["attempt"] + 1 if old is not None else 1, step["input"])
+
+
+def _again(em: Emitter, node: Node, record: Step) -> None:
+    """A turn or call cancelled by a pause, dispatched again as a new attempt after the resume."""
+    schedule(em, record["node"], node, record["lineage"], record["attempt"] + 1, record["input"])
+
+
+def _start_calls(em: Emitter, step: Step, node: Node, turn: int, calls: list[dict[str, Any]]) -> bool:
+    """Every call of a turn at once, or False when the step failed or the run paused instead."""
+    name, lineage = step["node"], step["lineage"]
+    made = sum(
+        len(
+            em.state["steps"][instance_key(name, turn_lineage(lineage, earlier))]["output"].get("tool_calls")
+            or []
+        )
+        for earlier in range(1, turn)
+    )
+    if made + len(calls) > node.max_tool_calls:
+        message = (
+            f"turn {turn} of {name} asked for {len(calls)} tool calls; max_tool_calls "
+            f"{node.max_tool_calls} leaves {max(node.max_tool_calls - made, 0)}"
+        )
+        _fail(em, step, _problem(step, "Limit", message))
+        return False
+    over = budgets.overrun(em.state, len(calls), 0, False)
+    if over is not None:
+        pause_for(em, over)
+        return False
+    for index, call in enumerate(calls):
+        key = call_lineage(lineage, turn, index)
+        old = em.state["steps"].get(instance_key(name, key))
+        attempt = old["attempt"] + 1 if old is not None else 1
+        refusal = _refusal(em, name, node, call)
+        if refusal is None:
+            schedule(em, name, node, key, attempt, call.get("arguments"))
+            continue
+        code, message = refusal
+        em.emit(
+            "StepFailed",
+            node=name,
+            lineage=key,
+            attempt=attempt,
+            dispatch_id=dispatch_id(em.run_id, name, key, attempt),
+            failure=failure(code, message, node=name, lineage=key),
+            usage=dict(ZERO_USAGE),
+        )
+    return True
+
+
+def _refusal(em: Emitter, name: str, node: Node, call: dict[str, Any]) -> tuple[str, str] | None:
+    """Why a call is an error result without running: an unknown tool, or bad arguments."""
+    tool_name = call["name"]
+    if tool_name not in node.tools:
+        known = ", ".join(sorted(node.tools))
+        return "UnknownReference", f"there is no tool {tool_name[:64]!r}; the tools are: {known}"
+    arguments = call.get("arguments")
+    if not isinstance(arguments, dict):
+        return "InvalidInput", f"the arguments of {tool_name} must be a JSON object"
+    validator = em.pinned.tool_input_validator(name, tool_name)
+    error = next(iter(validator.iter_errors(arguments)), None) if validator is not None else None
+    if error is not None:
+        return "InvalidInput", f"the arguments of {tool_name} {schema_error(error)}"
+    return None
+
+
+def _calls_open(em: Emitter, node: Node, step: Step, turn: int, count: int) -> bool:
+    """Whether a call of the turn is still open; a cancelled one (a pause) is dispatched again."""
+    waiting = False
+    for index in range(count):
+        record = _current(em, step["node"], call_lineage(step["lineage"], turn, index))
+        if record is None:
+            continue  # unreachable: a turn's calls are made together
+        if record["status"] == "cancelled":
+            _again(em, node, record)
+            waiting = True
+        elif record["status"] in OPEN_STEP_STATUSES:
+            waiting = True
+    return waiting
