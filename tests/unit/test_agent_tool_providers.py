@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from processors.executors.agents import (
 from processors.executors.agents.anthropic import wire_messages as anthropic_wire
 from processors.executors.agents.structured import prompt_messages
 from processors.executors.context import ActionContext
+from processors.executors.errors import Cancelled
 from processors.executors.secrets import SecretResolver
 
 CANARY = "sk-canary-7f3a91c2d4e5b6a8"
@@ -717,3 +719,18 @@ def test_anthropic_conversion_keeps_each_result_after_its_tool_use(messages: lis
         )
         >= 1
     )
+
+
+def test_run_agent_turn_honours_the_deadline_and_a_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    with StandIn([Raw(200, b"{}", delay_s=2.0)]) as server:
+        ctx = _ctx()
+        ctx.deadline_ms = int(time.time() * 1000) + 300  # the provider's own timeout is 60 s
+        started = time.monotonic()
+        with pytest.raises(ActionError) as err:
+            _turn(_router("openai", server, monkeypatch), SPEC, ctx)
+        assert err.value.code == "Timeout" and time.monotonic() - started < 1.5
+        cancelled = _ctx()
+        cancelled.signal_cancel("stop")
+        with pytest.raises(Cancelled):
+            _turn(_router("openai", server, monkeypatch), SPEC, cancelled)
+    assert len(server.requests) == 1  # the cancelled turn never called the model
