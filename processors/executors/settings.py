@@ -23,13 +23,33 @@ def _check_entries(entries: list[str]) -> list[str]:
     return entries
 
 
+def _check_script(script: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Each turn of a local provider's script is `{"tool_calls": [{"name", "arguments"?}, ...]}`
+    or `{"answer": value}`."""
+    for i, turn in enumerate(script or ()):
+        if set(turn) == {"answer"}:
+            continue
+        calls = turn.get("tool_calls")
+        if set(turn) != {"tool_calls"} or not isinstance(calls, list):
+            raise ValueError(f"script turn {i} must be {{tool_calls: [...]}} or {{answer: ...}}")
+        for call in calls:
+            if (
+                not isinstance(call, dict)
+                or not isinstance(call.get("name"), str)
+                or set(call) - {"name", "arguments"}
+            ):
+                raise ValueError(f"script turn {i}: each tool call is {{name: str, arguments?: ...}}")
+    return script
+
+
 class ProviderConfig(BaseModel):
     """One agent provider. `kind: local` needs nothing; `kind: openai` talks to an
-    OpenAI-compatible `/chat/completions` endpoint. The API key comes from the environment
-    variable `api_key_env`, or from the worker's secret store by name (`api_key_secret`):
-    operator configuration, never activation input."""
+    OpenAI-compatible `/chat/completions` endpoint, `kind: anthropic` to the Anthropic Messages
+    API (`{base_url}/v1/messages`). The API key comes from the environment variable
+    `api_key_env`, or from the worker's secret store by name (`api_key_secret`): operator
+    configuration, never activation input."""
 
-    kind: Literal["local", "openai"] = "local"
+    kind: Literal["local", "openai", "anthropic"] = "local"
     base_url: str | None = None
     model: str | None = None  # overrides the node's model name when set
     api_key_env: str | None = None
@@ -37,6 +57,13 @@ class ProviderConfig(BaseModel):
     timeout_s: float = Field(default=60.0, gt=0)
     # micros per 1000 tokens: {"model-name" or "*": [prompt, completion]}
     prices: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    # anthropic: the completion's token limit (the Messages API requires one)
+    max_tokens: int = Field(default=4096, gt=0)
+    # local, for tool-using agents: the turns to play, indexed by the assistant messages already
+    # in the transcript; past its end the provider answers (agents/local.py)
+    script: list[dict[str, Any]] | None = None
+
+    _script = field_validator("script")(_check_script)
 
 
 class AgentsConfig(BaseModel):

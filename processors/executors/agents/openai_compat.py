@@ -1,8 +1,11 @@
 """An OpenAI-compatible chat-completions provider over HTTP (httpx).
 
 POST `{base_url}/chat/completions` with `model` and `messages`; with an output schema it asks
-for `response_format: {type: json_schema}`. 429, 5xx, network errors and timeouts are
-retryable; other 4xx are not. The API key never appears in a message or receipt."""
+for `response_format: {type: json_schema}`; with tools it sends
+`tools: [{type: function, function: {name, description, parameters}}]` and parses
+`choices[0].message.tool_calls` (each `arguments` a JSON string; one that is not valid JSON is
+kept as the raw string, so the engine can tell the model). 429, 5xx, network errors and timeouts
+are retryable; other 4xx are not. The API key never appears in a message or receipt."""
 
 from __future__ import annotations
 
@@ -11,8 +14,72 @@ from typing import Any
 import httpx
 import orjson
 
-from processors.executors.agents.base import AgentRequest, AgentResponse, AgentUsage, cost_micros
-from processors.executors.errors import ActionError, NonRetryableError, RetryableError
+from processors.executors.agents.base import (
+    AgentRequest,
+    AgentResponse,
+    AgentUsage,
+    Message,
+    ToolCall,
+    cost_micros,
+)
+from processors.executors.agents.http_json import malformed, post_json, timeout_for
+
+
+def _arguments_text(arguments: Any) -> str:
+    # a raw string is what the model sent (maybe invalid JSON): give it back verbatim
+    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+
+
+def wire_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """The neutral transcript as chat-completions messages. A tool result's `is_error` has no
+    field there: the result's content is all the model sees."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m["role"]
+        if role == "tool":
+            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        elif role == "assistant" and m.get("tool_calls"):
+            out.append(
+                {
+                    "role": "assistant",
+                    # content may be null beside tool calls; an empty string is not text
+                    "content": m.get("content") or None,
+                    "tool_calls": [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": _arguments_text(c["arguments"])},
+                        }
+                        for c in m["tool_calls"]
+                    ],
+                }
+            )
+        else:
+            out.append({"role": role, "content": m.get("content") or ""})
+    return out
+
+
+def _parse_arguments(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw  # some compatible servers send the object itself
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
+def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise TypeError("tool_calls is not a list")
+    calls = []
+    for raw in raw_calls:
+        function = raw["function"]
+        call_id, name = raw["id"], function["name"]
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise TypeError("tool call id and name must be strings")
+        calls.append(ToolCall(call_id, name, _parse_arguments(function.get("arguments", "{}"))))
+    return tuple(calls)
 
 
 class OpenAICompatProvider:
@@ -32,12 +99,23 @@ class OpenAICompatProvider:
         self._client: httpx.AsyncClient | None = None
 
     def _body(self, request: AgentRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model or request.model, "messages": request.messages}
+        body: dict[str, Any] = {
+            "model": self.model or request.model,
+            "messages": wire_messages(request.messages),
+        }
         if request.output_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "output", "schema": request.output_schema, "strict": False},
             }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                }
+                for t in request.tools
+            ]
         return body
 
     async def complete(self, request: AgentRequest) -> AgentResponse:
@@ -48,39 +126,29 @@ class OpenAICompatProvider:
             headers["authorization"] = f"Bearer {self._api_key}"
         if request.idempotency_key:
             headers["idempotency-key"] = request.idempotency_key
-        timeout = min(self.timeout_s, request.timeout_s) if request.timeout_s else self.timeout_s
-        host = httpx.URL(self.base_url).host
+        url = f"{self.base_url}/chat/completions"
+        data = await post_json(
+            self._client, url, self._body(request), headers, timeout_for(self.timeout_s, request.timeout_s)
+        )
         try:
-            response = await self._client.post(
-                f"{self.base_url}/chat/completions",
-                content=orjson.dumps(self._body(request)),
-                headers=headers,
-                timeout=max(timeout, 0.001),
-            )
-        except httpx.TimeoutException:
-            raise ActionError("Timeout", f"agent provider {host} timed out", True) from None
-        except httpx.HTTPError as exc:
-            raise RetryableError(f"agent provider {host} request failed ({type(exc).__name__})") from None
-        status = response.status_code
-        if status == 429 or status >= 500:
-            raise RetryableError(f"agent provider {host} answered HTTP {status}")
-        if status >= 400:
-            raise NonRetryableError(f"agent provider {host} answered HTTP {status}")
-        try:
-            data = orjson.loads(response.content)
-            text = data["choices"][0]["message"]["content"] or ""
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise RetryableError(f"agent provider {host} sent a malformed completion") from None
-        raw_usage = data.get("usage") or {}
-        prompt_tokens = int(raw_usage.get("prompt_tokens") or 0)
-        completion_tokens = int(raw_usage.get("completion_tokens") or 0)
+            message = data["choices"][0]["message"]
+            text = message.get("content") or ""
+            if not isinstance(text, str):
+                raise TypeError("content is not a string")
+            # without tools offered, a stray tool_calls field is none of this request's business
+            tool_calls = _tool_calls(message) if request.tools else ()
+            raw_usage = data.get("usage") or {}
+            prompt_tokens = int(raw_usage.get("prompt_tokens") or 0)
+            completion_tokens = int(raw_usage.get("completion_tokens") or 0)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            raise malformed(httpx.URL(url).host) from None
         model = str(data.get("model") or self.model or request.model)
         usage = AgentUsage(
             prompt_tokens,
             completion_tokens,
             cost_micros(self.prices, model, prompt_tokens, completion_tokens),
         )
-        return AgentResponse(text=text, usage=usage)
+        return AgentResponse(text=text, usage=usage, tool_calls=tool_calls)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -12,13 +12,23 @@ over every call, also when the step fails.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from processors.executors.agents.base import AgentProvider, AgentRequest, Message
+from processors.executors.agents.anthropic import AnthropicProvider
+from processors.executors.agents.base import (
+    AgentProvider,
+    AgentRequest,
+    AgentResponse,
+    Message,
+    ToolSpec,
+    json_text,
+    schema_instruction,
+)
 from processors.executors.agents.local import LocalProvider
 from processors.executors.agents.openai_compat import OpenAICompatProvider
 from processors.executors.context import ActionContext
@@ -63,7 +73,7 @@ class ProviderRouter:
 
     def _build(self, name: str, cfg: ProviderConfig) -> AgentProvider:
         if cfg.kind == "local":
-            return LocalProvider(cfg.prices or None)
+            return LocalProvider(cfg.prices or None, cfg.script)
         if not cfg.base_url:
             raise ActionError("UnknownReference", f"agent provider {name!r} needs a base_url")
         key = None
@@ -75,6 +85,8 @@ class ProviderRouter:
             raise ActionError("PermissionDenied", f"agent provider {name!r}: API key is not configured")
         if key:
             remember([key])  # redacted from this process's logs, messages and outputs like any secret
+        if cfg.kind == "anthropic":
+            return AnthropicProvider(cfg.base_url, key, cfg.model, cfg.timeout_s, cfg.prices, cfg.max_tokens)
         return OpenAICompatProvider(cfg.base_url, key, cfg.model, cfg.timeout_s, cfg.prices)
 
     async def aclose(self) -> None:
@@ -84,8 +96,7 @@ class ProviderRouter:
                 await close()
 
 
-def _content(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+_content = json_text
 
 
 def prompt_messages(prompt: Any, output_schema: dict[str, Any] | None) -> list[Message]:
@@ -105,11 +116,7 @@ def prompt_messages(prompt: Any, output_schema: dict[str, Any] | None) -> list[M
     if output_schema is not None:
         messages.insert(
             0,
-            {
-                "role": "system",
-                "content": "Answer with one JSON value (no prose) that matches this JSON schema: "
-                + _content(output_schema),
-            },
+            {"role": "system", "content": schema_instruction(output_schema)},
         )
     return messages
 
@@ -131,7 +138,21 @@ def _schema_error(validator: Draft202012Validator, value: Any) -> str | None:
     return f"at {where}: {error.message[:300]}"
 
 
-async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRouter) -> Any:
+@dataclass(frozen=True, slots=True)
+class CheckedAgent:
+    """An AgentSpec's parts once checked, and the provider routed for it."""
+
+    agent: str
+    model: str
+    prompt: Any
+    schema: dict[str, Any] | None
+    validator: Draft202012Validator | None
+    attempts: int
+    provider: AgentProvider
+
+
+def check_agent_spec(spec: dict[str, Any], router: ProviderRouter) -> CheckedAgent:
+    """Refuse secret handles in the prompt and an invalid output schema; pick the provider."""
     prompt = spec.get("prompt")
     if contains_handle(prompt):
         raise ActionError("PermissionDenied", "secret handles are not allowed in agent prompts")
@@ -148,33 +169,52 @@ async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRo
     agent, model = str(spec.get("agent") or ""), str(spec.get("model") or "")
     provider = router.select(agent, model)
     attempts = max(1, int(spec.get("structured_output_attempts") or 1))
-    messages = prompt_messages(prompt, schema)
+    return CheckedAgent(agent, model, prompt, schema, validator, attempts, provider)
+
+
+async def complete_until_valid(
+    ctx: ActionContext,
+    checked: CheckedAgent,
+    messages: list[Message],
+    tools: tuple[ToolSpec, ...] = (),
+) -> tuple[AgentResponse, Any]:
+    """Call the provider until it answers validly: `(last response, answer)`.
+
+    Without an output schema the first answer is the answer (the parsed JSON when the provider
+    has it, else the text). With one, an answer that is not JSON or does not match is sent back
+    with the problem, up to `attempts` calls in all; then `InvalidOutput`. When tools are offered
+    and the model asks for some instead, that response is returned at once (answer None): if it
+    came after a rejected answer, the rejection exchange is not part of what is returned.
+    Usage is recorded on `ctx` after every call, so a failed step reports it too."""
     problem = ""
-    for _ in range(attempts):
+    for _ in range(checked.attempts):
         ctx.check_cancelled()
         remaining = ctx.remaining_ms()
-        response = await provider.complete(
+        response = await checked.provider.complete(
             AgentRequest(
-                agent=agent,
-                model=model,
+                agent=checked.agent,
+                model=checked.model,
                 messages=messages,
-                output_schema=schema,
+                output_schema=checked.schema,
                 capabilities=ctx.capabilities,
                 timeout_s=remaining / 1000 if remaining is not None else None,
                 idempotency_key=ctx.idempotency_key,
+                tools=tools,
             )
         )
         ctx.usage(response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.cost_micros)
-        if validator is None:
-            return response.json if response.json is not None else response.text
+        if tools and response.tool_calls:
+            return response, None
+        if checked.validator is None:
+            return response, response.json if response.json is not None else response.text
         try:
             value = response.json if response.json is not None else parse_json_answer(response.text)
         except orjson.JSONDecodeError:
             problem = "the answer is not valid JSON"
         else:
-            error = _schema_error(validator, value)
+            error = _schema_error(checked.validator, value)
             if error is None:
-                return value
+                return response, value
             problem = f"the answer does not match the schema {error}"
         messages = [
             *messages,
@@ -184,4 +224,10 @@ async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRo
                 "content": f"Your previous answer was rejected: {problem}. Reply again with only JSON matching the schema.",
             },
         ]
-    raise ActionError("InvalidOutput", f"agent output invalid after {attempts} attempt(s): {problem}")
+    raise ActionError("InvalidOutput", f"agent output invalid after {checked.attempts} attempt(s): {problem}")
+
+
+async def run_agent(ctx: ActionContext, spec: dict[str, Any], router: ProviderRouter) -> Any:
+    checked = check_agent_spec(spec, router)
+    _, answer = await complete_until_valid(ctx, checked, prompt_messages(checked.prompt, checked.schema))
+    return answer
