@@ -41,7 +41,8 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, Message, Producer
 
 from processors.executors import log_redaction, receipts, stop_watch
-from processors.executors.agents.structured import ProviderRouter, run_agent
+from processors.executors.agents.structured import ProviderRouter
+from processors.executors.agents.tool_turn import run_agent_activation
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError, Cancelled
 from processors.executors.inflight import Entry, now_ms
@@ -522,7 +523,7 @@ class WorkerRunner:
         started = time.perf_counter()
         try:
             if action is None:
-                output = await run_agent(ctx, entry.activation["agent"], self.router)
+                output = await run_agent_activation(ctx, entry.activation["agent"], self.router)
             elif action.is_async:
                 output = await action.fn(ctx, entry.activation.get("input"))
             else:

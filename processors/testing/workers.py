@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from processors.executors.agents import AgentRequest, AgentResponse, ProviderRouter, run_agent
+from processors.executors.agents import AgentRequest, AgentResponse, ProviderRouter, run_agent_activation
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError, Cancelled
 from processors.executors.receipts import accepted, failed, terminal_receipt
@@ -167,7 +167,7 @@ class HarnessWorker:
 
     async def _call(self, ctx: ActionContext, act: dict[str, Any], handler: Action | None) -> Any:
         if handler is None:
-            return await run_agent(ctx, act["agent"], self.router)
+            return await run_agent_activation(ctx, act["agent"], self.router)
         if handler.is_async:
             return await handler.fn(ctx, act.get("input"))
         return handler.fn(ctx, act.get("input"))

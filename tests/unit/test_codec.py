@@ -46,6 +46,8 @@ AGENT = {
     "prompt": [{"role": "user", "content": "Summarise"}],
     "output_schema": {"type": "object", "required": ["summary"]},
     "structured_output_attempts": 2,
+    "tools": None,  # only an agent loop's model turn has these (issue 25)
+    "messages": None,
 }
 
 

@@ -19,7 +19,7 @@ from schemas.contract import SCHEMA_DIR, STANDALONE_DIR, TOPIC_RECORDS, fingerpr
 FINGERPRINTS = {
     "commands": "a603db8dbef79e61",
     "receipts": "f1017a3e4ce431dc",  # issue 27: ActivationCancelled.confirmed (v1: 08513f8e0ee0dabc)
-    "activations": "199fd866e4f4405f",
+    "activations": "a6a3b3037515da6c",  # issue 25: AgentSpec.tools/messages (v1: 199fd866e4f4405f)
     "child_activations": "b16f383694186dbf",
     "run_events": "ebcb920fa2804fb3",  # issue 27: the stopping phase (v1: aa225c37072e13b6)
     "run_state": "bec981ddea69fcc0",

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from processors.engine import Catalog, Ceilings, DefinitionError
 from processors.engine.conditions import compile_condition
-from processors.engine.definition import Budgets, Definition, Mutation, Node, Ref, RetryPolicy, Route
+from processors.engine.definition import Budgets, Definition, Mutation, Node, Ref, RetryPolicy, Route, Tool
 from processors.engine.errors import ConditionError
 from processors.engine.validation import ALLOWED_FIELDS, REQUIRED_FIELDS
 from processors.testing import WorkflowEnvironment
@@ -69,6 +69,7 @@ def _model_default(model: type[BaseModel], name: str) -> Any:
 TABLES = [
     ("Top level", Definition, 0),
     ("Nodes", Node, 0),
+    ("Tools", Tool, 0),
     ("References and templates", Ref, 0),
     ("Retry", RetryPolicy, 0),
     ("Routes", Route, 0),

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from processors.engine import dump_state
 from processors.engine.definition import Ceilings
 from tests.unit.engine_harness import RunHarness, definition
 

@@ -102,8 +102,13 @@ def test_history_directory_registers_old_writer_schemas(tmp_path: Path) -> None:
     assert new_reader.decode("commands", old_bytes) == {**START, "priority": None}
 
 
-# The writer schemas replaced by the stopping phase (issue 27), kept in schemas/history/.
-V1_FINGERPRINTS = {"run_events": "aa225c37072e13b6", "receipts": "08513f8e0ee0dabc"}
+# The writer schemas replaced by the stopping phase (issue 27) and by agent loops (issue 25:
+# AgentSpec.tools/messages), kept in schemas/history/.
+V1_FINGERPRINTS = {
+    "run_events": "aa225c37072e13b6",
+    "receipts": "08513f8e0ee0dabc",
+    "activations": "199fd866e4f4405f",
+}
 
 
 def test_the_kept_v1_schemas_are_the_ones_on_the_wire_before_the_stopping_phase() -> None:
@@ -167,3 +172,32 @@ def test_an_old_reader_reads_the_new_fields_of_known_messages_once_told_the_sche
     stops = [{"node": "a", "lineage": "", "attempt": 1, "stop": "confirmed"}]
     data = new_writer.encode("run_events", {**ended, "reason": "why", "usage": usage, "stops": stops})
     assert old_reader.decode("run_events", data) == {**ended, "reason": "why", "usage": usage}
+
+
+def test_activations_written_before_agent_loops_decode_without_tools() -> None:
+    old = orjson.loads((SCHEMA_DIR / "history" / "activations" / "v1.avsc").read_bytes())
+    old_writer = Codec(schemas={**load_contract(), "activations": old}, history=[])
+    spec = {"agent": "a", "model": "m", "prompt": "p", "output_schema": None, "structured_output_attempts": 1}
+    activation = {
+        "type": "ActionActivation",
+        "run_id": "r",
+        "record_id": "x",
+        "ts_ms": TS,
+        "node": "a",
+        "lineage": "",
+        "attempt": 1,
+        "dispatch_id": "d",
+        "definition_id": "wf",
+        "root_run_id": "r",
+        "kind": "agent",
+        "action": "a",
+        "queue": "agents",
+        "input": {},
+        "deadline_ms": None,
+        "lease_ms": 1000,
+        "heartbeat_ms": 100,
+        "capabilities": [],
+        "agent": spec,
+    }
+    decoded = Codec().decode("activations", old_writer.encode("activations", activation))
+    assert decoded["agent"] == {**spec, "tools": None, "messages": None}  # a one-call agent step

@@ -14,7 +14,7 @@ from processors.executors.agents.base import (
 from processors.executors.agents.local import LocalProvider
 from processors.executors.agents.openai_compat import OpenAICompatProvider
 from processors.executors.agents.structured import ProviderRouter, run_agent
-from processors.executors.agents.tool_turn import run_agent_turn
+from processors.executors.agents.tool_turn import run_agent_activation, run_agent_turn
 
 __all__ = [
     "AgentProvider",
@@ -29,5 +29,6 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "run_agent",
+    "run_agent_activation",
     "run_agent_turn",
 ]

@@ -28,6 +28,7 @@ from processors.executors.agents.structured import (
     check_agent_spec,
     complete_until_valid,
     prompt_messages,
+    run_agent,
 )
 from processors.executors.context import ActionContext
 from processors.executors.errors import ActionError
@@ -132,3 +133,11 @@ async def run_agent_turn(ctx: ActionContext, spec: dict[str, Any], router: Provi
             ],
         }
     return {"content": response.text, "answer": answer}
+
+
+async def run_agent_activation(ctx: ActionContext, spec: dict[str, Any], router: ProviderRouter) -> Any:
+    """An agent activation's work: a model turn of an agent loop when the engine sent the tools
+    (`run_agent_turn`; the engine runs the tools), else the one-call agent step (`run_agent`)."""
+    if spec.get("tools") is not None:
+        return await run_agent_turn(ctx, spec, router)
+    return await run_agent(ctx, spec, router)
