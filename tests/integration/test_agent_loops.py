@@ -1,0 +1,359 @@
+"""Agent loops on the real broker: the processor, real workers, and a local stand-in model server
+(tests/agent_stand_in.py) speaking the OpenAI and the Anthropic protocols, so runfold's own HTTP
+client code runs. Tools count their executions (agent_tools_for_tests.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from executor_support import WorkerThread
+from processor_support import Commands, Reader, make_settings, running, setup_topology
+
+from processors.executors import Worker
+from processors.executors.settings import AgentsConfig, ProviderConfig, WorkerSettings
+from processors.replay.verify import verify
+from processors.runtime.settings import ProcessorSettings
+from tests.agent_stand_in import Answer, Call, Recorded, StandIn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SCHEMA = {
+    "type": "object",
+    "required": ["category"],
+    "properties": {"category": {"enum": ["billing", "bug"]}},
+}
+
+
+def triage(definition_id: str, **node: Any) -> dict[str, Any]:
+    return {
+        "schema": "runfold.workflow/v1",
+        "id": definition_id,
+        "revision": 1,
+        "state": {"triage": None},
+        "entry": ["triage"],
+        "nodes": {
+            "triage": {
+                "kind": "agent",
+                "agent": "support",
+                "model": "small",
+                "prompt": {"system": "You triage tickets.", "user": {"from": "input", "pointer": "/ticket"}},
+                "tools": {
+                    "kb_search": {
+                        "action": "loop.record",
+                        "description": "Search the knowledge base",
+                        "input_schema": {"type": "object", "required": ["query"]},
+                    }
+                },
+                "output_schema": SCHEMA,
+                "writes": {"triage": {"from": "output"}},
+                **node,
+            }
+        },
+    }
+
+
+FAST = triage("loop-fast")
+# leased tightly so that a killed worker's turn or call is retried within seconds
+DURABLE = triage(
+    "loop-durable",
+    lease_ms=3000,
+    heartbeat_ms=500,
+    retry={"max_attempts": 5},
+    tools={
+        "kb_search": {
+            "action": "loop.record",
+            "input_schema": {"type": "object", "required": ["query"]},
+            "retry": {"max_attempts": 5},
+        }
+    },
+)
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[ProcessorSettings]:
+    s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
+    setup_topology(s, [FAST, DURABLE])
+    yield s
+    from topology.admin import delete_topology
+
+    try:
+        delete_topology(s)
+    except Exception as e:
+        print(f"cleanup of {topic_prefix} failed: {e}")
+
+
+def _assistant_turns(request: Recorded) -> int:
+    return sum(1 for m in request.body["messages"] if m.get("role") == "assistant")
+
+
+def two_calls_then_answer(request: Recorded) -> Answer:
+    """Turn 1: two parallel searches; turn 2: the answer."""
+    if _assistant_turns(request) == 0:
+        return Answer(
+            text="let me look",
+            tool_calls=[
+                Call("c1", "kb_search", {"query": "late order"}),
+                Call("c2", "kb_search", {"query": "refund"}),
+            ],
+        )
+    return Answer(text='{"category": "billing"}', prompt_tokens=30, completion_tokens=6)
+
+
+def _agents(kind: str, base_url: str) -> AgentsConfig:
+    url = base_url + "/v1" if kind == "openai" else base_url
+    return AgentsConfig(
+        providers={"stand-in": ProviderConfig(kind=kind, base_url=url)}, routes={"*": "stand-in"}
+    )
+
+
+def _tool_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_tool_loop_with_two_parallel_calls_over_each_protocol(
+    settings: ProcessorSettings, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_tools_for_tests  # noqa: F401  (registers loop.record)
+
+    log = tmp_path / "tools.jsonl"
+    monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
+    events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
+    with StandIn([two_calls_then_answer] * 2) as model:
+        worker = Worker(
+            name="loop",
+            queues=["default", "agents"],
+            settings=WorkerSettings(agents=_agents(kind, model.base_url)),
+        )
+        with running(settings), WorkerThread(worker, settings):
+            commands.start("t-1", "loop-fast", {"ticket": "my order is late"})
+            commands.flush()
+            events.wait_for(
+                lambda r: bool(events.of("t-1", "RunSucceeded") or events.of("t-1", "RunFailed")),
+                90,
+                "terminal",
+            )
+        requests = list(model.requests)
+    assert not events.of("t-1", "RunFailed"), events.of("t-1", "RunFailed")
+    assert events.of("t-1", "RunSucceeded")[0]["output"]["triage"] == {"category": "billing"}
+    scheduled = [(e["lineage"], e["kind"]) for e in events.of("t-1", "StepScheduled")]
+    assert scheduled == [
+        ("", "agent"),
+        ("~1", "agent"),
+        ("~1.0", "action"),
+        ("~1.1", "action"),
+        ("~2", "agent"),
+    ]
+    runs = Counter(e["lineage"] for e in _tool_log(log) if e["at"] == "end")
+    assert runs == {"~1.0": 1, "~1.1": 1}
+    assert len(requests) == 2
+    second = requests[1].body
+    if kind == "openai":
+        assert [t["function"]["name"] for t in requests[0].body["tools"]] == ["kb_search"]
+        tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
+        assert [m["tool_call_id"] for m in tool_messages] == ["c1", "c2"]
+        assert "found late order" in tool_messages[0]["content"]
+    else:
+        assert [t["name"] for t in requests[0].body["tools"]] == ["kb_search"]
+        results = [
+            b
+            for m in second["messages"]
+            for b in (m["content"] if isinstance(m["content"], list) else [])
+            if b.get("type") == "tool_result"
+        ]
+        assert [b["tool_use_id"] for b in results] == ["c1", "c2"]
+    usage = events.of("t-1", "RunSucceeded")[0]["usage"]
+    assert usage["prompt_tokens"] == 10 + 30  # both turns, recorded once each
+    report = verify(settings, timeout_s=60)
+    assert report.ok, report.to_dict()
+    events.close()
+
+
+def _spawn_worker(
+    settings: ProcessorSettings, name: str, agents: AgentsConfig, log: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "RUNFOLD_WORKER_AGENTS": agents.model_dump_json(),
+        "RUNFOLD_TEST_TOOL_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "processors.cli.worker",
+            "worker",
+            "--module",
+            "agent_tools_for_tests",
+            "--queue",
+            "default",
+            "--queue",
+            "agents",
+            "--name",
+            name,
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def _spawn_processor(settings: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
+    args = [
+        sys.executable,
+        "-m",
+        "processors.runtime",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--instance-id",
+        settings.instance_id,
+        "--state-dir",
+        str(settings.state_dir),
+        "--commit-interval-ms",
+        "20",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)
+
+
+def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_kill_9_of_the_worker_mid_turn_and_of_the_processor_mid_loop(
+    settings: ProcessorSettings, tmp_path: Path
+) -> None:
+    """The worker dies while the model is answering turn 1; the processor dies while turn 2's
+    tool calls run. The run still succeeds, no completed model turn is asked again, and every
+    tool call ran to completion exactly once per attempt that was not killed."""
+    tool_log = tmp_path / "tools.jsonl"
+    proc_log = tmp_path / "processor.log"
+    first_turn_answered = []
+
+    def script(request: Recorded) -> Answer:
+        turn = _assistant_turns(request)
+        if turn == 0:
+            if not first_turn_answered:  # the first try of turn 1 is slow: its worker is killed meanwhile
+                first_turn_answered.append(True)
+                time.sleep(6)
+            return Answer(text="", tool_calls=[Call("a", "kb_search", {"query": "one", "ms": 200})])
+        if turn == 1:
+            calls = [
+                Call(f"b{i}", "kb_search", {"query": f"two-{i}", "ms": 2500, "pad": 1024}) for i in range(3)
+            ]
+            return Answer(text="more", tool_calls=calls)
+        return Answer(text='{"category": "bug"}')
+
+    events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
+    processor = worker = rescuer = None
+    with StandIn([script] * 10) as model:
+        agents = _agents("openai", model.base_url)
+        try:
+            processor = _spawn_processor(settings, proc_log)
+            worker = _spawn_worker(settings, "doomed", agents, tool_log)
+            commands.start("k-1", "loop-durable", {"ticket": "crash test"})
+            commands.flush()
+            events.wait_for(
+                lambda r: any(e["lineage"] == "~1" for e in events.of("k-1", "StepStarted")),
+                90,
+                "turn 1 started",
+            )
+            time.sleep(1.0)  # the model is answering turn 1 now
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(10)
+            rescuer = _spawn_worker(settings, "rescuer", agents, tool_log)
+            events.wait_for(
+                lambda r: any(e["lineage"].startswith("~2.") for e in events.of("k-1", "StepStarted")),
+                90,
+                "turn 2's calls started",
+            )
+            processor.send_signal(signal.SIGKILL)
+            processor.wait(10)
+            processor = _spawn_processor(settings, proc_log)
+            events.wait_for(
+                lambda r: bool(events.of("k-1", "RunSucceeded") or events.of("k-1", "RunFailed")),
+                120,
+                "terminal",
+            )
+        finally:
+            _stop(worker, rescuer, processor)
+        requests = list(model.requests)
+    assert not events.of("k-1", "RunFailed"), events.of("k-1", "RunFailed")
+    assert events.of("k-1", "RunSucceeded")[0]["output"]["triage"] == {"category": "bug"}
+    # turn 1 was asked again (its first worker died before answering); turns 2 and 3 only once
+    turns = Counter(_assistant_turns(r) for r in requests)
+    assert turns[0] >= 2 and turns[1] == 1 and turns[2] == 1 and set(turns) == {0, 1, 2}, turns
+    finished = Counter(e["lineage"] for e in _tool_log(tool_log) if e["at"] == "end")
+    assert finished == {"~1.0": 1, "~2.0": 1, "~2.1": 1, "~2.2": 1}, finished
+    succeeded = Counter(e["lineage"] for e in events.of("k-1", "StepSucceeded"))
+    assert all(count == 1 for count in succeeded.values()), succeeded
+    report = verify(settings, timeout_s=60)
+    assert report.ok, report.to_dict()
+    events.close()
+
+
+def test_cancel_mid_loop_stops_the_tools_in_flight_before_the_run_is_cancelled(
+    settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_tools_for_tests  # noqa: F401  (registers loop.record)
+
+    log = tmp_path / "tools.jsonl"
+    monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
+
+    def slow_tools(request: Recorded) -> Answer:
+        calls = [Call(f"s{i}", "kb_search", {"query": f"slow-{i}", "ms": 60_000}) for i in range(2)]
+        return Answer(text="", tool_calls=calls)
+
+    events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
+    with StandIn([slow_tools] * 2) as model:
+        worker = Worker(
+            name="loop",
+            queues=["default", "agents"],
+            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+        )
+        with running(settings), WorkerThread(worker, settings):
+            commands.start("c-1", "loop-fast", {"ticket": "cancel me"})
+            commands.flush()
+            events.wait_for(
+                lambda r: len([e for e in events.of("c-1", "StepStarted") if "." in e["lineage"]]) == 2,
+                90,
+                "both calls started",
+            )
+            commands.cancel("c-1", "the user gave up")
+            commands.flush()
+            events.wait_for(lambda r: bool(events.of("c-1", "RunCancelled")), 60, "RunCancelled")
+            cancelled_at = time.time()
+    entries = _tool_log(log)
+    ended = {e["lineage"]: e["t"] for e in entries if e["at"] == "end"}
+    started = {e["lineage"] for e in entries if e["at"] == "start"}
+    assert started == {"~1.0", "~1.1"}
+    assert not ended  # the handlers were stopped (check_cancelled), not run to the end
+    stops = {s["lineage"]: s["stop"] for s in events.of("c-1", "RunCancelled")[0]["stops"]}
+    assert stops == {"~1.0": "confirmed", "~1.1": "confirmed"}
+    assert len(model.requests) == 1 and cancelled_at > 0
+    events.close()
