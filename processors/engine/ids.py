@@ -64,9 +64,9 @@ def is_loop_lineage(lineage: str) -> bool:
 def split_loop_lineage(lineage: str) -> tuple[str, int, int | None] | None:
     """(the step's own lineage, turn, call or None for the model turn), or None if `lineage` is
     not an agent loop's."""
-    parent, mark, rest = lineage.partition(LOOP_MARK)
-    if not mark:
+    if LOOP_MARK not in lineage:  # the common case (every step of a run without agent loops)
         return None
+    parent, _, rest = lineage.partition(LOOP_MARK)
     turn, dot, call = rest.partition(".")
     return parent, int(turn), int(call) if dot else None
 

@@ -101,6 +101,10 @@ def test_demo_research_plans_searches_summarises_in_a_child_and_waits(env: Workf
     assert time.perf_counter() - started < 5
     result.assert_succeeded()
     assert 3 <= len(result.events_of("StepSucceeded", "search")) <= 4
+    # the planner is a tool-using agent: a turn that looks the topic up, the lookup, the answer
+    plan = [(e["lineage"], e["kind"]) for e in result.events_of("StepScheduled", "plan")]
+    assert plan == [("", "agent"), ("~1", "agent"), ("~1.0", "action"), ("~2", "agent")]
+    assert result.events_of("StepSucceeded", "plan")[1]["output"]["query"]  # demo.search's answer
     child = result.child("write")
     child.assert_succeeded()
     assert result.output == child.output and set(result.output) >= {"title", "body"}
