@@ -35,9 +35,17 @@ from processors.engine import budgets
 from processors.engine.definition import Node
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import schema_error
-from processors.engine.ids import call_lineage, dispatch_id, instance_key, turn_lineage
+from processors.engine.ids import (
+    call_lineage,
+    dispatch_id,
+    instance_key,
+    order_key,
+    split_loop_lineage,
+    turn_lineage,
+)
+from processors.engine.refs import input_hash
 from processors.engine.steps import pause_for, schedule
-from processors.engine.transcript import transcript
+from processors.engine.transcript import tool_call, transcript
 from processors.engine.vocabulary import OPEN_STEP_STATUSES, ZERO_USAGE, Failure
 
 Step = dict[str, Any]
@@ -158,8 +166,73 @@ def _next_turn(em: Emitter, step: Step, node: Node, turn: int) -> None:
 
 
 def _again(em: Emitter, node: Node, record: Step) -> None:
-    """A turn or call cancelled by a pause, dispatched again as a new attempt after the resume."""
+    """A turn or call cancelled by a pause, dispatched again as a new attempt after the resume (a
+    call cancelled while it waited for its approval asks for it again)."""
+    if record["kind"] == "wait":
+        call = tool_call(em.state, record["node"], _loop_of(record))
+        _ask_approval(em, record["node"], record["lineage"], record["attempt"] + 1, call)
+        return
     schedule(em, record["node"], node, record["lineage"], record["attempt"] + 1, record["input"])
+
+
+def _loop_of(record: Step) -> tuple[str, int, int | None]:
+    loop = split_loop_lineage(record["lineage"])
+    assert loop is not None
+    return loop
+
+
+# ------------------------------------------------------------------------------ approvals
+
+
+def _ask_approval(em: Emitter, name: str, lineage: str, attempt: int, call: dict[str, Any]) -> None:
+    """A call of a tool with `approval` waits (a `wait` attempt, RunWaiting) for its signal."""
+    approval = em.pinned.node(name).tools[call["name"]].approval
+    assert approval is not None
+    due = em.ts + approval.timeout_ms if approval.timeout_ms else None
+    arguments = call.get("arguments")
+    em.emit(
+        "StepScheduled",
+        node=name,
+        lineage=lineage,
+        attempt=attempt,
+        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+        kind="wait",
+        queue=None,
+        input=arguments,
+        input_hash=input_hash(arguments),
+        deadline_ms=due,
+        superstep=em.state["superstep"],
+    )
+    em.emit("RunWaiting", node=name, lineage=lineage, signal=approval.signal, due_ms=due)
+
+
+def answer_approval(em: Emitter, signal: str, payload: Any) -> str | None:
+    """A SignalRun on an approval signal: the lowest call waiting for it runs (approved) or goes
+    back to the model as a `PermissionDenied` error result (denied). The reason it was refused
+    otherwise (the caller answers RunRejected): an approval is never kept for a later call."""
+    if not isinstance(payload, dict) or type(payload.get("approved")) is not bool:
+        return "an approval's payload is {approved: true|false, reason?: string}"
+    state = em.state
+    waiting = sorted(
+        (wait for wait in state["waits"].values() if wait["signal"] == signal),
+        key=lambda wait: order_key(wait["node"], wait["lineage"]),
+    )
+    if not waiting or state["status"] != "running":
+        return f"no tool call waits for approval {signal[:100]!r} (an approval is not kept for a later call)"
+    wait = waiting[0]
+    record = state["steps"][instance_key(wait["node"], wait["lineage"])]
+    em.emit("SignalReceived", signal=signal, payload=payload, node=wait["node"])
+    if payload["approved"]:
+        node = em.pinned.node(record["node"])
+        schedule(em, record["node"], node, record["lineage"], record["attempt"] + 1, record["input"])
+        return None
+    reason = payload.get("reason")
+    why = f": {reason[:1000]}" if isinstance(reason, str) and reason else ""
+    problem = failure(
+        "PermissionDenied", f"the call was denied{why}", node=record["node"], lineage=record["lineage"]
+    )
+    em.emit_step("StepFailed", record, failure=problem, usage=dict(ZERO_USAGE))
+    return None
 
 
 def _start_calls(em: Emitter, step: Step, node: Node, turn: int, calls: list[dict[str, Any]]) -> bool:
@@ -189,7 +262,10 @@ def _start_calls(em: Emitter, step: Step, node: Node, turn: int, calls: list[dic
         attempt = old["attempt"] + 1 if old is not None else 1
         refusal = _refusal(em, name, node, call)
         if refusal is None:
-            schedule(em, name, node, key, attempt, call.get("arguments"))
+            if node.tools[call["name"]].approval is not None:
+                _ask_approval(em, name, key, attempt, call)
+            else:
+                schedule(em, name, node, key, attempt, call.get("arguments"))
             continue
         code, message = refusal
         em.emit(

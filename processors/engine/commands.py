@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from processors.engine import budgets
+from processors.engine.agent_loop import answer_approval
 from processors.engine.context import Decision, rejected, unchanged
 from processors.engine.emitter import Emitter, failure, rejection, text
 from processors.engine.errors import schema_error
@@ -67,7 +68,10 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         return rejected(state, rejection(msg, "Conflict", f"run already {status}"), "run already finished")
     if not isinstance(name, str) or not name:
         return rejected(state, rejection(msg, "InvalidInput", "signal name is required"), "invalid signal")
-    if not any(node.kind == "wait" and node.signal == name for node in em.pinned.root.nodes.values()):
+    approval = name in em.pinned.approval_signals
+    if not approval and not any(
+        node.kind == "wait" and node.signal == name for node in em.pinned.root.nodes.values()
+    ):
         reason = (
             f"no wait node of {state['definition_id']}@{state['revision']} waits for signal {name[:100]!r}"
         )
@@ -91,6 +95,12 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     if secrets:
         reason = f"secret material in signal payload at {', '.join(secrets[:5])}"
         return rejected(state, rejection(msg, "InvalidInput", reason), "secret in signal")
+    if approval:  # an agent loop's tool call waits for it (agent_loop.py)
+        refused = answer_approval(em, name, payload)
+        if refused is not None:
+            return rejected(state, rejection(msg, "Conflict", refused), "approval refused")
+        progress(em)
+        return em.decision()
     waits = sorted(
         (wait for wait in state["waits"].values() if wait["signal"] == name),
         key=lambda wait: order_key(wait["node"], wait["lineage"]),

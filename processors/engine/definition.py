@@ -179,6 +179,14 @@ MAX_TURNS_CEILING = 50
 MAX_TOOL_CALLS_CEILING = 200
 
 
+class Approval(_Model):
+    """A tool call waits for a signal `{approved: bool, reason?}` before it runs; a denial, or
+    no answer within `timeout_ms`, goes back to the model as an error result."""
+
+    signal: str = Field(min_length=1, max_length=256)
+    timeout_ms: int | None = Field(default=None, ge=1)
+
+
 class Tool(_Model):
     """A tool an agent node's model may call: an action on a queue, run like an action node's
     attempt (lease, heartbeat, retry, timeout), its arguments checked against `input_schema`."""
@@ -190,6 +198,7 @@ class Tool(_Model):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     retry: RetryPolicy | None = None
     timeout_ms: int | None = Field(default=None, ge=1)
+    approval: Approval | None = None
 
 
 class Node(_Model):

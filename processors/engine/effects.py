@@ -140,6 +140,10 @@ def _scheduled(state: RunState, event: Event) -> Effects:
     # only this event tells a restore, which folds events and never sees the TimerFired.
     step = state["steps"][instance_key(event["node"], event["lineage"])]
     clear = [_previous_retry_timer(state, event)] if event["attempt"] > step["first_attempt"] else []
+    if loop is not None and loop[2] is not None and event["attempt"] > 1:
+        # a tool call approved: the previous attempt was its wait for the approval, with a timer
+        previous = dispatch_id(state["run_id"], event["node"], event["lineage"], event["attempt"] - 1)
+        clear.append(step_timer_id("wait_timeout", previous))
     if kind == "workflow":
         assert node.workflow is not None and node.revision is not None
         message = _envelope(event, 0, "ChildRunActivation")

@@ -278,6 +278,8 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
         _loop_turn(s, node, loop[0], loop[1])
     else:
         _count_item(s, node, lineage)
+    if loop is not None:
+        _drop_wait(s, key)  # a tool call approved: it waits no more
 
 
 def _loop_turn(s: RunState, node: str, parent: str, turn: int) -> None:

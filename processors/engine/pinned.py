@@ -23,7 +23,7 @@ _CACHE_MAX = 256
 class Pinned:
     """A run's bundle with its root definition and compiled JSON Schemas."""
 
-    __slots__ = ("_canonical", "_children", "_height", "_validators", "bundle", "json", "root")
+    __slots__ = ("_approvals", "_canonical", "_children", "_height", "_validators", "bundle", "json", "root")
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
@@ -33,6 +33,7 @@ class Pinned:
         self.json: dict[str, Any] = bundle.to_json()
         self._canonical: orjson.Fragment | None = None
         self._validators: dict[str, Draft202012Validator | None] = {}
+        self._approvals: frozenset[str] | None = None
         self._children: dict[str, dict[str, Any]] = {}
         self._height: int | None = None
 
@@ -51,6 +52,18 @@ class Pinned:
     def payload_validator(self, name: str) -> Draft202012Validator | None:
         """The `payload_schema` of wait node `name`: what a signal it takes must meet."""
         return self._validator(f"payload:{name}", self.root.nodes[name].payload_schema)
+
+    @property
+    def approval_signals(self) -> frozenset[str]:
+        """The signals that approve or deny an agent loop's tool calls (worked out once)."""
+        if self._approvals is None:
+            self._approvals = frozenset(
+                tool.approval.signal
+                for node in self.root.nodes.values()
+                for tool in node.tools.values()
+                if tool.approval is not None
+            )
+        return self._approvals
 
     def tool_input_validator(self, name: str, tool: str) -> Draft202012Validator | None:
         """The validator of the arguments of tool `tool` of agent node `name`."""

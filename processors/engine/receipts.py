@@ -352,13 +352,14 @@ def _timer(em: Emitter, msg: Message) -> str | None:
     if kind == "wait_timeout":
         if status != "waiting":
             return "stale timer"
-        signal = em.pinned.node(name).signal
+        tool = loop_tool(em, name, lineage)
+        waited = tool.approval if tool is not None and tool.approval is not None else em.pinned.node(name)
         fail_attempt(
             em,
             step,
             failure(
                 "Timeout",
-                f"no signal {signal!r} within {em.pinned.node(name).timeout_ms} ms",
+                f"no signal {waited.signal!r} within {waited.timeout_ms} ms",
                 node=name,
                 lineage=lineage,
             ),

@@ -60,6 +60,7 @@ def run_status(state: RunState) -> str:
             step["superstep"] == superstep
             and step["status"] in OPEN_STEP_STATUSES
             and step["status"] != "waiting"
+            and "loop" not in step  # an agent loop's step: its calls waiting for approval are the wait
         ):
             return "running"
     return "waiting"

@@ -266,6 +266,17 @@ def _check_signal_contracts(defn: Definition, issues: list[Issue]) -> None:
                         rule="signal_contract",
                     )
                 )
+    for node_id, node in defn.nodes.items():
+        for tool_name, tool in node.tools.items():
+            if tool.approval is not None and tool.approval.signal in first:
+                issues.append(
+                    Issue(
+                        f"nodes.{node_id}.tools.{tool_name}.approval.signal",
+                        f"wait node {first[tool.approval.signal][0]!r} waits for signal {tool.approval.signal!r}; "
+                        "an approval signal must be a name of its own (its payload is {approved, reason})",
+                        rule="signal_contract",
+                    )
+                )
 
 
 def _number_or_ref(value: Any) -> bool:

@@ -268,6 +268,11 @@ def _node(draw: st.DrawFn) -> dict[str, Any]:
                 node["tools"]["poke"]["retry"] = {"max_attempts": draw(st.integers(1, 3))}
             if draw(st.booleans()):
                 node["tools"]["look"]["timeout_ms"] = draw(st.integers(50, 500))
+            if draw(st.booleans()):
+                approval: dict[str, Any] = {"signal": "ok-poke"}
+                if draw(st.booleans()):
+                    approval["timeout_ms"] = draw(st.integers(50, 1000))
+                node["tools"]["poke"]["approval"] = approval
             node["max_turns"] = draw(st.integers(1, 3))
             node["max_tool_calls"] = draw(st.integers(0, 4))
         if kind in EXECUTOR_KINDS:
@@ -618,6 +623,9 @@ class World:
             "signal s1",
             "signal nope",
             "signal s0 hostile",
+            "approve yes",
+            "approve no",
+            "approve garbage",
             "resume",
             "resume more",
             "start again",
@@ -670,6 +678,9 @@ class World:
             name, _, hostile = rest.partition(" ")
             payload = deep(80) if hostile else data.draw(st.sampled_from(PAYLOADS), label="payload")
             self.send({"type": "SignalRun", "signal": name, "payload": payload}, advance=advance)
+        elif verb == "approve":
+            payload = {"yes": {"approved": True}, "no": {"approved": False, "reason": "no"}}.get(rest, {"ok": 1})
+            self.send({"type": "SignalRun", "signal": "ok-poke", "payload": payload}, advance=advance)
         elif verb == "resume":
             budgets = None
             if rest == "more":

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from processors.engine import dump_state
 from processors.engine.definition import Ceilings
 from tests.unit.engine_harness import RunHarness, definition
 
@@ -119,9 +120,7 @@ def test_three_turns_with_two_parallel_calls_then_an_answer() -> None:
     assert h.state["usage"]["agents"] == 3  # three model turns
     assert h.state["usage"]["steps"] == 4  # the step and its three tool calls
     assert h.state["usage"]["prompt_tokens"] == 5
-    assert h.refold() == h.refold() and h.refold() == __import__(
-        "processors.engine", fromlist=["dump_state"]
-    ).dump_state(h.state)
+    assert h.refold() == dump_state(h.state)
 
 
 def test_a_failed_tool_goes_back_to_the_model_as_an_error_result() -> None:
@@ -361,3 +360,101 @@ def test_a_graph_loop_back_to_the_agent_gets_fresh_dispatch_identities() -> None
     assert second["agent"]["messages"] == []  # a fresh loop, not the last one's transcript
     h.accept("triage", "~1").complete("triage", {"answer": 2}, lineage="~1")
     assert h.status == "succeeded"
+
+
+def approval_harness(timeout_ms: int | None = 60_000) -> RunHarness:
+    node = agent_node()
+    node["tools"]["refund"]["approval"] = {
+        "signal": "refund-approval",
+        **({"timeout_ms": timeout_ms} if timeout_ms else {}),
+    }
+    return harness(node)
+
+
+def test_a_tool_with_approval_waits_for_the_signal_then_runs() -> None:
+    h = approval_harness().start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7}), ("kb_search", {"query": "a"})))
+    assert [a["lineage"] for a in activations(h)] == ["~1", "~1.1"]  # the refund waits, the search runs
+    h.accept("triage", "~1.1").complete("triage", "hit", lineage="~1.1")
+    assert h.status == "waiting" and h.step("triage", "~1.0")["status"] == "waiting"
+    assert "wait_timeout" in {t["timer_kind"] for t in h.timers.values()}
+    h.signal("refund-approval", {"approved": True})
+    refund = activations(h)[-1]
+    assert (refund["lineage"], refund["attempt"], refund["action"]) == ("~1.0", 2, "billing.refund")
+    assert "wait_timeout" not in {t["timer_kind"] for t in h.timers.values()}
+    h.accept("triage", "~1.0").complete("triage", {"refunded": True}, lineage="~1.0")
+    assert activations(h)[-1]["lineage"] == "~2"
+    turn(h, 2, {"answer": "done"})
+    assert h.status == "succeeded"
+    assert h.refold() == dump_state(h.state)
+
+
+def test_a_denied_call_goes_back_to_the_model_as_a_refusal() -> None:
+    h = approval_harness().start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7})))
+    h.signal("refund-approval", {"approved": False, "reason": "over the limit"})
+    result = activations(h)[-1]["agent"]["messages"][-1]
+    assert (
+        result["is_error"]
+        and result["content"] == "error PermissionDenied: the call was denied: over the limit"
+    )
+    assert not [a for a in activations(h) if a["action"] == "billing.refund"]
+
+
+def test_an_unanswered_approval_times_out_as_an_error_result() -> None:
+    h = approval_harness(timeout_ms=5_000).start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7})))
+    h.fire("wait_timeout", "triage", "~1.0")
+    result = activations(h)[-1]["agent"]["messages"][-1]
+    assert result["is_error"] and "Timeout" in result["content"] and "refund-approval" in result["content"]
+
+
+@pytest.mark.parametrize("payload", [None, {"approved": "yes"}, {"ok": True}, [True]])
+def test_an_approval_must_say_approved_true_or_false(payload: Any) -> None:
+    h = approval_harness().start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7})))
+    h.signal("refund-approval", payload)
+    assert h.types == ["RunRejected"] and "approved" in h.last.events[0]["reason"]
+    assert h.step("triage", "~1.0")["status"] == "waiting"
+
+
+def test_an_approval_before_any_call_waits_is_refused_not_kept() -> None:
+    h = approval_harness().start({"ticket": "t"})
+    h.signal("refund-approval", {"approved": True})
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
+    turn(h, 1, calls(("refund", {"order": 7})))
+    assert h.step("triage", "~1.0")["status"] == "waiting"  # the early approval did not approve it
+
+
+def test_a_cancel_while_a_call_waits_for_approval_cancels_at_once() -> None:
+    h = approval_harness().start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7})))
+    h.cancel("no")
+    assert h.status == "cancelled"
+
+
+def test_an_approval_signal_may_not_be_a_wait_nodes_signal() -> None:
+    from processors.engine import DefinitionError
+
+    node = agent_node()
+    node["tools"]["refund"]["approval"] = {"signal": "go"}
+    raw = definition(
+        {"triage": node, "hold": {"kind": "wait", "signal": "go"}},
+        state={"triage": None},
+        entry=["triage", "hold"],
+    )
+    with pytest.raises(DefinitionError, match="approval signal must be a name of its own"):
+        RunHarness(raw)
+
+
+def test_a_pause_while_a_call_waits_for_approval_asks_again_after_the_resume() -> None:
+    node = agent_node()
+    node["tools"]["refund"]["approval"] = {"signal": "refund-approval"}
+    h = harness(node, budgets={"max_tokens": 100}).start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 7}), ("kb_search", {"query": "a"})))
+    h.accept("triage", "~1.1").complete("triage", "hit", lineage="~1.1", usage={"prompt_tokens": 500})
+    assert h.status == "paused" and h.step("triage", "~1.0")["status"] == "cancelled"
+    h.resume(budgets={"max_tokens": 10_000})
+    assert h.status == "waiting" and h.step("triage", "~1.0")["attempt"] == 2
+    h.signal("refund-approval", {"approved": True})
+    assert activations(h)[-1]["lineage"] == "~1.0" and activations(h)[-1]["attempt"] == 3
