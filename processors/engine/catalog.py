@@ -232,15 +232,13 @@ def collect_bundle(root: Definition, lookup: Lookup, out: dict[str, Definition])
                             rule="nested_budget",
                         )
                     )
-        for node_id, node in defn.nodes.items():
-            if node.kind != "workflow" or node.workflow is None or node.revision is None:
-                continue
-            key = definition_key(node.workflow, node.revision)
+        for path, workflow, revision in defn.child_workflows():
+            key = definition_key(workflow, revision)
             if key in stack or key == defn.key:
                 cyclic = True
                 issues.append(
                     Issue(
-                        f"bundle.{defn.key}.nodes.{node_id}",
+                        f"bundle.{defn.key}.{path}",
                         f"nested workflow cycle includes {key}",
                         rule="cycle",
                     )
@@ -248,11 +246,11 @@ def collect_bundle(root: Definition, lookup: Lookup, out: dict[str, Definition])
                 continue
             if key in out:
                 continue
-            child = lookup(node.workflow, node.revision)
+            child = lookup(workflow, revision)
             if child is None:
                 issues.append(
                     Issue(
-                        f"bundle.{defn.key}.nodes.{node_id}.workflow",
+                        f"bundle.{defn.key}.{path}.workflow",
                         f"unknown child workflow {key}",
                         rule="missing_child",
                     )
@@ -267,11 +265,7 @@ def collect_bundle(root: Definition, lookup: Lookup, out: dict[str, Definition])
 
 
 def _children(defn: Definition, found: dict[str, Definition]) -> list[Definition]:
-    keys = {
-        definition_key(n.workflow, n.revision)
-        for n in defn.nodes.values()
-        if n.kind == "workflow" and n.workflow is not None and n.revision is not None
-    }
+    keys = {definition_key(workflow, revision) for _, workflow, revision in defn.child_workflows()}
     return [found[key] for key in sorted(keys) if key in found]
 
 

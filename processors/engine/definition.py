@@ -189,10 +189,14 @@ class Approval(_Model):
 
 class Tool(_Model):
     """A tool an agent node's model may call: an action on a queue, run like an action node's
-    attempt (lease, heartbeat, retry, timeout), its arguments checked against `input_schema`."""
+    attempt (lease, heartbeat, retry, timeout), or a child run of `workflow@revision`, run like a
+    workflow node's; its arguments (the action's input, the child's run input) checked against
+    `input_schema`. Exactly one of `action` and `workflow` (validation.py)."""
 
     description: str = ""
-    action: str = Field(min_length=1, max_length=256)
+    action: str | None = Field(default=None, min_length=1, max_length=256)
+    workflow: str | None = Field(default=None, pattern=DEFINITION_ID_PATTERN)
+    revision: int | None = Field(default=None, ge=1)
     queue: str = Field(default="default", pattern=QUEUE_PATTERN)
     capabilities: list[str] = Field(default_factory=list)
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
@@ -276,6 +280,18 @@ class Definition(_Model):
 
     def reducer(self, state_key: str) -> Reducer:
         return self.reducers.get(state_key, "replace")
+
+    def child_workflows(self) -> list[tuple[str, str, int]]:
+        """Every child workflow this definition can start, as (path, id, revision): its workflow
+        nodes (`nodes.x`) and its agents' workflow tools (`nodes.x.tools.t`), in the definition's order."""
+        out: list[tuple[str, str, int]] = []
+        for node_id, node in self.nodes.items():
+            if node.kind == "workflow" and node.workflow is not None and node.revision is not None:
+                out.append((f"nodes.{node_id}", node.workflow, node.revision))
+            for name, tool in node.tools.items():
+                if tool.workflow is not None and tool.revision is not None:
+                    out.append((f"nodes.{node_id}.tools.{name}", tool.workflow, tool.revision))
+        return out
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON form: aliases, defaults omitted, routes as objects. Parsing it

@@ -144,15 +144,24 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         # a tool call approved: the previous attempt was its wait for the approval, with a timer
         previous = dispatch_id(state["run_id"], event["node"], event["lineage"], event["attempt"] - 1)
         clear.append(step_timer_id("wait_timeout", previous))
+    tool = (
+        node.tools[tool_call(state, event["node"], loop)["name"]]
+        if loop is not None and loop[2] is not None
+        else None
+    )
     if kind == "workflow":
-        assert node.workflow is not None and node.revision is not None
+        # a workflow node's child run, or an agent loop's call of a workflow tool
+        workflow, revision = (
+            (node.workflow, node.revision) if tool is None else (tool.workflow, tool.revision)
+        )
+        assert workflow is not None and revision is not None
         message = _envelope(event, 0, "ChildRunActivation")
         message.update(
             child_run_id=child_run_id(state["run_id"], event["node"], event["lineage"], event["attempt"]),
-            definition_id=node.workflow,
-            revision=node.revision,
+            definition_id=workflow,
+            revision=revision,
             input=event["input"],
-            bundle=p.child_bundle(node.workflow, node.revision),
+            bundle=p.child_bundle(workflow, revision),
             parent={
                 "parent_run_id": state["run_id"],
                 "parent_node": event["node"],
@@ -165,8 +174,7 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         )
         return Effects(messages=[message], set_timers=timers, clear_timers=clear)
     action, capabilities = node.action or node.agent or "", node.capabilities
-    if loop is not None and loop[2] is not None:  # a tool call: the tool's action, the tool's grants
-        tool = node.tools[tool_call(state, event["node"], loop)["name"]]
+    if tool is not None and tool.action is not None:  # a tool call: the tool's action, its grants
         action, capabilities = tool.action, tool.capabilities
     message = _envelope(event, 0, "ActionActivation")
     message.update(

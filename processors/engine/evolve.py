@@ -236,11 +236,8 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
     # Reservations: a fresh activation takes a step (and an agent); a retry took its retry at
     # StepRetryScheduled; a re-activation after a resume takes nothing (it was reserved once).
     loop = split_loop_lineage(lineage)
-    looping = (
-        loop is None
-        and ev["kind"] == "agent"
-        and bool(pinned(s["bundle"], s["bundle_hash"]).node(node).tools)
-    )
+    # an agent loop's own step: an agent on no queue (steps.schedule), never dispatched itself
+    looping = loop is None and ev["kind"] == "agent" and ev.get("queue") is None
     if not same_superstep:
         if loop is not None:  # an agent loop's model turn takes an agent, its tool call a step
             _add_usage(s, None, steps=0 if loop[2] is None else 1, agents=1 if loop[2] is None else 0)

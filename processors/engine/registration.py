@@ -59,7 +59,9 @@ def _queue_issues(defn: Definition, queues: frozenset[str]) -> list[Issue]:
         if node.kind in EXECUTOR_KINDS and node.queue is not None:
             wanted_by.append((f"nodes.{node_id}.queue", node.queue))
         wanted_by += [
-            (f"nodes.{node_id}.tools.{name}.queue", tool.queue) for name, tool in node.tools.items()
+            (f"nodes.{node_id}.tools.{name}.queue", tool.queue)
+            for name, tool in node.tools.items()
+            if tool.action is not None  # a workflow tool runs a child run, on no queue
         ]
     for path, queue in wanted_by:
         if queue in queues:
@@ -199,15 +201,13 @@ def _ancestor_budget_issues(defn: Definition, catalog: Catalog) -> list[Issue]:
                     where = f"nodes.{via}.workflow"
                     message = f"nests {current.key}, whose {name} {value} exceeds this definition's {limit}"
                 issues.append(Issue(where, message, rule="nested_budget"))
-        for node_id, node in sorted(current.nodes.items()):
-            if node.kind != "workflow" or node.workflow is None or node.revision is None:
-                continue
-            key = definition_key(node.workflow, node.revision)
+        for path, workflow, revision in sorted(current.child_workflows()):
+            key = definition_key(workflow, revision)
             if key == current.key or any(a.key == key for a, _ in ancestors):
                 continue  # a cycle: _tree_issues reports it
-            child = catalog.get(node.workflow, node.revision)
+            child = catalog.get(workflow, revision)
             if child is not None:
-                visit(child, [*ancestors, (current, node_id)])
+                visit(child, [*ancestors, (current, path.removeprefix("nodes."))])
 
     for definition_id in catalog.ids():
         for revision in catalog.revisions(definition_id):

@@ -117,6 +117,12 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
             )
         if node.kind == "workflow" and node.revision is None:
             return reject("InvalidInput", f"node {name}: a workflow node must pin a revision")
+        for tool_name, tool in sorted(node.tools.items()):
+            if tool.action is not None and tool.queue not in ctx.queues:
+                return reject(
+                    "InvalidInput",
+                    f"node {name} tool {tool_name}: unknown queue {tool.queue!r} (known: {', '.join(sorted(ctx.queues))})",
+                )
     em = Emitter(None, msg, ctx)
     em.emit(
         "RunAccepted",

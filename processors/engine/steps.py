@@ -222,14 +222,17 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
     queue = node.queue if kind in EXECUTOR_KINDS else None
     timeout = node.timeout_ms
     tool = loop_tool(em, name, lineage)
-    if tool is not None:
-        kind, queue, timeout = "action", tool.queue, tool.timeout_ms
+    if tool is not None:  # an agent loop's tool call: an action on its queue, or a child run
+        kind = "action" if tool.action is not None else "workflow"
+        queue, timeout = (tool.queue if kind == "action" else None), tool.timeout_ms
     if kind == "sleep":
         deadline: int | None = em.ts + (node.duration_ms or 0)
     elif kind == "state":
         deadline = None
     elif kind == "agent" and node.tools and not is_loop_lineage(lineage):
-        deadline = None  # the loop itself: its turns and calls have the deadlines
+        # the loop itself, on no queue (how its StepScheduled says so): its turns and calls
+        # are dispatched, with their own queues and deadlines
+        queue, deadline = None, None
     else:
         deadline = em.ts + timeout if timeout else None
     em.emit(

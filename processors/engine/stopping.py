@@ -39,7 +39,8 @@ def stop_timeout_ms(em: Emitter, step: dict[str, Any]) -> int:
     node = em.pinned.node(step["node"])
     if node.stop_timeout_ms is not None:
         return node.stop_timeout_ms
-    return node.lease_ms if node.kind in EXECUTOR_KINDS else WORKFLOW_STOP_TIMEOUT_MS
+    # the attempt's own kind: an agent loop's call of a workflow tool is a child run
+    return node.lease_ms if step["kind"] in EXECUTOR_KINDS else WORKFLOW_STOP_TIMEOUT_MS
 
 
 def ask_to_stop(

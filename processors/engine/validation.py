@@ -227,6 +227,26 @@ def _check_tools(base: str, node: Node, issues: list[Issue]) -> None:
         path = f"{base}.tools.{name}"
         if not re.match(TOOL_NAME_PATTERN, name):
             issues.append(Issue(path, f"a tool name must match {TOOL_NAME_PATTERN}", rule="tool_name"))
+        if (tool.action is None) == (tool.workflow is None):
+            issues.append(
+                Issue(path, "a tool runs an action or a workflow: give exactly one", rule="tool_kind")
+            )
+        if (tool.workflow is None) != (tool.revision is None):
+            issues.append(
+                Issue(
+                    f"{path}.revision",
+                    "a workflow tool pins its workflow's revision (and only it has one)",
+                    rule="tool_kind",
+                )
+            )
+        if tool.workflow is not None and (tool.queue != "default" or tool.capabilities):
+            issues.append(
+                Issue(
+                    path,
+                    "queue and capabilities are an action tool's; a workflow tool runs a child run",
+                    rule="tool_kind",
+                )
+            )
         if tool.input_schema.get("type", "object") != "object":
             issues.append(
                 Issue(

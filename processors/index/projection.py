@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.engine.ids import instance_key
+from processors.engine.ids import instance_key, is_loop_lineage, split_loop_lineage
 from processors.engine.vocabulary import OPEN_STEP_STATUSES, TERMINAL_EVENTS
 
 
@@ -96,6 +96,7 @@ class RunRow:
                 step.superstep == self.superstep
                 and step.status in OPEN_STEP_STATUSES
                 and step.status != "waiting"
+                and not (step.kind == "agent" and step.queue is None and not is_loop_lineage(step.lineage))
             ):
                 return "running"
         return "waiting"
@@ -219,10 +220,14 @@ def _step_scheduled(run: RunRow, ev: dict[str, Any]) -> None:
     old = run.steps.get(key)
     same_superstep = old is not None and old.superstep == ev["superstep"]
     retrying = same_superstep and old is not None and old.status == "retry_wait"
+    loop = split_loop_lineage(lineage) if lineage else None
     if not same_superstep:  # a fresh activation reserves a step (and an agent), as in evolve
-        run.ledger_steps += 1
-        if ev["kind"] == "agent":
-            run.agents += 1
+        if loop is not None:  # an agent loop's model turn takes an agent, its tool call a step
+            run.ledger_steps += loop[2] is not None
+            run.agents += loop[2] is None
+        else:  # an agent loop's own step (an agent on no queue) takes a step, its turns the agents
+            run.ledger_steps += 1
+            run.agents += ev["kind"] == "agent" and ev.get("queue") is not None
     run.attempts += 1
     _put(
         run,
@@ -240,7 +245,8 @@ def _step_scheduled(run: RunRow, ev: dict[str, Any]) -> None:
             queue=ev.get("queue"),
             dispatch_id=ev["dispatch_id"],
             scheduled_ms=ev["ts_ms"],
-            waiting=old.waiting if old is not None else False,
+            # a tool call scheduled after its approval waits no more
+            waiting=old.waiting if old is not None and loop is None else False,
         ),
     )
 

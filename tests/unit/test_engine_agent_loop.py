@@ -458,3 +458,73 @@ def test_a_pause_while_a_call_waits_for_approval_asks_again_after_the_resume() -
     assert h.status == "waiting" and h.step("triage", "~1.0")["attempt"] == 2
     h.signal("refund-approval", {"approved": True})
     assert activations(h)[-1]["lineage"] == "~1.0" and activations(h)[-1]["attempt"] == 3
+
+
+ESCALATION = definition(
+    {"hand_over": {"kind": "action", "action": "escalate", "writes": {"ticket": {"from": "output"}}}},
+    id="escalation",
+    state={"ticket": None},
+)
+
+
+def workflow_tool_harness() -> RunHarness:
+    node = agent_node()
+    node["tools"]["escalate"] = {
+        "workflow": "escalation",
+        "revision": 1,
+        "description": "Hand to a human team",
+    }
+    return RunHarness(ESCALATION, definition({"triage": node}, state={"triage": None}))
+
+
+def test_a_workflow_tool_runs_a_child_run_and_its_output_goes_back_to_the_model() -> None:
+    h = workflow_tool_harness()
+    h.root_id = "wf"
+    h.start({"ticket": "t"})
+    turn(h, 1, calls(("escalate", {"priority": "high"})))
+    child = [m for m in h.messages if m["type"] == "ChildRunActivation"]
+    assert len(child) == 1
+    assert (child[0]["child_run_id"], child[0]["definition_id"], child[0]["input"]) == (
+        "r-1/triage[~1.0]",
+        "escalation",
+        {"priority": "high"},
+    )
+    assert child[0]["parent"]["parent_lineage"] == "~1.0"
+    h.child_finished("triage", output={"ticket": "T-9"}, lineage="~1.0")
+    result = activations(h)[-1]["agent"]["messages"][-1]
+    assert result == {
+        "role": "tool",
+        "tool_call_id": "c0",
+        "name": "escalate",
+        "content": '{"ticket":"T-9"}',
+        "is_error": False,
+    }
+
+
+def test_a_failed_child_run_is_an_error_result_and_a_cancel_stops_a_running_child() -> None:
+    h = workflow_tool_harness()
+    h.root_id = "wf"
+    h.start({"ticket": "t"})
+    turn(h, 1, calls(("escalate", {})))
+    h.child_finished("triage", status="failed", lineage="~1.0")
+    assert activations(h)[-1]["agent"]["messages"][-1]["content"].startswith("error ChildFailed:")
+    turn(h, 2, calls(("escalate", {})))
+    h.cancel("stop")
+    assert h.status == "cancelling"
+    assert [m["child_run_id"] for m in h.messages if m["type"] == "ChildRunCancel"] == ["r-1/triage[~2.0]"]
+    h.child_finished("triage", status="cancelled", lineage="~2.0")
+    assert h.status == "cancelled"
+
+
+def test_a_workflow_tool_must_name_a_registered_child_and_only_one_kind() -> None:
+    from processors.engine import DefinitionError
+
+    node = agent_node()
+    node["tools"]["escalate"] = {"workflow": "nowhere", "revision": 1}
+    h = RunHarness(definition({"triage": node}, state={"triage": None}))
+    h.start({"ticket": "t"})
+    assert h.types == ["RunRejected"] and "unknown child workflow nowhere@1" in h.last.events[0]["reason"]
+    both = agent_node()
+    both["tools"]["escalate"] = {"workflow": "escalation", "revision": 1, "action": "x"}
+    with pytest.raises(DefinitionError, match="exactly one"):
+        RunHarness(ESCALATION, definition({"triage": both}, state={"triage": None}))
