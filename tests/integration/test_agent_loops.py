@@ -80,10 +80,23 @@ DURABLE = triage(
 )
 
 
+APPROVAL = triage(
+    "loop-approval",
+    tools={
+        "refund": {
+            "action": "loop.record",
+            "description": "Refund an order",
+            "input_schema": {"type": "object", "required": ["query"]},
+            "approval": {"signal": "refund-approval", "timeout_ms": 120_000},
+        }
+    },
+)
+
+
 @pytest.fixture
 def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[ProcessorSettings]:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
-    setup_topology(s, [FAST, DURABLE])
+    setup_topology(s, [FAST, DURABLE, APPROVAL])
     yield s
     from topology.admin import delete_topology
 
@@ -356,4 +369,59 @@ def test_cancel_mid_loop_stops_the_tools_in_flight_before_the_run_is_cancelled(
     stops = {s["lineage"]: s["stop"] for s in events.of("c-1", "RunCancelled")[0]["stops"]}
     assert stops == {"~1.0": "confirmed", "~1.1": "confirmed"}
     assert len(model.requests) == 1 and cancelled_at > 0
+    events.close()
+
+
+def test_approvals_from_the_cli_and_the_client_approve_and_deny_tool_calls(
+    settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_tools_for_tests  # noqa: F401  (registers loop.record)
+
+    from processors.client import RunClient
+
+    log = tmp_path / "tools.jsonl"
+    monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
+
+    def refunds(request: Recorded) -> Answer:
+        turn = _assistant_turns(request)
+        if turn < 2:
+            return Answer(text="", tool_calls=[Call(f"r{turn}", "refund", {"query": f"order-{turn}"})])
+        return Answer(text='{"category": "billing"}')
+
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    with StandIn([refunds] * 3) as model:
+        worker = Worker(
+            name="loop",
+            queues=["default", "agents"],
+            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+        )
+        with running(settings), WorkerThread(worker, settings), RunClient(settings) as client:
+            client.start("loop-approval", {"ticket": "refund me"}, run_id="a-1")
+            events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 1, 90, "the first call waits")
+            assert client.get("a-1").status == "waiting"
+            assert not _tool_log(log)  # nothing ran before the approval
+            env = {
+                **os.environ,
+                "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+                "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+            }
+            cli = subprocess.run(
+                [sys.executable, "-m", "processors.cli", "runs", "signal", "a-1", "refund-approval",
+                 "--payload", '{"approved": true}', "--json"],
+                env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert cli.returncode == 0, cli.stdout + cli.stderr
+            events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 2, 90, "the second call waits")
+            client.signal("a-1", "refund-approval", {"approved": False, "reason": "over the limit"})
+            events.wait_for(
+                lambda r: bool(events.of("a-1", "RunSucceeded") or events.of("a-1", "RunFailed")),
+                90,
+                "terminal",
+            )
+        requests = list(model.requests)
+    assert events.of("a-1", "RunSucceeded"), events.of("a-1", "RunFailed")
+    ran = Counter(e["lineage"] for e in _tool_log(log) if e["at"] == "end")
+    assert ran == {"~1.0": 1}  # the approved call ran once, the denied one never
+    denial = [m for m in requests[2].body["messages"] if m["role"] == "tool"][-1]
+    assert denial["content"] == "error PermissionDenied: the call was denied: over the limit"
     events.close()

@@ -81,6 +81,7 @@ OUTPUTS: list[Any] = [
 ]
 # what a model turn of an agent loop may answer: tool calls (good, unknown, bad arguments, several
 # at once), an answer, and outputs that are not a turn
+ANSWER_TURN: dict[str, Any] = {"content": "done", "answer": {"v": 1}}
 TURN_OUTPUTS: list[Any] = [
     {"content": "", "tool_calls": [{"id": "a", "name": "look", "arguments": {"q": 1}}]},
     {
@@ -91,9 +92,16 @@ TURN_OUTPUTS: list[Any] = [
         ],
     },
     {"content": "", "tool_calls": [{"id": "a", "name": "nope", "arguments": {}}]},
+    {
+        "content": "child",
+        "tool_calls": [
+            {"id": "a", "name": "ask", "arguments": {"q": 2}},
+            {"id": "b", "name": "look", "arguments": {"q": 1}},
+        ],
+    },
     {"content": "", "tool_calls": [{"id": "a", "name": "look", "arguments": {"x": 1}}]},
     {"content": "", "tool_calls": [{"id": "a", "name": "poke", "arguments": "text"}]},
-    {"content": "done", "answer": {"v": 1}},
+    ANSWER_TURN,
     {"content": "done", "answer": 3},
     {"tool_calls": 5},
     {"tool_calls": [{"name": 1}]},
@@ -273,6 +281,8 @@ def _node(draw: st.DrawFn) -> dict[str, Any]:
                 if draw(st.booleans()):
                     approval["timeout_ms"] = draw(st.integers(50, 1000))
                 node["tools"]["poke"]["approval"] = approval
+            if draw(st.booleans()):  # a workflow tool: each call a child run
+                node["tools"]["ask"] = {"workflow": "child", "revision": 1}
             node["max_turns"] = draw(st.integers(1, 3))
             node["max_tool_calls"] = draw(st.integers(0, 4))
         if kind in EXECUTOR_KINDS:
@@ -679,7 +689,9 @@ class World:
             payload = deep(80) if hostile else data.draw(st.sampled_from(PAYLOADS), label="payload")
             self.send({"type": "SignalRun", "signal": name, "payload": payload}, advance=advance)
         elif verb == "approve":
-            payload = {"yes": {"approved": True}, "no": {"approved": False, "reason": "no"}}.get(rest, {"ok": 1})
+            payload = {"yes": {"approved": True}, "no": {"approved": False, "reason": "no"}}.get(
+                rest, {"ok": 1}
+            )
             self.send({"type": "SignalRun", "signal": "ok-poke", "payload": payload}, advance=advance)
         elif verb == "resume":
             budgets = None
@@ -746,7 +758,11 @@ class World:
             return {"type": mtype, **ident, "worker_id": worker, "lease_ms": lease}
         if verb in ("complete", "complete-ok"):
             if _is_turn(act):
-                menu = TURN_OUTPUTS if verb == "complete" else TURN_OUTPUTS[:2] * 2 + TURN_OUTPUTS[5:6]
+                menu = (
+                    TURN_OUTPUTS
+                    if verb == "complete"
+                    else [*TURN_OUTPUTS[:2] * 2, TURN_OUTPUTS[3], ANSWER_TURN]
+                )
                 output = data.draw(st.sampled_from(menu), label="turn output")
             else:
                 output = (
@@ -911,7 +927,7 @@ def _drained_turn(step: dict[str, Any]) -> Any:
     loop = split_loop_lineage(step["lineage"])
     assert loop is not None
     STATS["turns drained"] += 1
-    return TURN_OUTPUTS[1] if loop[1] == 1 else TURN_OUTPUTS[5]
+    return TURN_OUTPUTS[3 if STATS["turns drained"] % 2 else 1] if loop[1] == 1 else ANSWER_TURN
 
 
 def _is_turn(item: dict[str, Any]) -> bool:
