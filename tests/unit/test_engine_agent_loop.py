@@ -528,3 +528,27 @@ def test_a_workflow_tool_must_name_a_registered_child_and_only_one_kind() -> Non
     both["tools"]["escalate"] = {"workflow": "escalation", "revision": 1, "action": "x"}
     with pytest.raises(DefinitionError, match="exactly one"):
         RunHarness(ESCALATION, definition({"triage": both}, state={"triage": None}))
+
+
+def test_a_policy_refusal_of_a_tool_is_an_error_result_the_model_can_recover_from() -> None:
+    h = harness().start({"ticket": "t"})
+    turn(h, 1, calls(("refund", {"order": 1})))
+    h.accept("triage", "~1.0").fail(
+        "triage", code="PermissionDenied", message="secret billing not granted", lineage="~1.0"
+    )
+    result = activations(h)[-1]["agent"]["messages"][-1]
+    assert result["is_error"] and result["content"] == "error PermissionDenied: secret billing not granted"
+    turn(h, 2, {"answer": "escalated instead"})
+    assert h.status == "succeeded"
+
+
+def test_a_secret_in_a_tool_result_never_reaches_the_model_or_the_events() -> None:
+    h = harness().start({"ticket": "t"})
+    turn(h, 1, calls(("kb_search", {"query": "keys"})))
+    canary = "sk-live-CANARY0123456789abcdef0123456789"
+    h.accept("triage", "~1.0").complete("triage", {"api_key": canary}, lineage="~1.0")
+    result = activations(h)[-1]["agent"]["messages"][-1]
+    assert result["is_error"] and "secret material" in result["content"]
+    import orjson
+
+    assert canary.encode() not in orjson.dumps([h.log, h.messages, h.state])
