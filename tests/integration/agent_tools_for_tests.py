@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from processors.executors import ActionContext, action
+from processors.executors import ActionContext, NonRetryableError, action
 
 
 def _log(entry: dict[str, Any]) -> None:
@@ -25,6 +25,9 @@ def _log(entry: dict[str, Any]) -> None:
 def record(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     ident = {"lineage": ctx.lineage, "attempt": ctx.attempt, "key": ctx.idempotency_key, "pid": os.getpid()}
     _log({**ident, "at": "start", "t": time.time()})
+    if args.get("query") == "broken":  # a tool that fails: its error goes back to the model
+        _log({**ident, "at": "failed", "t": time.time()})
+        raise NonRetryableError("the knowledge base is offline", code="ExecutionFailed")
     end = time.monotonic() + float(args.get("ms", 0)) / 1000
     while time.monotonic() < end:
         ctx.check_cancelled()

@@ -80,6 +80,17 @@ DURABLE = triage(
 )
 
 
+BUDGETED = {**triage("loop-budgeted"), "budgets": {"max_tokens": 25}}
+HURRIED = triage(
+    "loop-hurried",
+    tools={
+        "refund": {
+            "action": "loop.record",
+            "input_schema": {"type": "object", "required": ["query"]},
+            "approval": {"signal": "refund-approval", "timeout_ms": 1500},
+        }
+    },
+)
 APPROVAL = triage(
     "loop-approval",
     tools={
@@ -96,7 +107,7 @@ APPROVAL = triage(
 @pytest.fixture
 def settings(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[ProcessorSettings]:
     s = make_settings(kafka_bootstrap, topic_prefix, tmp_path / "state")
-    setup_topology(s, [FAST, DURABLE, APPROVAL])
+    setup_topology(s, [FAST, DURABLE, APPROVAL, BUDGETED, HURRIED])
     yield s
     from topology.admin import delete_topology
 
@@ -110,16 +121,18 @@ def _assistant_turns(request: Recorded) -> int:
     return sum(1 for m in request.body["messages"] if m.get("role") == "assistant")
 
 
-def two_calls_then_answer(request: Recorded) -> Answer:
-    """Turn 1: two parallel searches; turn 2: the answer."""
-    if _assistant_turns(request) == 0:
-        return Answer(
-            text="let me look",
-            tool_calls=[
-                Call("c1", "kb_search", {"query": "late order"}),
-                Call("c2", "kb_search", {"query": "refund"}),
-            ],
-        )
+def three_turns(request: Recorded) -> Answer:
+    """Turn 1: two parallel searches, one of which fails; turn 2: a search again (the model
+    recovering from the failure); turn 3: the answer."""
+    turn = _assistant_turns(request)
+    if turn == 0:
+        calls = [
+            Call("c1", "kb_search", {"query": "late order"}),
+            Call("c2", "kb_search", {"query": "broken"}),
+        ]
+        return Answer(text="let me look", tool_calls=calls)
+    if turn == 1:
+        return Answer(text="one failed, again", tool_calls=[Call("c3", "kb_search", {"query": "refund"})])
     return Answer(text='{"category": "billing"}', prompt_tokens=30, completion_tokens=6)
 
 
@@ -137,7 +150,7 @@ def _tool_log(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
-def test_a_tool_loop_with_two_parallel_calls_over_each_protocol(
+def test_a_three_turn_loop_with_two_parallel_calls_and_a_failed_tool_over_each_protocol(
     settings: ProcessorSettings, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import agent_tools_for_tests  # noqa: F401  (registers loop.record)
@@ -145,7 +158,7 @@ def test_a_tool_loop_with_two_parallel_calls_over_each_protocol(
     log = tmp_path / "tools.jsonl"
     monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
-    with StandIn([two_calls_then_answer] * 2) as model:
+    with StandIn([three_turns] * 3) as model:
         worker = Worker(
             name="loop",
             queues=["default", "agents"],
@@ -169,16 +182,19 @@ def test_a_tool_loop_with_two_parallel_calls_over_each_protocol(
         ("~1.0", "action"),
         ("~1.1", "action"),
         ("~2", "agent"),
+        ("~2.0", "action"),
+        ("~3", "agent"),
     ]
-    runs = Counter(e["lineage"] for e in _tool_log(log) if e["at"] == "end")
-    assert runs == {"~1.0": 1, "~1.1": 1}
-    assert len(requests) == 2
+    runs = Counter((e["lineage"], e["at"]) for e in _tool_log(log) if e["at"] != "start")
+    assert runs == {("~1.0", "end"): 1, ("~1.1", "failed"): 1, ("~2.0", "end"): 1}
+    assert len(requests) == 3
     second = requests[1].body
     if kind == "openai":
         assert [t["function"]["name"] for t in requests[0].body["tools"]] == ["kb_search"]
         tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
         assert [m["tool_call_id"] for m in tool_messages] == ["c1", "c2"]
         assert "found late order" in tool_messages[0]["content"]
+        assert tool_messages[1]["content"] == "error ExecutionFailed: the knowledge base is offline"
     else:
         assert [t["name"] for t in requests[0].body["tools"]] == ["kb_search"]
         results = [
@@ -188,8 +204,9 @@ def test_a_tool_loop_with_two_parallel_calls_over_each_protocol(
             if b.get("type") == "tool_result"
         ]
         assert [b["tool_use_id"] for b in results] == ["c1", "c2"]
+        assert [bool(b.get("is_error")) for b in results] == [False, True]
     usage = events.of("t-1", "RunSucceeded")[0]["usage"]
-    assert usage["prompt_tokens"] == 10 + 30  # both turns, recorded once each
+    assert usage["prompt_tokens"] == 10 + 10 + 30  # every turn, recorded once each
     report = verify(settings, timeout_s=60)
     assert report.ok, report.to_dict()
     events.close()
@@ -424,4 +441,74 @@ def test_approvals_from_the_cli_and_the_client_approve_and_deny_tool_calls(
     assert ran == {"~1.0": 1}  # the approved call ran once, the denied one never
     denial = [m for m in requests[2].body["messages"] if m["role"] == "tool"][-1]
     assert denial["content"] == "error PermissionDenied: the call was denied: over the limit"
+    events.close()
+
+
+def test_a_token_budget_pauses_mid_loop_and_a_resume_finishes_the_same_loop(
+    settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """25 tokens: turn 1 (15) fits, turn 2 (15 more) overruns; the run pauses before turn 3,
+    a resume with more budget asks the model for turn 3 only."""
+    import agent_tools_for_tests  # noqa: F401  (registers loop.record)
+
+    from processors.client import RunClient
+
+    monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(tmp_path / "tools.jsonl"))
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    with StandIn([three_turns] * 3) as model:
+        worker = Worker(
+            name="loop",
+            queues=["default", "agents"],
+            settings=WorkerSettings(agents=_agents("anthropic", model.base_url)),
+        )
+        with running(settings), WorkerThread(worker, settings), RunClient(settings) as client:
+            client.start("loop-budgeted", {"ticket": "t"}, run_id="b-1")
+            events.wait_for(lambda r: bool(events.of("b-1", "RunPaused")), 90, "RunPaused")
+            assert client.get("b-1").status == "paused" and len(model.requests) == 2
+            client.resume("b-1", {"max_tokens": 10_000})
+            events.wait_for(
+                lambda r: bool(events.of("b-1", "RunSucceeded") or events.of("b-1", "RunFailed")),
+                90,
+                "terminal",
+            )
+        turns = Counter(_assistant_turns(r) for r in model.requests)
+    assert events.of("b-1", "RunSucceeded"), events.of("b-1", "RunFailed")
+    assert events.of("b-1", "BudgetExhausted")[0]["dimension"] == "tokens"
+    assert turns == {0: 1, 1: 1, 2: 1}  # no turn asked twice across the pause
+    events.close()
+
+
+def test_an_unanswered_approval_times_out_as_an_error_result_the_model_reads(
+    settings: ProcessorSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_tools_for_tests  # noqa: F401  (registers loop.record)
+
+    log = tmp_path / "tools.jsonl"
+    monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
+
+    def one_refund(request: Recorded) -> Answer:
+        if _assistant_turns(request) == 0:
+            return Answer(text="", tool_calls=[Call("r0", "refund", {"query": "order-1"})])
+        return Answer(text='{"category": "bug"}')
+
+    events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
+    with StandIn([one_refund] * 2) as model:
+        worker = Worker(
+            name="loop",
+            queues=["default", "agents"],
+            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+        )
+        with running(settings), WorkerThread(worker, settings):
+            commands.start("h-1", "loop-hurried", {"ticket": "t"})
+            commands.flush()
+            events.wait_for(
+                lambda r: bool(events.of("h-1", "RunSucceeded") or events.of("h-1", "RunFailed")),
+                90,
+                "terminal",
+            )
+        requests = list(model.requests)
+    assert events.of("h-1", "RunSucceeded"), events.of("h-1", "RunFailed")
+    assert not _tool_log(log)  # the refund never ran
+    result = next(m for m in requests[1].body["messages"] if m["role"] == "tool")
+    assert result["content"] == "error Timeout: no signal 'refund-approval' within 1500 ms"
     events.close()
