@@ -28,14 +28,13 @@ import uuid
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer
 
 from benchmarks.harness import percentile
-from benchmarks.workflow_throughput import CODEC, Rig, _env
+from benchmarks.workflow_throughput import CODEC, CommittedEvents, Rig, _env
 from processors.client import RunClient
 from processors.engine import Catalog, Ceilings, EngineContext, decide, dump_state, effects, evolve
 from processors.engine.ids import dispatch_id
-from topology.settings import KafkaSettings, consumer_config
+from topology.settings import KafkaSettings
 
 TOOL_SCHEMA = {"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}
 
@@ -72,27 +71,13 @@ class TurnClock:
     """When each run's turns were scheduled (wall time of arrival at a read_committed reader)."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        self.consumer = Consumer(
-            consumer_config(
-                settings,
-                f"{settings.topic_prefix}-turns-{uuid.uuid4().hex[:6]}",
-                fetch_wait_max_ms=5,
-                auto_offset_reset="earliest",
-            )
-        )
-        self.consumer.subscribe([f"{settings.topic_prefix}.run-events"])
-        self.decode = CODEC.decoder("run_events")
+        self.events = CommittedEvents(settings, "turns")
         self.turns: dict[str, dict[int, float]] = {}
         self.done: dict[str, float] = {}
 
     def poll(self, timeout: float = 0.05) -> None:
-        first = self.consumer.poll(timeout)
-        msgs = [first, *self.consumer.consume(1000, 0)] if first is not None else []
-        now = time.time()
-        for m in msgs:
-            if m.error() is not None or m.value() is None:
-                continue
-            event = self.decode(m.value())
+        now, events = self.events.poll(timeout)
+        for event in events:
             lineage = event.get("lineage") or ""
             if event["type"] == "StepScheduled" and lineage.startswith("~") and "." not in lineage:
                 self.turns.setdefault(event["run_id"], {})[int(lineage[1:])] = now
@@ -140,7 +125,7 @@ def overhead(runs: int, turns: int) -> dict[str, Any]:
                 client.start("agent-loop-bench", {"topic": "kafka"}, run_id=run, answer_timeout=0)
                 clock.until_done([run], 120)
             elapsed = time.time() - started
-            clock.consumer.close()
+            clock.events.close()
     gaps = [
         (seen[t + 1] - seen[t]) * 1000
         for seen in clock.turns.values()

@@ -18,12 +18,10 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer
-
 from benchmarks.harness import percentile
-from benchmarks.workflow_throughput import CODEC, Rig
+from benchmarks.workflow_throughput import CommittedEvents, Rig
 from processors.client import RunClient
-from topology.settings import KafkaSettings, consumer_config
+from topology.settings import KafkaSettings
 
 DEFINITION = {
     "schema": "runfold.workflow/v1",
@@ -47,26 +45,13 @@ class Seen:
     """When each run's StepStarted, RunCancelling and RunCancelled were read (wall time)."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        self.consumer = Consumer(
-            consumer_config(
-                settings,
-                f"{settings.topic_prefix}-cancel-watch-{uuid.uuid4().hex[:6]}",
-                fetch_wait_max_ms=5,
-                auto_offset_reset="earliest",
-            )
-        )
-        self.consumer.subscribe([f"{settings.topic_prefix}.run-events"])
-        self.decode = CODEC.decoder("run_events")
+        self.events = CommittedEvents(settings, "cancel-watch")
         self.at: dict[tuple[str, str], float] = {}
 
     def poll(self, timeout: float = 0.05) -> None:
-        first = self.consumer.poll(timeout)
-        msgs = [first, *self.consumer.consume(1000, 0)] if first is not None else []
-        now = time.time()
-        for m in msgs:
-            if m.error() is None and m.value() is not None:
-                event = self.decode(m.value())
-                self.at.setdefault((event["run_id"], event["type"]), now)
+        now, events = self.events.poll(timeout)
+        for event in events:
+            self.at.setdefault((event["run_id"], event["type"]), now)
 
     def until(self, runs: list[str], etype: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -105,7 +90,7 @@ def measure(runs: int, gap_ms: int) -> dict[str, Any]:
             while time.monotonic() < end:
                 seen.poll(0.005)
         seen.until(ids, "RunCancelled", 120)
-        seen.consumer.close()
+        seen.events.close()
     to_cancelling = [(seen.at[(r, "RunCancelling")] - sent[r]) * 1000 for r in ids]
     to_cancelled = [(seen.at[(r, "RunCancelled")] - sent[r]) * 1000 for r in ids]
     added = [(seen.at[(r, "RunCancelled")] - seen.at[(r, "RunCancelling")]) * 1000 for r in ids]

@@ -511,3 +511,29 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class CommittedEvents:
+    """A read_committed reader of a prefix's run events from the start, for timing benchmarks:
+    `poll()` gives the decoded events that arrived and the wall time they were read at."""
+
+    def __init__(self, settings: KafkaSettings, purpose: str) -> None:
+        self.consumer = Consumer(
+            consumer_config(
+                settings,
+                f"{settings.topic_prefix}-{purpose}-{uuid.uuid4().hex[:6]}",
+                fetch_wait_max_ms=5,
+                auto_offset_reset="earliest",
+            )
+        )
+        self.consumer.subscribe([f"{settings.topic_prefix}.run-events"])
+        self.decode = CODEC.decoder("run_events")
+
+    def poll(self, timeout: float = 0.05) -> tuple[float, list[dict[str, Any]]]:
+        first = self.consumer.poll(timeout)
+        msgs = [first, *self.consumer.consume(1000, 0)] if first is not None else []
+        now = time.time()
+        return now, [self.decode(m.value()) for m in msgs if m.error() is None and m.value() is not None]
+
+    def close(self) -> None:
+        self.consumer.close()

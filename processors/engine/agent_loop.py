@@ -37,7 +37,6 @@ from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import schema_error
 from processors.engine.ids import (
     call_lineage,
-    dispatch_id,
     instance_key,
     order_key,
     split_loop_lineage,
@@ -190,12 +189,11 @@ def _ask_approval(em: Emitter, name: str, lineage: str, attempt: int, call: dict
     assert approval is not None
     due = em.ts + approval.timeout_ms if approval.timeout_ms else None
     arguments = call.get("arguments")
-    em.emit(
+    em.emit_attempt(
         "StepScheduled",
-        node=name,
-        lineage=lineage,
-        attempt=attempt,
-        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+        name,
+        lineage,
+        attempt,
         kind="wait",
         queue=None,
         input=arguments,
@@ -268,12 +266,11 @@ def _start_calls(em: Emitter, step: Step, node: Node, turn: int, calls: list[dic
                 schedule(em, name, node, key, attempt, call.get("arguments"))
             continue
         code, message = refusal
-        em.emit(
+        em.emit_attempt(
             "StepFailed",
-            node=name,
-            lineage=key,
-            attempt=attempt,
-            dispatch_id=dispatch_id(em.run_id, name, key, attempt),
+            name,
+            key,
+            attempt,
             failure=failure(code, message, node=name, lineage=key),
             usage=dict(ZERO_USAGE),
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from processors.engine.context import Decision, EngineContext
 from processors.engine.evolve import evolve
-from processors.engine.ids import event_record_id, rejection_record_id, split_loop_lineage
+from processors.engine.ids import dispatch_id, event_record_id, rejection_record_id, split_loop_lineage
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.state import RunState, usage_of
 from processors.engine.vocabulary import Failure, Usage
@@ -132,6 +132,17 @@ class Emitter:
             lineage=step["lineage"],
             attempt=step["attempt"],
             dispatch_id=step["dispatch_id"],
+            **fields,
+        )
+
+    def emit_attempt(self, etype: str, node: str, lineage: str, attempt: int, **fields: Any) -> Event:
+        """An event for attempt `attempt` of instance `node[lineage]`, with its dispatch id."""
+        return self.emit(
+            etype,
+            node=node,
+            lineage=lineage,
+            attempt=attempt,
+            dispatch_id=dispatch_id(self.run_id, node, lineage, attempt),
             **fields,
         )
 

@@ -16,7 +16,6 @@ from processors.engine.definition import Node, RetryPolicy, Tool
 from processors.engine.emitter import Emitter, failure
 from processors.engine.errors import RefError
 from processors.engine.ids import (
-    dispatch_id,
     instance_key,
     is_loop_lineage,
     split_loop_lineage,
@@ -115,16 +114,10 @@ def plan_superstep(em: Emitter, *, reactivate: bool = False) -> bool:
         return True
     for name, problem, old in unscheduled:
         attempt = _next_attempt(old)
-        ident = {
-            "node": name,
-            "lineage": "",
-            "attempt": attempt,
-            "dispatch_id": dispatch_id(em.run_id, name, "", attempt),
-        }
         if problem is None:  # an empty array: the node's value is []
-            em.emit("StepSucceeded", **ident, output=[], usage=dict(ZERO_USAGE))
+            em.emit_attempt("StepSucceeded", name, "", attempt, output=[], usage=dict(ZERO_USAGE))
         else:
-            em.emit("StepFailed", **ident, failure=problem, usage=dict(ZERO_USAGE))
+            em.emit_attempt("StepFailed", name, "", attempt, failure=problem, usage=dict(ZERO_USAGE))
     free = _free_slots(em)
     for name, node, lineage, item, old in plans:
         if node.kind in DISPATCHED_KINDS:
@@ -200,12 +193,11 @@ def _activate(em: Emitter, name: str, node: Node, lineage: str, item: Any, attem
                 {"op": m.op, "target": m.target, "value": resolve(m.value, scope)} for m in node.mutations
             ]
     except RefError as exc:
-        em.emit(
+        em.emit_attempt(
             "StepFailed",
-            node=name,
-            lineage=lineage,
-            attempt=attempt,
-            dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+            name,
+            lineage,
+            attempt,
             failure=failure(
                 "UnknownReference", f"input of {name}: {exc.message}", node=name, lineage=lineage
             ),
@@ -235,12 +227,11 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         queue, deadline = None, None
     else:
         deadline = em.ts + timeout if timeout else None
-    em.emit(
+    em.emit_attempt(
         "StepScheduled",
-        node=name,
-        lineage=lineage,
-        attempt=attempt,
-        dispatch_id=dispatch_id(em.run_id, name, lineage, attempt),
+        name,
+        lineage,
+        attempt,
         kind=kind,
         queue=queue,
         input=node_input,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -150,3 +154,29 @@ class WorkerThread:
     def __exit__(self, *exc: object) -> None:
         if self._thread.is_alive():
             self.stop()
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def spawn_worker(
+    settings: KafkaSettings,
+    name: str,
+    module: str = "actions_for_tests",
+    queues: Sequence[str] = ("default",),
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """`runfold worker` in a process of its own (to be `kill -9`ed), serving `module` (a file of
+    tests/integration) on `queues`, with `env` added to its environment."""
+    full = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent)]),
+        **(env or {}),
+    }
+    args = [sys.executable, "-m", "processors.cli.worker", "worker", "--module", module]
+    for queue in queues:
+        args += ["--queue", queue]
+    args += ["--name", name, "--log-level", "WARNING"]
+    return subprocess.Popen(args, env=full, cwd=HERE.parent.parent)

@@ -7,6 +7,9 @@ Imported by tests/integration/test_processor*.py (no tests here).
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -362,3 +365,25 @@ class Responder:
 def complete_all(commands: Commands, act: dict[str, Any]) -> None:
     if act["type"] == "ActionActivation":
         commands.complete(act, {"node": act["node"]})
+
+
+def spawn_processor(settings: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
+    """The run processor in a process of its own (to be `kill -9`ed), its stderr appended to
+    `log`, committing every 20 ms; nothing of this process's RUNFOLD_* settings leaks into it."""
+    args = [
+        sys.executable,
+        "-m",
+        "processors.runtime",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--instance-id",
+        settings.instance_id,
+        "--state-dir",
+        str(settings.state_dir),
+        "--commit-interval-ms",
+        "20",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)

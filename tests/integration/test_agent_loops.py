@@ -4,6 +4,7 @@ client code runs. Tools count their executions (agent_tools_for_tests.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,51 +17,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_support import WorkerThread
-from processor_support import Commands, Reader, make_settings, running, setup_topology
+from executor_support import WorkerThread, spawn_worker
+from processor_support import Commands, Reader, make_settings, running, setup_topology, spawn_processor
 
 from processors.executors import Worker
 from processors.executors.settings import AgentsConfig, ProviderConfig, WorkerSettings
 from processors.replay.verify import verify
 from processors.runtime.settings import ProcessorSettings
+from tests.agent_loop_definitions import TRIAGE_SCHEMA, triage_definition
 from tests.agent_stand_in import Answer, Call, Recorded, StandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCHEMA = {
-    "type": "object",
-    "required": ["category"],
-    "properties": {"category": {"enum": ["billing", "bug"]}},
+KB_SEARCH = {
+    "kb_search": {
+        "action": "loop.record",
+        "description": "Search the knowledge base",
+        "input_schema": {"type": "object", "required": ["query"]},
+    }
 }
 
 
 def triage(definition_id: str, **node: Any) -> dict[str, Any]:
-    return {
-        "schema": "runfold.workflow/v1",
-        "id": definition_id,
-        "revision": 1,
-        "state": {"triage": None},
-        "entry": ["triage"],
-        "nodes": {
-            "triage": {
-                "kind": "agent",
-                "agent": "support",
-                "model": "small",
-                "prompt": {"system": "You triage tickets.", "user": {"from": "input", "pointer": "/ticket"}},
-                "tools": {
-                    "kb_search": {
-                        "action": "loop.record",
-                        "description": "Search the knowledge base",
-                        "input_schema": {"type": "object", "required": ["query"]},
-                    }
-                },
-                "output_schema": SCHEMA,
-                "writes": {"triage": {"from": "output"}},
-                **node,
-            }
-        },
-    }
+    return triage_definition(
+        definition_id, node.pop("tools", KB_SEARCH), **{"output_schema": TRIAGE_SCHEMA, **node}
+    )
 
 
 FAST = triage("loop-fast")
@@ -143,6 +125,17 @@ def _agents(kind: str, base_url: str) -> AgentsConfig:
     )
 
 
+@contextlib.contextmanager
+def loop_fleet(settings: ProcessorSettings, kind: str, script: list[Any]) -> Iterator[StandIn]:
+    """A stand-in model answering from `script`, the processor, and one in-process worker
+    (default and agents queues) whose agents talk to the stand-in over `kind`'s protocol."""
+    with StandIn(script) as model:
+        agents = _agents(kind, model.base_url)
+        worker = Worker(name="loop", queues=["default", "agents"], settings=WorkerSettings(agents=agents))
+        with running(settings), WorkerThread(worker, settings):
+            yield model
+
+
 def _tool_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -158,20 +151,14 @@ def test_a_three_turn_loop_with_two_parallel_calls_and_a_failed_tool_over_each_p
     log = tmp_path / "tools.jsonl"
     monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(log))
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
-    with StandIn([three_turns] * 3) as model:
-        worker = Worker(
-            name="loop",
-            queues=["default", "agents"],
-            settings=WorkerSettings(agents=_agents(kind, model.base_url)),
+    with loop_fleet(settings, kind, [three_turns] * 3) as model:
+        commands.start("t-1", "loop-fast", {"ticket": "my order is late"})
+        commands.flush()
+        events.wait_for(
+            lambda r: bool(events.of("t-1", "RunSucceeded") or events.of("t-1", "RunFailed")),
+            90,
+            "terminal",
         )
-        with running(settings), WorkerThread(worker, settings):
-            commands.start("t-1", "loop-fast", {"ticket": "my order is late"})
-            commands.flush()
-            events.wait_for(
-                lambda r: bool(events.of("t-1", "RunSucceeded") or events.of("t-1", "RunFailed")),
-                90,
-                "terminal",
-            )
         requests = list(model.requests)
     assert not events.of("t-1", "RunFailed"), events.of("t-1", "RunFailed")
     assert events.of("t-1", "RunSucceeded")[0]["output"]["triage"] == {"category": "billing"}
@@ -212,57 +199,8 @@ def test_a_three_turn_loop_with_two_parallel_calls_and_a_failed_tool_over_each_p
     events.close()
 
 
-def _spawn_worker(
-    settings: ProcessorSettings, name: str, agents: AgentsConfig, log: Path
-) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-        "RUNFOLD_WORKER_AGENTS": agents.model_dump_json(),
-        "RUNFOLD_TEST_TOOL_LOG": str(log),
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "processors.cli.worker",
-            "worker",
-            "--module",
-            "agent_tools_for_tests",
-            "--queue",
-            "default",
-            "--queue",
-            "agents",
-            "--name",
-            name,
-            "--log-level",
-            "WARNING",
-        ],
-        env=env,
-        cwd=ROOT,
-    )
-
-
-def _spawn_processor(settings: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
-    args = [
-        sys.executable,
-        "-m",
-        "processors.runtime",
-        "--bootstrap-servers",
-        settings.bootstrap_servers,
-        "--topic-prefix",
-        settings.topic_prefix,
-        "--instance-id",
-        settings.instance_id,
-        "--state-dir",
-        str(settings.state_dir),
-        "--commit-interval-ms",
-        "20",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)
+def _tool_env(agents: AgentsConfig, log: Path) -> dict[str, str]:
+    return {"RUNFOLD_WORKER_AGENTS": agents.model_dump_json(), "RUNFOLD_TEST_TOOL_LOG": str(log)}
 
 
 def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
@@ -304,8 +242,14 @@ def test_kill_9_of_the_worker_mid_turn_and_of_the_processor_mid_loop(
     with StandIn([script] * 10) as model:
         agents = _agents("openai", model.base_url)
         try:
-            processor = _spawn_processor(settings, proc_log)
-            worker = _spawn_worker(settings, "doomed", agents, tool_log)
+            processor = spawn_processor(settings, proc_log)
+            worker = spawn_worker(
+                settings,
+                "doomed",
+                "agent_tools_for_tests",
+                ("default", "agents"),
+                _tool_env(agents, tool_log),
+            )
             commands.start("k-1", "loop-durable", {"ticket": "crash test"})
             commands.flush()
             events.wait_for(
@@ -316,7 +260,13 @@ def test_kill_9_of_the_worker_mid_turn_and_of_the_processor_mid_loop(
             time.sleep(1.0)  # the model is answering turn 1 now
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
-            rescuer = _spawn_worker(settings, "rescuer", agents, tool_log)
+            rescuer = spawn_worker(
+                settings,
+                "rescuer",
+                "agent_tools_for_tests",
+                ("default", "agents"),
+                _tool_env(agents, tool_log),
+            )
             events.wait_for(
                 lambda r: any(e["lineage"].startswith("~2.") for e in events.of("k-1", "StepStarted")),
                 90,
@@ -324,7 +274,7 @@ def test_kill_9_of_the_worker_mid_turn_and_of_the_processor_mid_loop(
             )
             processor.send_signal(signal.SIGKILL)
             processor.wait(10)
-            processor = _spawn_processor(settings, proc_log)
+            processor = spawn_processor(settings, proc_log)
             events.wait_for(
                 lambda r: bool(events.of("k-1", "RunSucceeded") or events.of("k-1", "RunFailed")),
                 120,
@@ -360,24 +310,18 @@ def test_cancel_mid_loop_stops_the_tools_in_flight_before_the_run_is_cancelled(
         return Answer(text="", tool_calls=calls)
 
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
-    with StandIn([slow_tools] * 2) as model:
-        worker = Worker(
-            name="loop",
-            queues=["default", "agents"],
-            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+    with loop_fleet(settings, "openai", [slow_tools] * 2) as model:
+        commands.start("c-1", "loop-fast", {"ticket": "cancel me"})
+        commands.flush()
+        events.wait_for(
+            lambda r: len([e for e in events.of("c-1", "StepStarted") if "." in e["lineage"]]) == 2,
+            90,
+            "both calls started",
         )
-        with running(settings), WorkerThread(worker, settings):
-            commands.start("c-1", "loop-fast", {"ticket": "cancel me"})
-            commands.flush()
-            events.wait_for(
-                lambda r: len([e for e in events.of("c-1", "StepStarted") if "." in e["lineage"]]) == 2,
-                90,
-                "both calls started",
-            )
-            commands.cancel("c-1", "the user gave up")
-            commands.flush()
-            events.wait_for(lambda r: bool(events.of("c-1", "RunCancelled")), 60, "RunCancelled")
-            cancelled_at = time.time()
+        commands.cancel("c-1", "the user gave up")
+        commands.flush()
+        events.wait_for(lambda r: bool(events.of("c-1", "RunCancelled")), 60, "RunCancelled")
+        cancelled_at = time.time()
     entries = _tool_log(log)
     ended = {e["lineage"]: e["t"] for e in entries if e["at"] == "end"}
     started = {e["lineage"] for e in entries if e["at"] == "start"}
@@ -406,35 +350,29 @@ def test_approvals_from_the_cli_and_the_client_approve_and_deny_tool_calls(
         return Answer(text='{"category": "billing"}')
 
     events = Reader(settings, [settings.topics.run_events], "run_events")
-    with StandIn([refunds] * 3) as model:
-        worker = Worker(
-            name="loop",
-            queues=["default", "agents"],
-            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+    with loop_fleet(settings, "openai", [refunds] * 3) as model, RunClient(settings) as client:
+        client.start("loop-approval", {"ticket": "refund me"}, run_id="a-1")
+        events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 1, 90, "the first call waits")
+        assert client.get("a-1").status == "waiting"
+        assert not _tool_log(log)  # nothing ran before the approval
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
+        }
+        cli = subprocess.run(
+            [sys.executable, "-m", "processors.cli", "runs", "signal", "a-1", "refund-approval",
+             "--payload", '{"approved": true}', "--json"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 2, 90, "the second call waits")
+        client.signal("a-1", "refund-approval", {"approved": False, "reason": "over the limit"})
+        events.wait_for(
+            lambda r: bool(events.of("a-1", "RunSucceeded") or events.of("a-1", "RunFailed")),
+            90,
+            "terminal",
         )
-        with running(settings), WorkerThread(worker, settings), RunClient(settings) as client:
-            client.start("loop-approval", {"ticket": "refund me"}, run_id="a-1")
-            events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 1, 90, "the first call waits")
-            assert client.get("a-1").status == "waiting"
-            assert not _tool_log(log)  # nothing ran before the approval
-            env = {
-                **os.environ,
-                "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-            }
-            cli = subprocess.run(
-                [sys.executable, "-m", "processors.cli", "runs", "signal", "a-1", "refund-approval",
-                 "--payload", '{"approved": true}', "--json"],
-                env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-            assert cli.returncode == 0, cli.stdout + cli.stderr
-            events.wait_for(lambda r: len(events.of("a-1", "RunWaiting")) == 2, 90, "the second call waits")
-            client.signal("a-1", "refund-approval", {"approved": False, "reason": "over the limit"})
-            events.wait_for(
-                lambda r: bool(events.of("a-1", "RunSucceeded") or events.of("a-1", "RunFailed")),
-                90,
-                "terminal",
-            )
         requests = list(model.requests)
     assert events.of("a-1", "RunSucceeded"), events.of("a-1", "RunFailed")
     ran = Counter(e["lineage"] for e in _tool_log(log) if e["at"] == "end")
@@ -455,22 +393,16 @@ def test_a_token_budget_pauses_mid_loop_and_a_resume_finishes_the_same_loop(
 
     monkeypatch.setenv("RUNFOLD_TEST_TOOL_LOG", str(tmp_path / "tools.jsonl"))
     events = Reader(settings, [settings.topics.run_events], "run_events")
-    with StandIn([three_turns] * 3) as model:
-        worker = Worker(
-            name="loop",
-            queues=["default", "agents"],
-            settings=WorkerSettings(agents=_agents("anthropic", model.base_url)),
+    with loop_fleet(settings, "anthropic", [three_turns] * 3) as model, RunClient(settings) as client:
+        client.start("loop-budgeted", {"ticket": "t"}, run_id="b-1")
+        events.wait_for(lambda r: bool(events.of("b-1", "RunPaused")), 90, "RunPaused")
+        assert client.get("b-1").status == "paused" and len(model.requests) == 2
+        client.resume("b-1", {"max_tokens": 10_000})
+        events.wait_for(
+            lambda r: bool(events.of("b-1", "RunSucceeded") or events.of("b-1", "RunFailed")),
+            90,
+            "terminal",
         )
-        with running(settings), WorkerThread(worker, settings), RunClient(settings) as client:
-            client.start("loop-budgeted", {"ticket": "t"}, run_id="b-1")
-            events.wait_for(lambda r: bool(events.of("b-1", "RunPaused")), 90, "RunPaused")
-            assert client.get("b-1").status == "paused" and len(model.requests) == 2
-            client.resume("b-1", {"max_tokens": 10_000})
-            events.wait_for(
-                lambda r: bool(events.of("b-1", "RunSucceeded") or events.of("b-1", "RunFailed")),
-                90,
-                "terminal",
-            )
         turns = Counter(_assistant_turns(r) for r in model.requests)
     assert events.of("b-1", "RunSucceeded"), events.of("b-1", "RunFailed")
     assert events.of("b-1", "BudgetExhausted")[0]["dimension"] == "tokens"
@@ -492,20 +424,14 @@ def test_an_unanswered_approval_times_out_as_an_error_result_the_model_reads(
         return Answer(text='{"category": "bug"}')
 
     events, commands = Reader(settings, [settings.topics.run_events], "run_events"), Commands(settings)
-    with StandIn([one_refund] * 2) as model:
-        worker = Worker(
-            name="loop",
-            queues=["default", "agents"],
-            settings=WorkerSettings(agents=_agents("openai", model.base_url)),
+    with loop_fleet(settings, "openai", [one_refund] * 2) as model:
+        commands.start("h-1", "loop-hurried", {"ticket": "t"})
+        commands.flush()
+        events.wait_for(
+            lambda r: bool(events.of("h-1", "RunSucceeded") or events.of("h-1", "RunFailed")),
+            90,
+            "terminal",
         )
-        with running(settings), WorkerThread(worker, settings):
-            commands.start("h-1", "loop-hurried", {"ticket": "t"})
-            commands.flush()
-            events.wait_for(
-                lambda r: bool(events.of("h-1", "RunSucceeded") or events.of("h-1", "RunFailed")),
-                90,
-                "terminal",
-            )
         requests = list(model.requests)
     assert events.of("h-1", "RunSucceeded"), events.of("h-1", "RunFailed")
     assert not _tool_log(log)  # the refund never ran

@@ -3,10 +3,7 @@ the child-run executor and test code sending commands and signals."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_support import WorkerThread
+from executor_support import WorkerThread, spawn_worker
 from processor_support import Commands, Reader, make_settings, running, setup_topology
 
 from processors.executors import Worker
@@ -160,33 +157,6 @@ def _events(settings: ProcessorSettings) -> Reader:
     return Reader(settings, [settings.topics.run_events], "run_events")
 
 
-def _spawn_worker(settings: ProcessorSettings, name: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-        "PYTHONPATH": str(HERE),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "processors.cli.worker",
-            "worker",
-            "--module",
-            "actions_for_tests",
-            "--queue",
-            "default",
-            "--name",
-            name,
-            "--log-level",
-            "WARNING",
-        ],
-        env=env,
-        cwd=HERE.parent.parent,
-    )
-
-
 def test_agent_map_child_workflow_and_signal(settings: ProcessorSettings) -> None:
     import actions_for_tests  # noqa: F401  (test.identity for the child workflow)
 
@@ -227,7 +197,7 @@ def test_agent_map_child_workflow_and_signal(settings: ProcessorSettings) -> Non
 def test_kill_9_worker_lease_expires_and_new_attempt_succeeds(settings: ProcessorSettings) -> None:
     events, commands = _events(settings), Commands(settings)
     with running(settings):
-        first = _spawn_worker(settings, "doomed")
+        first = spawn_worker(settings, "doomed")
         second = None
         try:
             commands.start("kill-1", "e2e-slow", {})
@@ -238,7 +208,7 @@ def test_kill_9_worker_lease_expires_and_new_attempt_succeeds(settings: Processo
             events.wait_for(
                 lambda r: bool(events.of("kill-1", "StepRetryScheduled")), 30, "lease expiry retry"
             )
-            second = _spawn_worker(settings, "rescuer")
+            second = spawn_worker(settings, "rescuer")
             events.wait_for(
                 lambda r: bool(events.of("kill-1", "RunSucceeded") or events.of("kill-1", "RunFailed")),
                 60,

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +18,7 @@ from executor_support import (
     cancel_notice,
     committed_offsets,
     produce,
+    spawn_worker,
 )
 
 from processors.executors import Worker
@@ -154,47 +152,20 @@ def test_deadline_fails_with_retryable_timeout(kafka_settings: KafkaSettings) ->
     reader.close()
 
 
-def _spawn_worker(settings: KafkaSettings, name: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "RUNFOLD_TOPIC_PREFIX": settings.topic_prefix,
-        "PYTHONPATH": str(HERE),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "processors.cli.worker",
-            "worker",
-            "--module",
-            "actions_for_tests",
-            "--queue",
-            "default",
-            "--name",
-            name,
-            "--log-level",
-            "WARNING",
-        ],
-        env=env,
-        cwd=HERE.parent.parent,
-    )
-
-
 def test_kill_9_mid_action_redelivers_to_the_next_worker(kafka_settings: KafkaSettings) -> None:
     """Without the processor: the uncommitted activation is redelivered to the group's next member."""
     create_topology(kafka_settings)
     topic = TopicNames(kafka_settings.topic_prefix).activations("default")
     act = activation("r-kill", "test.slow", {"ms": 3000})
     reader = ReceiptReader(kafka_settings)
-    first = _spawn_worker(kafka_settings, "first")
+    first = spawn_worker(kafka_settings, "first")
     try:
         produce(kafka_settings, topic, "activations", [act])
         reader.poll_until(lambda r: "ActivationAccepted" in _types(r, act["dispatch_id"]), 40)
         assert _types(reader.records, act["dispatch_id"]) == ["ActivationAccepted"]
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        second = _spawn_worker(kafka_settings, "second")
+        second = spawn_worker(kafka_settings, "second")
         try:
             reader.poll_until(lambda r: act["dispatch_id"] in reader.terminal(), 60)
             second.send_signal(signal.SIGTERM)
@@ -220,7 +191,7 @@ def test_sigterm_drains_in_flight_work(kafka_settings: KafkaSettings) -> None:
     topic = TopicNames(kafka_settings.topic_prefix).activations("default")
     act = activation("r-drain", "test.slow", {"ms": 1500})
     reader = ReceiptReader(kafka_settings)
-    proc = _spawn_worker(kafka_settings, "drainer")
+    proc = spawn_worker(kafka_settings, "drainer")
     try:
         produce(kafka_settings, topic, "activations", [act])
         reader.poll_until(lambda r: "ActivationAccepted" in _types(r, act["dispatch_id"]), 40)

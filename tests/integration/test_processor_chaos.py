@@ -3,41 +3,27 @@ readers: exactly one terminal event per run, gap-free sequences, no dispatch twi
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from processor_support import Commands, Reader, Responder, complete_all, make_settings, setup_topology
+from processor_support import (
+    Commands,
+    Reader,
+    Responder,
+    complete_all,
+    make_settings,
+    setup_topology,
+    spawn_processor,
+)
 
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(170)]
 RUNS = 200
-
-
-def _spawn(settings: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
-    args = [
-        sys.executable,
-        "-m",
-        "processors.runtime",
-        "--bootstrap-servers",
-        settings.bootstrap_servers,
-        "--topic-prefix",
-        settings.topic_prefix,
-        "--instance-id",
-        settings.instance_id,
-        "--state-dir",
-        str(settings.state_dir),
-        "--commit-interval-ms",
-        "20",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)
 
 
 def _wait_ready(log: Path, spawned: int, timeout: float = 60) -> None:
@@ -71,7 +57,7 @@ def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(
     acts = Reader(settings, [settings.topics.activations("default")], "activations")
     cmd = Commands(settings)
     runs = [f"k-{i:03d}" for i in range(RUNS)]
-    proc = _spawn(settings, log)
+    proc = spawn_processor(settings, log)
     spawned = 1
     kills = 0
     try:
@@ -92,7 +78,7 @@ def test_kill_9_under_load_then_restart_gives_exactly_once_outcomes(
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
                 kills += 1
-                proc = _spawn(settings, log)
+                proc = spawn_processor(settings, log)
                 spawned += 1
             events.wait_for(
                 lambda evs: len(_terminal_runs(evs)) >= RUNS,

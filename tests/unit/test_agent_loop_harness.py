@@ -9,44 +9,19 @@ from typing import Any
 
 from processors.executors.agents import AgentRequest, AgentResponse, ToolCall
 from processors.testing import WorkflowEnvironment
-
-SCHEMA = {
-    "type": "object",
-    "required": ["category"],
-    "properties": {"category": {"enum": ["billing", "bug"]}},
-}
+from tests.agent_loop_definitions import SEARCH_SCHEMA, TRIAGE_SCHEMA, triage_definition
 
 
 def definition(**node_extra: Any) -> dict[str, Any]:
-    node = {
-        "kind": "agent",
-        "agent": "support",
-        "model": "small",
-        "prompt": {"system": "You triage tickets.", "user": {"from": "input", "pointer": "/ticket"}},
-        "tools": {
-            "kb_search": {
-                "action": "kb.search",
-                "description": "Search the knowledge base",
-                "input_schema": {
-                    "type": "object",
-                    "required": ["query"],
-                    "properties": {"query": {"type": "string"}},
-                },
-            },
-            "flaky": {"action": "flaky"},
+    tools = {
+        "kb_search": {
+            "action": "kb.search",
+            "description": "Search the knowledge base",
+            "input_schema": SEARCH_SCHEMA,
         },
-        "output_schema": SCHEMA,
-        "writes": {"triage": {"from": "output"}},
-        **node_extra,
+        "flaky": {"action": "flaky"},
     }
-    return {
-        "schema": "runfold.workflow/v1",
-        "id": "triage",
-        "revision": 1,
-        "entry": ["triage"],
-        "state": {"triage": None},
-        "nodes": {"triage": node},
-    }
+    return triage_definition("triage", tools, **{"output_schema": TRIAGE_SCHEMA, **node_extra})
 
 
 class ScriptedModel:

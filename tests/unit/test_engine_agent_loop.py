@@ -6,36 +6,29 @@ re-folded from its events to the same state bytes."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
 from processors.engine import dump_state
 from processors.engine.definition import Ceilings
+from tests.agent_loop_definitions import SEARCH_SCHEMA, triage_node
 from tests.unit.engine_harness import RunHarness, definition
 
-SEARCH_SCHEMA = {"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}
+TOOLS: dict[str, Any] = {
+    "kb_search": {
+        "action": "kb.search",
+        "queue": "tools",
+        "description": "Search the knowledge base",
+        "input_schema": SEARCH_SCHEMA,
+    },
+    "refund": {"action": "billing.refund", "queue": "default", "capabilities": ["billing"]},
+}
 
 
 def agent_node(**extra: Any) -> dict[str, Any]:
-    node: dict[str, Any] = {
-        "kind": "agent",
-        "agent": "support",
-        "model": "small",
-        "prompt": {"system": "You triage tickets.", "user": {"from": "input", "pointer": "/ticket"}},
-        "tools": {
-            "kb_search": {
-                "action": "kb.search",
-                "queue": "tools",
-                "description": "Search the knowledge base",
-                "input_schema": SEARCH_SCHEMA,
-            },
-            "refund": {"action": "billing.refund", "queue": "default", "capabilities": ["billing"]},
-        },
-        "writes": {"triage": {"from": "output"}},
-    }
-    node.update(extra)
-    return node
+    return triage_node(copy.deepcopy(TOOLS), **extra)
 
 
 def harness(node: dict[str, Any] | None = None, **extra: Any) -> RunHarness:
