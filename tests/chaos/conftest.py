@@ -12,6 +12,7 @@ Sizes (CI defaults; raise them for a soak):
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -96,6 +97,18 @@ def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kaf
         yield cfg
     finally:
         local_kafka.down(cfg)
+
+
+@pytest.fixture(scope="session")
+def quiet_broker_bootstrap(request: pytest.FixtureRequest) -> str:
+    """The broker of scenarios that never stop, freeze or restart the broker itself (the
+    stopping scenarios freeze workers only): KAFKA_BOOTSTRAP_SERVERS when it is set (a
+    developer's own broker, as for the integration tests), else the suite's own."""
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        return given
+    broker: local_kafka.LocalKafkaConfig = request.getfixturevalue("chaos_broker")
+    return broker.bootstrap
 
 
 @pytest.fixture
