@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import signal
 import time
 import uuid
 from collections import Counter
@@ -33,6 +34,7 @@ from checks import TERMINAL, prove, read_all
 from fleet import Fleet
 from processor_support import Commands, Reader, make_settings, setup_topology
 
+from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
 from topology.admin import delete_topology
 
@@ -258,3 +260,183 @@ def _storm_item(rng: random.Random) -> dict[str, Any]:
     if kind == "timeout":  # attempt 1 times out (and drains); its retry is quick
         return {"ms": 5000, "ms_retry": rng.randint(200, 600), "stop_ms": rng.randint(50, 300)}
     return {"ms": rng.randint(150, 400), "fail_until": rng.randint(1, 2), "stop_ms": 100}  # retried
+
+
+def _one_per_partition(kind: str, partitions: int) -> list[str]:
+    """Run ids of `kind`, one on each partition (activations are keyed by run id, so each lands
+    on the worker holding that partition: one of them on the worker the test freezes)."""
+    found: dict[int, str] = {}
+    for k in range(1000):
+        run = f"frz-{kind}-{k}"
+        found.setdefault(partition_for(run, partitions), run)
+        if len(found) == partitions:
+            return [found[p] for p in range(partitions)]
+    raise AssertionError("no run id for every partition")
+
+
+def _lease_of(events: list[dict[str, Any]], run: str, attempt: int, before_seq: int) -> int:
+    """The attempt's last lease (StepStarted / StepLeaseExtended) before event `before_seq`."""
+    leases = [
+        e["lease_expires_ms"]
+        for e in events
+        if e["run_id"] == run
+        and e.get("attempt") == attempt
+        and e["type"] in ("StepStarted", "StepLeaseExtended")
+        and e["sequence"] < before_seq
+    ]
+    assert leases, f"{run} attempt {attempt} never started"
+    return max(leases)
+
+
+def _one(events: list[dict[str, Any]], run: str, etype: str, **match: Any) -> dict[str, Any]:
+    found = [
+        e
+        for e in events
+        if e["run_id"] == run and e["type"] == etype and all(e.get(k) == v for k, v in match.items())
+    ]
+    assert len(found) == 1, (
+        f"{run}: {len(found)} {etype} {match}: {[(e['type'], e.get('attempt')) for e in events if e['run_id'] == run]}"
+    )
+    return found[0]
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_frozen_during_a_cancel(stop_settings: ProcessorSettings, tmp_path: Path) -> None:
+    s = stop_settings
+    fleet, spans = _fleet(s, tmp_path, workers=2)
+    events = Reader(s, [s.topics.run_events], "run_events")
+    receipts = Reader(s, [s.topics.receipts], "receipts")
+    cmd = Commands(s)
+    lease_runs, bound_runs, retry_runs = (
+        _one_per_partition(kind, s.partitions) for kind in ("lease", "bound", "retry")
+    )
+    long = {"ms": 60_000, "ms_retry": 300, "stop_ms": 100}
+    try:
+        for runs, definition in (
+            (lease_runs, "frozen-lease"),
+            (bound_runs, "frozen-bound"),
+            (retry_runs, "frozen-retry"),
+        ):
+            for run in runs:
+                cmd.start(run, definition, long)
+        cmd.flush()
+        every = lease_runs + bound_runs + retry_runs
+        events.wait_for(
+            lambda r: all(events.of(x, "StepStarted") for x in every), 60, "every handler started"
+        )
+        worker_of = {x: events.of(x, "StepStarted")[0]["worker_id"].split("@")[0] for x in every}
+        frozen_name = worker_of[lease_runs[0]]
+        frozen = {x for x in every if worker_of[x] == frozen_name}
+        # the partition-0 run of each kind is on the frozen worker, the others on the live one
+        assert frozen == {lease_runs[0], bound_runs[0], retry_runs[0]}, worker_of
+        fleet.procs[frozen_name].send_signal(signal.SIGSTOP)
+        frozen_wall = int(time.time() * 1000)
+        try:
+            time.sleep(0.3)
+            for run in lease_runs + bound_runs:
+                cmd.cancel(run, "frozen")
+            cmd.flush()
+            cancel_at = time.monotonic()
+            # before either bound (the 1.5 s stop_timeout, the 3 s lease): cancelling, not cancelled
+            events.wait_for(
+                lambda r: all(events.of(x, "RunCancelling") for x in (lease_runs[0], bound_runs[0])),
+                max(0.1, 1.0 - (time.monotonic() - cancel_at)),
+                "RunCancelling of the frozen runs",
+            )
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - cancel_at)))
+            events.poll(0)
+            early = [x for x in (lease_runs[0], bound_runs[0]) if events.of(x, "RunCancelled")]
+            assert not early, f"cancelled 1 s after the cancel while their worker is frozen: {early}"
+            # then each settles by its first bound, and the frozen retry is scheduled only after
+            events.wait_for(
+                lambda r: (
+                    all(events.of(x, "RunCancelled") for x in lease_runs + bound_runs)
+                    and any(e["attempt"] == 2 for e in events.of(retry_runs[0], "StepScheduled"))
+                ),
+                15,
+                "the frozen runs settled by their bounds",
+            )
+            time.sleep(1.0)  # frozen a while longer: nothing else happens to them meanwhile
+        finally:
+            fleet.procs[frozen_name].send_signal(signal.SIGCONT)
+        thawed_wall = int(time.time() * 1000)
+        # the thawed worker's late receipts of its frozen attempts arrive, and change nothing
+        late_kinds = ("ActivationCancelled", "ActivationCompleted", "ActivationFailed")
+
+        def late(run: str) -> list[dict[str, Any]]:
+            return [
+                r
+                for r in receipts.records
+                if r["run_id"] == run
+                and r["type"] in late_kinds
+                and r["attempt"] == 1
+                and r["worker_id"].startswith(f"{frozen_name}@")
+                and r["ts_ms"] >= thawed_wall
+            ]
+
+        def settled(_r: Any) -> bool:
+            receipts.poll(0.1)
+            return bool(events.of(retry_runs[0], "RunSucceeded")) and all(late(x) for x in frozen)
+
+        events.wait_for(settled, 40, "the thawed worker's late receipts and the retried run's end")
+        events.wait_for(lambda r: set(every) <= _terminal(events), 40, "every run ended")
+        time.sleep(2.0)  # time for the processor to act on any late receipt (it must not)
+        events.drain(1.0)
+    finally:
+        codes = fleet.stop()
+        events.close()
+        receipts.close()
+    assert all(code == 0 for code in codes.values()), (codes, fleet.tails())
+    all_events, seen = _prove_stops(s, spans)
+
+    # the frozen worker's cancelled attempts: cancelling until the first bound, which the
+    # terminal event names (docs/semantics.md, Stopping: lease_expiry -> lease_expired,
+    # stop_timeout -> stop_unconfirmed)
+    for run, expected in ((lease_runs[0], "lease_expired"), (bound_runs[0], "stop_unconfirmed")):
+        cancelling = _one(all_events, run, "RunCancelling")
+        stopping = _one(all_events, run, "StepStopping", attempt=1)
+        ended = _one(all_events, run, "RunCancelled")
+        lease = _lease_of(all_events, run, 1, ended["sequence"])
+        extended = [e["ts_ms"] for e in all_events if e["run_id"] == run and e["type"] == "StepLeaseExtended"]
+        assert max(extended, default=0) <= frozen_wall, "a heartbeat made while frozen extended the lease"
+        first_bound = min(lease, stopping["due_ms"])
+        assert ended["ts_ms"] >= first_bound, (run, ended["ts_ms"], lease, stopping["due_ms"])
+        assert (
+            cancelling["sequence"]
+            < ended["sequence"]
+            == max(e["sequence"] for e in all_events if e["run_id"] == run)
+        )
+        assert ended["stops"] == [{"node": "a", "lineage": "", "attempt": 1, "stop": expected}], ended
+        assert (lease < stopping["due_ms"]) == (expected == "lease_expired")
+    # the live worker's: confirmed at once
+    for run in (lease_runs[1], bound_runs[1]):
+        ended = _one(all_events, run, "RunCancelled")
+        assert [st["stop"] for st in ended["stops"]] == ["confirmed"], ended
+        assert ended["ts_ms"] - _one(all_events, run, "RunCancelling")["ts_ms"] < 2000
+    # the frozen worker's timed-out attempt: stopping from its node timeout until its lease
+    # expired; the retry is scheduled only then, and succeeds
+    run = retry_runs[0]
+    stopping = _one(all_events, run, "StepStopping", attempt=1)
+    failed = _one(all_events, run, "StepFailed", attempt=1)
+    retry = _one(all_events, run, "StepScheduled", attempt=2)
+    lease = _lease_of(all_events, run, 1, failed["sequence"])
+    assert stopping["cause"] == "timeout" and failed["failure"]["code"] == "Timeout", failed
+    assert failed["stop"] == "lease_expired" and failed["ts_ms"] >= lease, (failed, lease)
+    assert stopping["sequence"] < failed["sequence"] < retry["sequence"] and retry["ts_ms"] >= failed["ts_ms"]
+    after = [
+        e["type"]
+        for e in all_events
+        if e["run_id"] == run and e.get("attempt") == 1 and e["sequence"] > retry["sequence"]
+    ]
+    assert after == [], f"attempt 1's late receipts changed the run: {after}"
+    _one(all_events, run, "RunSucceeded")
+    prove(
+        "a worker frozen (SIGSTOP) during a cancel and a node timeout",
+        s,
+        started=set(every),
+        extra={
+            "late_receipts": {x: sorted({r["type"] for r in late(x)}) for x in sorted(frozen)},
+            "frozen_ms": thawed_wall - frozen_wall,
+            **seen,
+        },
+    )
