@@ -5,7 +5,7 @@ Sizes (CI defaults; raise them for a soak):
   RUNFOLD_CHAOS_RUNS   runs of the processor kill -9 scenario (default 400)
   RUNFOLD_CHAOS_KILLS  processor kill -9 count (default 5)
 
-    .venv/bin/pytest -m chaos tests/chaos            # ~5 minutes on 2 cores
+    .venv/bin/pytest -m chaos tests/chaos            # ~5 minutes on 2 cores (stopping: +35 s)
     RUNFOLD_CHAOS_RUNS=1000 RUNFOLD_CHAOS_KILLS=10 .venv/bin/pytest -m chaos tests/chaos
 """
 
