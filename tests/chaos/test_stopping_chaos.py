@@ -240,6 +240,10 @@ def test_cancel_storm_while_handlers_run(stop_settings: ProcessorSettings, tmp_p
             "cancels_sent": sum(sent.values()),
             "runs_cancelled_twice_or_more": sum(1 for n in sent.values() if n > 1),
             "steps_cancelled_holding_nothing": in_backoff,
+            # cancels that lost the race to the run's end: answered, the run not reopened
+            "cancels_after_the_end": sum(
+                1 for e in all_events if e["type"] == "RunRejected" and e["code"] == "Conflict"
+            ),
             "storm_s": storm_s,
             **seen,
         },
