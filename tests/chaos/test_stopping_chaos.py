@@ -136,8 +136,12 @@ def _fleet(s: ProcessorSettings, tmp_path: Path, workers: int) -> tuple[Fleet, P
             config=config,
             env={"CHAOS_SPANS_DIR": str(spans)},
         )
-    fleet.ready()
-    fleet.workers_ready(workers)
+    try:
+        fleet.ready()
+        fleet.workers_ready(workers)
+    except BaseException:
+        fleet.stop()  # a fleet that did not start must not outlive the test
+        raise
     return fleet, spans
 
 
