@@ -27,8 +27,10 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kills: dict[str, int] = {}
         self.exits: list[tuple[str, int]] = []  # (name, code) of processes that ended by themselves
+        self.args: dict[str, list[str]] = {}  # how each was started: a restart starts it the same way
+        self.extra_env: dict[str, dict[str, str]] = {}
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -38,15 +40,20 @@ class Fleet:
             **env,
             "KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
             "RUNFOLD_TOPIC_PREFIX": self.settings.topic_prefix,
+            **(extra or {}),
         }
 
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with self.log(name).open("ab") as lf:
-            proc = subprocess.Popen(args, env=self._env(), stdout=subprocess.DEVNULL, stderr=lf)
+            proc = subprocess.Popen(args, env=self._env(env), stdout=subprocess.DEVNULL, stderr=lf)
         self.procs[name] = proc
+        self.args[name] = args
+        self.extra_env[name] = dict(env or {})
         return proc
 
     def processor(self, name: str = "p1", instance_id: str | None = None) -> subprocess.Popen[bytes]:
@@ -66,7 +73,19 @@ class Fleet:
             ],
         )
 
-    def worker(self, name: str = "w1", concurrency: int = 64) -> subprocess.Popen[bytes]:
+    def worker(
+        self,
+        name: str = "w1",
+        concurrency: int = 64,
+        modules: tuple[str, ...] = (),
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """`modules`: action modules to load; `config`: a WorkerSettings YAML; `env`: variables
+        for the handlers (the fleet passes on no RUNFOLD_* of the test's own)."""
+        extra = [arg for module in modules for arg in ("--module", module)]
+        if config is not None:
+            extra += ["--config", str(config)]
         return self._spawn(
             name,
             [
@@ -76,11 +95,15 @@ class Fleet:
                 "worker",
                 "--queue",
                 "default",
+                "--name",
+                name,
                 "--concurrency",
                 str(concurrency),
                 "--log-level",
                 "WARNING",
+                *extra,
             ],
+            env,
         )
 
     def child_executor(self, name: str = "c1") -> subprocess.Popen[bytes]:
@@ -105,6 +128,8 @@ class Fleet:
         self.kills[name] = self.kills.get(name, 0) + 1
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
+        if name in self.args:
+            return self._spawn(name, self.args[name], self.extra_env[name])
         if name.startswith("c"):
             return self.child_executor(name)
         return self.worker(name) if name.startswith("w") else self.processor(name)
@@ -125,6 +150,9 @@ class Fleet:
         admin = AdminClient(admin_config(self.settings))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            ended = {name: proc.returncode for name, proc in self.procs.items() if proc.poll() is not None}
+            if ended:  # waiting on would only hide why
+                raise AssertionError(f"{ended} exited while the fleet started; logs: {self.tails()}")
             try:
                 desc = admin.describe_consumer_groups([group])[group].result(10)
                 holding = [m for m in desc.members if m.assignment and m.assignment.topic_partitions]
@@ -137,6 +165,26 @@ class Fleet:
             f"processor group {group} not stable with {processors} member(s) in {timeout}s; "
             f"logs: {self.tails()}"
         )
+
+    def workers_ready(self, workers: int, queue: str = "default", timeout: float = 90.0) -> None:
+        """The workers' group is Stable with `workers` members each holding partitions (so no
+        rebalance moves activations between them once the load starts)."""
+        group = f"{self.settings.topic_prefix}-worker-{queue}"
+        admin = AdminClient(admin_config(self.settings))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ended = {name: proc.returncode for name, proc in self.procs.items() if proc.poll() is not None}
+            if ended:  # waiting on would only hide why
+                raise AssertionError(f"{ended} exited while the fleet started; logs: {self.tails()}")
+            try:
+                desc = admin.describe_consumer_groups([group])[group].result(10)
+                holding = [m for m in desc.members if m.assignment and m.assignment.topic_partitions]
+                if str(desc.state).endswith("STABLE") and len(holding) == workers:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"worker group {group} not stable with {workers} members in {timeout}s")
 
     def tails(self, n: int = 1200) -> dict[str, str]:
         out = {}
