@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -113,6 +113,11 @@ class WorkerRunner:
         self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="runfold-action")
         self.running: dict[str, Entry] = {}  # dispatch_id -> started, not yet acknowledged
         self.executing = 0  # handlers running now (<= concurrency)
+        # (run, node, lineage) -> handlers of that step running in this process. A newer attempt of a
+        # step waits in the backlog while an older one still runs here: a worker frozen (SIGSTOP,
+        # a long GC) past its lease comes back to the old attempt's cancel and the new attempt at
+        # once, and must not run both (docs/semantics.md, "Stopping").
+        self._in_handler: Counter[tuple[str, str, str]] = Counter()
         self.backlog: OrderedDict[str, Entry] = OrderedDict()  # dispatch_id -> waiting for a slot
         self.tracker = OffsetTracker()
         self.stopping = False
@@ -454,8 +459,15 @@ class WorkerRunner:
 
     def _start_backlog(self) -> bool:
         started = False
-        while self.backlog and self.executing < self.concurrency and not self.stopping:
-            dispatch, entry = self.backlog.popitem(last=False)
+        if not self.backlog:
+            return False
+        for dispatch in list(self.backlog):
+            if self.executing >= self.concurrency or self.stopping:
+                break
+            entry = self.backlog[dispatch]
+            if self._in_handler[_step_of(entry.activation)]:
+                continue  # an older attempt of its step still runs here: it starts once that one ended
+            del self.backlog[dispatch]
             self.running[dispatch] = entry
             self._start(entry)
             started = True
@@ -515,6 +527,7 @@ class WorkerRunner:
         entry.next_heartbeat_ms = now_ms() + int(act.get("heartbeat_ms") or 5000)
         assert self._loop is not None
         self.executing += 1
+        self._in_handler[_step_of(act)] += 1
         entry.task = self._loop.create_task(self._run_handler(entry, action))
 
     async def _run_handler(self, entry: Entry, action: Action | None) -> None:
@@ -543,6 +556,10 @@ class WorkerRunner:
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1
+        step = _step_of(entry.activation)
+        self._in_handler[step] -= 1
+        if self._in_handler[step] <= 0:
+            del self._in_handler[step]
         self.delivery.send_terminal(entry, receipt)
 
     def _signal(self, entry: Entry, reason: str, kind: str) -> None:
@@ -604,6 +621,11 @@ class WorkerRunner:
 
     def _flush_metrics(self) -> None:
         self.metrics.flush(self.executing, len(self.backlog), self.group.paused)
+
+
+def _step_of(activation: dict[str, Any]) -> tuple[str, str, str]:
+    """The step instance an activation is an attempt of."""
+    return (activation["run_id"], activation["node"], activation["lineage"])
 
 
 def run_worker(
