@@ -22,7 +22,8 @@ Limits: `max_turns` and `max_tool_calls` bound the loop (exceeding one fails the
 the run's budgets are checked before each turn (max_agents: a turn is an agent) and each batch
 of calls (max_steps: a call is a step), and tokens and cost after each turn (superstep.progress):
 an exhausted budget pauses the run, and a resume goes on with the same loop (evolve keeps
-`loop` across the re-activation; cancelled turns and calls are dispatched again).
+`loop` across the re-activation; cancelled turns and calls are dispatched again, and so is a turn
+whose failure failed the run: a resume after a provider outage asks the model again).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def advance(em: Emitter, name: str, lineage: str) -> None:
     status = record["status"]
     if status in OPEN_STEP_STATUSES:
         return
-    if status == "cancelled":  # the run paused and resumed: the unfinished turn runs again
+    if status == "cancelled" or (status == "failed" and step["loop"].get("again")):
+        # the run paused, or failed on this turn, and was resumed: the turn is asked again
         _again(em, node, record)
         return
     if status != "succeeded":

@@ -269,7 +269,11 @@ def _step_scheduled(s: RunState, ev: Event) -> None:
         "cancel_in_flight": False,
     }
     if looping:  # a re-activation (a resume) goes on with the loop it had: turns are not paid twice
-        step["loop"] = old["loop"] if same_superstep and old is not None and "loop" in old else {"turn": 0}
+        if same_superstep and old is not None and "loop" in old:
+            # `again`: a turn that failed before the resume is asked again, not taken as the outcome
+            step["loop"] = {**old["loop"], "again": True}
+        else:
+            step["loop"] = {"turn": 0}
     _put_step(s, key, step, old)
     if loop is not None and loop[2] is None:
         _loop_turn(s, node, loop[0], loop[1])
@@ -283,10 +287,10 @@ def _loop_turn(s: RunState, node: str, parent: str, turn: int) -> None:
     """An agent loop's turn was scheduled: its step's `loop.turn` is the latest turn."""
     key = instance_key(node, parent)
     old = s["steps"][key]
-    if old["loop"]["turn"] >= turn:
+    if old["loop"]["turn"] >= turn and "again" not in old["loop"]:
         return  # a turn retried or dispatched again
     step = dict(old)
-    step["loop"] = {**old["loop"], "turn": turn}
+    step["loop"] = {"turn": max(turn, old["loop"]["turn"])}
     _put_step(s, key, step, old)
 
 

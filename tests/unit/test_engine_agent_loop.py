@@ -545,3 +545,27 @@ def test_a_secret_in_a_tool_result_never_reaches_the_model_or_the_events() -> No
     import orjson
 
     assert canary.encode() not in orjson.dumps([h.log, h.messages, h.state])
+
+
+def test_a_resume_after_a_failed_turn_asks_the_model_again() -> None:
+    h = harness().start({"ticket": "t"})
+    turn(h, 1, calls(("kb_search", {"query": "a"})))
+    h.accept("triage", "~1.0").complete("triage", "hit", lineage="~1.0")
+    h.accept("triage", "~2").fail("triage", code="ExecutionFailed", message="provider down", lineage="~2")
+    assert h.status == "failed"
+    h.resume()
+    again = activations(h)[-1]
+    assert (again["lineage"], again["attempt"]) == ("~2", 2)  # turn 1 and its call are not asked again
+    assert len(again["agent"]["messages"]) == 2
+    turn(h, 2, {"answer": "fine"})
+    assert h.status == "succeeded" and h.refold() == dump_state(h.state)
+
+
+def test_a_resume_after_max_turns_fails_the_same_way() -> None:
+    h = harness(agent_node(max_turns=1)).start({"ticket": "t"})
+    turn(h, 1, calls(("kb_search", {"query": "a"})))
+    h.accept("triage", "~1.0").complete("triage", "hit", lineage="~1.0")
+    assert h.status == "failed"
+    before = len(activations(h))
+    h.resume()
+    assert h.status == "failed" and len(activations(h)) == before
