@@ -132,13 +132,13 @@ def _scheduled(state: RunState, event: Event) -> Effects:
         return NONE
     p = pinned(state["bundle"], state["bundle_hash"])
     node = p.node(event["node"])
-    loop = split_loop_lineage(event["lineage"])
-    if node.tools and loop is None:
+    step = state["steps"][instance_key(event["node"], event["lineage"])]
+    if "loop" in step:
         return NONE  # an agent loop's step: its turns and tool calls are the activations
+    loop = split_loop_lineage(event["lineage"])
     timers = [_timer(state, event, "node_timeout", deadline)] if deadline is not None else []
     # A retry: the backoff timer that led here has fired (the runtime dropped it then), but
     # only this event tells a restore, which folds events and never sees the TimerFired.
-    step = state["steps"][instance_key(event["node"], event["lineage"])]
     clear = [_previous_retry_timer(state, event)] if event["attempt"] > step["first_attempt"] else []
     if loop is not None and loop[2] is not None and event["attempt"] > 1:
         # a tool call approved: the previous attempt was its wait for the approval, with a timer

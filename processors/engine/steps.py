@@ -20,10 +20,10 @@ from processors.engine.ids import (
     is_loop_lineage,
     split_loop_lineage,
     step_timer_id,
-    turn_lineage,
 )
 from processors.engine.refs import ABSENT, Scope, input_hash, pointer_get, resolve
 from processors.engine.stopping import halt
+from processors.engine.transcript import tool_call
 from processors.engine.vocabulary import (
     DISPATCHED_KINDS,
     EXECUTOR_KINDS,
@@ -217,11 +217,12 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
     if tool is not None:  # an agent loop's tool call: an action on its queue, or a child run
         kind = "action" if tool.action is not None else "workflow"
         queue, timeout = (tool.queue if kind == "action" else None), tool.timeout_ms
+    looping = kind == "agent" and bool(node.tools) and not is_loop_lineage(lineage)
     if kind == "sleep":
         deadline: int | None = em.ts + (node.duration_ms or 0)
     elif kind == "state":
         deadline = None
-    elif kind == "agent" and node.tools and not is_loop_lineage(lineage):
+    elif looping:
         # the loop itself, on no queue (how its StepScheduled says so): its turns and calls
         # are dispatched, with their own queues and deadlines
         queue, deadline = None, None
@@ -239,7 +240,7 @@ def schedule(em: Emitter, name: str, node: Node, lineage: str, attempt: int, nod
         deadline_ms=deadline,
         superstep=em.state["superstep"],
     )
-    if kind == "agent" and node.tools and not is_loop_lineage(lineage):
+    if looping:
         em.loops.add((name, lineage))  # progress starts (or, resumed, continues) the loop
 
 
@@ -249,10 +250,7 @@ def loop_tool(em: Emitter, name: str, lineage: str) -> Tool | None:
     loop = split_loop_lineage(lineage)
     if loop is None or loop[2] is None:
         return None
-    parent, turn, call = loop
-    answer = em.state["steps"][instance_key(name, turn_lineage(parent, turn))]["output"]
-    requested = answer["tool_calls"][call]
-    return em.pinned.node(name).tools.get(requested["name"])
+    return em.pinned.node(name).tools.get(tool_call(em.state, name, loop)["name"])
 
 
 def retry_policy(em: Emitter, step: dict[str, Any]) -> RetryPolicy | None:

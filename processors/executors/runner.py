@@ -459,8 +459,8 @@ class WorkerRunner:
 
     def _start_backlog(self) -> bool:
         started = False
-        if not self.backlog:
-            return False
+        if not self.backlog or self.executing >= self.concurrency or self.stopping:
+            return False  # (the common case under load: no copy of the backlog)
         for dispatch in list(self.backlog):
             if self.executing >= self.concurrency or self.stopping:
                 break

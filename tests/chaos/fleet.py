@@ -146,45 +146,33 @@ class Fleet:
         return restarted
 
     def ready(self, processors: int = 1, timeout: float = 90.0) -> None:
-        group = f"{self.settings.topic_prefix}-processor"
+        self._group_ready(f"{self.settings.topic_prefix}-processor", processors, timeout, "processor")
+
+    def workers_ready(self, workers: int, queue: str = "default", timeout: float = 90.0) -> None:
+        """The workers' group is Stable with `workers` members each holding partitions (so no
+        rebalance moves activations between them once the load starts)."""
+        self._group_ready(f"{self.settings.topic_prefix}-worker-{queue}", workers, timeout, "worker")
+
+    def _group_ready(self, group: str, members: int, timeout: float, what: str) -> None:
+        """Until `group` is Stable with `members` members that all hold partitions; an exited
+        process of the fleet fails at once (waiting on would only hide why)."""
         admin = AdminClient(admin_config(self.settings))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ended = {name: proc.returncode for name, proc in self.procs.items() if proc.poll() is not None}
-            if ended:  # waiting on would only hide why
+            if ended:
                 raise AssertionError(f"{ended} exited while the fleet started; logs: {self.tails()}")
             try:
                 desc = admin.describe_consumer_groups([group])[group].result(10)
                 holding = [m for m in desc.members if m.assignment and m.assignment.topic_partitions]
-                if str(desc.state).endswith("STABLE") and len(holding) == processors:
+                if str(desc.state).endswith("STABLE") and len(holding) == members:
                     return
             except Exception:
                 pass
             time.sleep(0.3)
         raise AssertionError(
-            f"processor group {group} not stable with {processors} member(s) in {timeout}s; "
-            f"logs: {self.tails()}"
+            f"{what} group {group} not stable with {members} member(s) in {timeout}s; logs: {self.tails()}"
         )
-
-    def workers_ready(self, workers: int, queue: str = "default", timeout: float = 90.0) -> None:
-        """The workers' group is Stable with `workers` members each holding partitions (so no
-        rebalance moves activations between them once the load starts)."""
-        group = f"{self.settings.topic_prefix}-worker-{queue}"
-        admin = AdminClient(admin_config(self.settings))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ended = {name: proc.returncode for name, proc in self.procs.items() if proc.poll() is not None}
-            if ended:  # waiting on would only hide why
-                raise AssertionError(f"{ended} exited while the fleet started; logs: {self.tails()}")
-            try:
-                desc = admin.describe_consumer_groups([group])[group].result(10)
-                holding = [m for m in desc.members if m.assignment and m.assignment.topic_partitions]
-                if str(desc.state).endswith("STABLE") and len(holding) == workers:
-                    return
-            except Exception:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"worker group {group} not stable with {workers} members in {timeout}s")
 
     def tails(self, n: int = 1200) -> dict[str, str]:
         out = {}
