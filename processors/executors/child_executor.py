@@ -80,6 +80,10 @@ CALL_TIMEOUT_S = 10.0
 ABANDON_AFTER_S = 5.0
 # Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
 MAX_STUCK_CALLS = 3
+# A fatal producer error again this soon after a replacement, with no commit between, stops the
+# executor: the fault is not passing. Once between two commits was the rule before, and the 3-node
+# chaos scenario saw it stop an executor that had nothing to commit between two faults of the run.
+RENEW_AGAIN_AFTER_S = 30.0
 # Exit codes (docs/executors.md, "Exit codes"): the processor's for fenced and stuck.
 EXIT_KAFKA = 1  # the cluster could not be reached, or a Kafka error no retry mends: restart
 EXIT_CONFIG = 2  # settings or a port refused: fix the configuration before restarting
@@ -237,7 +241,10 @@ class ChildExecutor:
             }
         )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
-        self._renewed = False  # the producer was replaced for a fatal error and nothing committed since
+        # when the producer was last replaced for a fatal error, if nothing committed since: a
+        # second one within RENEW_AGAIN_AFTER_S stops (a loop of fatal producers), a later one is
+        # a new fault (an idle executor commits nothing between two faults of a rolling restart)
+        self._renewed_at: float | None = None
         self._instance_id = instance_id
         self.producer = self._new_producer()
         self._calls = CallThread("runfold-child-txn-call")
@@ -356,7 +363,7 @@ class ChildExecutor:
         # (librdkafka#4420): serve its error callbacks first, and stop (exit 1) if it did.
         self.producer.poll(0)
         if self._producer_failed is not None:
-            if self._renewed or self._producer_failed.code() in FENCED_CODES:
+            if self._renewed_recently() or self._producer_failed.code() in FENCED_CODES:
                 raise KafkaException(self._producer_failed)
             self._renew(self._producer_failed)  # failed fatally while idle: a new one carries on
         self.producer.begin_transaction()
@@ -398,7 +405,7 @@ class ChildExecutor:
             return
         except KafkaException as exc:
             err = exc.args[0]
-            if err.fatal() and err.code() not in FENCED_CODES and not self._renewed:
+            if err.fatal() and err.code() not in FENCED_CODES and not self._renewed_recently():
                 # Not another instance: typically the coordinator was lost (a broker killed),
                 # and its successor aborted the transaction and bumped the epoch, so the
                 # producer's next call fails (INVALID_TXN_STATE). A new producer carries on,
@@ -413,7 +420,7 @@ class ChildExecutor:
             self.producer.abort_transaction(TXN_TIMEOUT_S)
             self._rewind()
             return
-        self._renewed = False
+        self._renewed_at = None
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
@@ -433,10 +440,13 @@ class ChildExecutor:
             )
         self._replace_producer(f"send_offsets_to_transaction {exc}")
 
+    def _renewed_recently(self) -> bool:
+        return self._renewed_at is not None and time.monotonic() - self._renewed_at < RENEW_AGAIN_AFTER_S
+
     def _renew(self, err: KafkaError) -> None:
-        """A fatal error on the producer that is not a fence: replace it (at most once between
-        two commits; a second one stops, exit 1)."""
-        self._renewed = True
+        """A fatal error on the producer that is not a fence: replace it (once; a second one
+        within RENEW_AGAIN_AFTER_S with no commit between stops, exit 1)."""
+        self._renewed_at = time.monotonic()
         self._replace_producer(f"it failed fatally: {err.str()}")
 
     def _replace_producer(self, why: str) -> None:

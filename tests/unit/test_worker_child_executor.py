@@ -316,6 +316,7 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
     # (exit 1); the processor, with the same error, replaces its producer and goes on.
     from confluent_kafka import KafkaError, KafkaException
 
+    from processors.executors import child_executor
     from processors.executors.child_executor import ChildExecutor
     from topology.settings import KafkaSettings
 
@@ -355,7 +356,13 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
     executor._transact([])  # replaced, input rewound, not stopped
     assert len(made) == 1 and made[0].initialised and executor.producer is made[0]
     assert executor.producers_replaced == 1 and rewinds == [1]
-    with pytest.raises(KafkaException) as stopped:  # again with no commit between: stop
+    with pytest.raises(KafkaException) as stopped:  # again soon with no commit between: stop
         executor._transact([])
     assert stopped.value.args[0].code() == KafkaError.INVALID_TXN_STATE
+    # a fault RENEW_AGAIN_AFTER_S later is a new one (an idle executor commits nothing between)
+    assert executor._renewed_at is not None
+    executor._renewed_at -= child_executor.RENEW_AGAIN_AFTER_S + 1
+    executor.producer = _Dying()  # type: ignore[assignment]
+    executor._transact([])
+    assert len(made) == 2 and executor.producer is made[1] and rewinds == [1, 1]
     executor.consumer.close()
