@@ -409,7 +409,7 @@ class ChildExecutor:
                 # Not another instance: typically the coordinator was lost (a broker killed),
                 # and its successor aborted the transaction and bumped the epoch, so the
                 # producer's next call fails (INVALID_TXN_STATE). A new producer carries on,
-                # once between two commits (the processor's rule, runtime/producers.py).
+                # unless one was just replaced (RENEW_AGAIN_AFTER_S) with no commit since.
                 self._renew(err)
                 return
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
