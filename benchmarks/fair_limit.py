@@ -205,7 +205,7 @@ def limit_loop(settings: ProcessorSettings, shape: Shape) -> dict[str, Any]:
             emitter.emit(producer, "snapshots", key, partition)
         touched.clear()
 
-    r = transactional_loop(settings, consumer, producer, len(shape.inputs), fold_like, snapshots)
+    r = transactional_loop(settings, consumer, [producer], len(shape.inputs), fold_like, snapshots)
     consumer.close()
     done, txns, elapsed, commit_s = r
     n = max(done, 1)

@@ -65,7 +65,7 @@ class LoopResult(NamedTuple):
 def transactional_loop(
     settings: ProcessorSettings,
     consumer: Consumer,
-    producer: Producer,
+    producers: list[Producer],
     expected: int,
     on_record: Callable[[Message, str, int, int], None],
     before_commit: Callable[[], None] = lambda: None,
@@ -73,7 +73,9 @@ def transactional_loop(
     """The processor's batch and commit rule without its fold: take what is buffered (blocking
     only with no transaction open), `on_record(msg, topic, partition, offset)` for each input,
     and commit (after `before_commit`) when the input is drained, the batch is full or
-    `commit_interval_ms` has passed; until `expected` inputs are done."""
+    `commit_interval_ms` has passed; until `expected` inputs are done. `producers[0]` is the
+    transaction's; with two, they alternate after each commit as the processor's do
+    (`alternate_producers`), so `on_record` must produce with `producers[0]`."""
     batch = settings.batch_size
     interval = settings.commit_interval_ms / 1000.0
     done = txns = in_txn = 0
@@ -94,6 +96,7 @@ def transactional_loop(
             if t0 is None:
                 t0 = time.perf_counter()
             if not open_txn:
+                producer = producers[0]
                 producer.begin_transaction()
                 open_txn = True
                 deadline = time.monotonic() + interval
@@ -117,6 +120,7 @@ def transactional_loop(
             open_txn = False
             in_txn = 0
             nxt.clear()
+            producers.append(producers.pop(0))
     return LoopResult(done, txns, time.perf_counter() - (t0 or time.perf_counter()), commit_s)
 
 
@@ -129,7 +133,7 @@ def passthrough(settings: ProcessorSettings, src: str, dst: str, expected: int) 
     def copy(m: Message, _topic: str, partition: int, _offset: int) -> None:
         producer.produce(dst, m.value(), m.key(), partition=partition)
 
-    r = transactional_loop(settings, consumer, producer, expected, copy)
+    r = transactional_loop(settings, consumer, [producer], expected, copy)
     consumer.close()
     return {
         "records": r.records,

@@ -138,6 +138,21 @@ def fair_limit(
     _show(b, ["input_records_per_s", "output_records_per_s", "snapshots_per_input", "fold_vs_limit"])
 
 
+@bench_app.command("txn-floor")
+def txn_floor(
+    rates: Annotated[str, typer.Option(help="Comma-separated runs/s, open loop.")] = "2.5,60,150",
+    seconds: Annotated[float, typer.Option(help="Seconds of load per rate and system.")] = 12.0,
+    rounds: Annotated[int, typer.Option(help="Rounds (runfold then the floor, per rate).")] = 2,
+    partitions: Annotated[int, typer.Option(help="Partitions of every topic.")] = 2,
+) -> None:
+    """A 1-step run's start -> terminal latency, runfold beside a raw transactional loop doing its
+    I/O (the floor Kafka's transactions set), same minutes: results/txn_floor.json."""
+    tf = _benchmark("txn_floor")
+
+    out = tf.run([float(r) for r in rates.split(",")], seconds, rounds, partitions)
+    typer.echo(tf.table(out))
+
+
 @bench_app.command("peers")
 def peers(
     quick: Annotated[

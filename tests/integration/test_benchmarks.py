@@ -40,3 +40,24 @@ def test_the_fair_limit_replays_the_folds_shape(
         assert limit[role]["median"] == pytest.approx(fold[role]["median"], abs=0.002)
     assert 0 < limit["snapshots_per_input"]["median"] <= 1.0
     assert bench.ratios["fold_vs_limit"]["value"] is not None
+
+
+def test_the_transaction_floor_replays_a_one_step_runs_io(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("RUNFOLD_BENCH_RESULTS", str(tmp_path))
+    from benchmarks import txn_floor
+
+    out = txn_floor.run([10.0], seconds=2, rounds=1, metrics_port=_free_port())
+    assert orjson.loads((tmp_path / "txn_floor.json").read_bytes())["summary"] == out["summary"]
+    shape = out["shape"]
+    # what the floor replays per run is what runfold wrote for its runs: 3 events per start
+    # (RunAccepted, RunStarted, StepScheduled), 3 per receipt, a snapshot per transaction
+    assert (shape["events_per_start"], shape["events_per_receipt"]) == (3, 3)
+    assert shape["event_types"].keys() >= {"RunStarted", "StepScheduled", "StepSucceeded", "RunSucceeded"}
+    case = out["cases"]["10.0"]
+    for system in ("runfold", "floor"):
+        (measured,) = case[system]
+        assert measured["complete"] == measured["runs"] == 20, system
+        assert 0 < measured["end_to_end"]["p50"] <= measured["end_to_end"]["p99"], system
