@@ -52,7 +52,7 @@ from processors.kafka.exits import (
 )
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
-from processors.kafka.transactions import commit_resuming
+from processors.kafka.transactions import Renewals, commit_resuming
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
 from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
@@ -80,10 +80,6 @@ CALL_TIMEOUT_S = 10.0
 ABANDON_AFTER_S = 5.0
 # Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
 MAX_STUCK_CALLS = 3
-# A fatal producer error again this soon after a replacement, with no commit between, stops the
-# executor: the fault is not passing. Once between two commits was the rule before, and the 3-node
-# chaos scenario saw it stop an executor that had nothing to commit between two faults of the run.
-RENEW_AGAIN_AFTER_S = 30.0
 # Exit codes (docs/executors.md, "Exit codes"): the processor's for fenced and stuck.
 EXIT_KAFKA = 1  # the cluster could not be reached, or a Kafka error no retry mends: restart
 EXIT_CONFIG = 2  # settings or a port refused: fix the configuration before restarting
@@ -241,10 +237,7 @@ class ChildExecutor:
             }
         )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
-        # when the producer was last replaced for a fatal error, if nothing committed since: a
-        # second one within RENEW_AGAIN_AFTER_S stops (a loop of fatal producers), a later one is
-        # a new fault (an idle executor commits nothing between two faults of a rolling restart)
-        self._renewed_at: float | None = None
+        self._renewals = Renewals()  # a fatal producer replaced recently with no commit since
         self._instance_id = instance_id
         self.producer = self._new_producer()
         self._calls = CallThread("runfold-child-txn-call")
@@ -363,7 +356,7 @@ class ChildExecutor:
         # (librdkafka#4420): serve its error callbacks first, and stop (exit 1) if it did.
         self.producer.poll(0)
         if self._producer_failed is not None:
-            if self._renewed_recently() or self._producer_failed.code() in FENCED_CODES:
+            if self._renewals.recent or self._producer_failed.code() in FENCED_CODES:
                 raise KafkaException(self._producer_failed)
             self._renew(self._producer_failed)  # failed fatally while idle: a new one carries on
         self.producer.begin_transaction()
@@ -405,11 +398,11 @@ class ChildExecutor:
             return
         except KafkaException as exc:
             err = exc.args[0]
-            if err.fatal() and err.code() not in FENCED_CODES and not self._renewed_recently():
+            if err.fatal() and err.code() not in FENCED_CODES and not self._renewals.recent:
                 # Not another instance: typically the coordinator was lost (a broker killed),
                 # and its successor aborted the transaction and bumped the epoch, so the
                 # producer's next call fails (INVALID_TXN_STATE). A new producer carries on,
-                # unless one was just replaced (RENEW_AGAIN_AFTER_S) with no commit since.
+                # unless one was just replaced (Renewals) with no commit since.
                 self._renew(err)
                 return
             if err.fatal() or (not err.txn_requires_abort() and not err.retriable()):
@@ -420,7 +413,7 @@ class ChildExecutor:
             self.producer.abort_transaction(TXN_TIMEOUT_S)
             self._rewind()
             return
-        self._renewed_at = None
+        self._renewals.committed()
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
@@ -440,13 +433,10 @@ class ChildExecutor:
             )
         self._replace_producer(f"send_offsets_to_transaction {exc}")
 
-    def _renewed_recently(self) -> bool:
-        return self._renewed_at is not None and time.monotonic() - self._renewed_at < RENEW_AGAIN_AFTER_S
-
     def _renew(self, err: KafkaError) -> None:
         """A fatal error on the producer that is not a fence: replace it (once; a second one
-        within RENEW_AGAIN_AFTER_S with no commit between stops, exit 1)."""
-        self._renewed_at = time.monotonic()
+        soon after with no commit between stops, exit 1: `Renewals`)."""
+        self._renewals.renewed()
         self._replace_producer(f"it failed fatally: {err.str()}")
 
     def _replace_producer(self, why: str) -> None:

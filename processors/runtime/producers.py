@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from processors.kafka.coordinators import StaleWait
 from processors.kafka.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
+from processors.kafka.transactions import Renewals
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
@@ -64,7 +65,7 @@ class TxnProducers:
         self.slot = 0  # the producer of the current / next transaction
         self.failed: list[KafkaError | None] = [None, None]  # a fatal error callback, per slot
         self.cut_off = [False, False]  # saw every broker down since its init, per slot
-        self.renewed = False  # one failed fatally and was replaced, and nothing committed since
+        self.renewals = Renewals()  # one failed fatally and was replaced recently, nothing committed since
         self._calls = CallThread("runfold-txn-call")  # send_offsets_to_transaction, which may never return
         # Producers left inside such a call, with the call's done event: never called again,
         # nor destroyed while the call runs.
@@ -152,9 +153,14 @@ class TxnProducers:
         process was frozen past transaction_timeout_ms, the coordinator aborted the transaction
         and bumped the epoch, and the producer's next call fails (PRODUCER_FENCED, or
         INVALID_TXN_STATE when queued messages timed out first). A new producer carries on. At
-        most once between two commits (`renewed`)."""
+        most once until a commit or RENEW_AGAIN_AFTER_S have passed (`renewed`, `Renewals`)."""
         self.replace("it failed fatally", "fatal", stage=stage, error=err.str())
-        self.renewed = True
+        self.renewals.renewed()
+
+    @property
+    def renewed(self) -> bool:
+        """One was replaced for a fatal error recently with no commit since: another stops."""
+        return self.renewals.recent
 
     def replace(self, why: str, reason: str, **extra: Any) -> None:
         """A new producer for the current slot; the old one is purged and dropped."""

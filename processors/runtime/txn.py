@@ -252,7 +252,7 @@ class Transaction:
         if self.overlays:
             self._on_committed()
         self.aborts_in_a_row = 0
-        self._producers.renewed = False
+        self._producers.renewals.committed()
         failures.committed()  # before the reset: it reads which inputs this one committed
         self.reset()  # 6
         self._producers.advance()

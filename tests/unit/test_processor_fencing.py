@@ -8,6 +8,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from processors.kafka.transactions import RENEW_AGAIN_AFTER_S, Renewals
 from processors.runtime.loop import EXIT_FATAL, EXIT_FENCED, Processor, ProcessorStopped
 from processors.runtime.settings import ProcessorSettings
 
@@ -83,10 +84,16 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
     monkeypatch.setattr(proc.producers, "renew", renew)
     with pytest.raises(_Renewed, match="failed while idle"):
         proc.txn.begin()
-    proc.producers.renewed = True  # the other producer was just replaced: a second failure stops
+    proc.producers.renewals.renewed()  # the other producer was just replaced: a second failure stops
     with pytest.raises(ProcessorStopped) as stopped:
         proc.txn.begin()
     assert stopped.value.code == EXIT_FATAL and "unrecoverable" in str(stopped.value)
+    # a fatal error RENEW_AGAIN_AFTER_S after the last renewal is a new fault: renewed again
+    # (an idle processor commits nothing between two faults of a rolling restart)
+    assert proc.producers.renewals.renewed_at is not None
+    proc.producers.renewals.renewed_at -= RENEW_AGAIN_AFTER_S + 1
+    with pytest.raises(_Renewed, match="failed while idle"):
+        proc.txn.begin()
 
 
 def test_a_fenced_error_callback_stops_instead_of_replacing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,3 +196,18 @@ def test_a_producer_queue_that_stays_full_aborts_and_replays_the_batch_a_record_
     proc.failures.produce_failed(full.value.err, "produce")
     assert len(aborted) == 1 and "queue full" in aborted[0]  # not a crash: an abort ...
     assert proc.failures.isolate_left == 5  # ... and the same batch is not replayed whole
+
+
+def test_renewals_are_recent_until_a_commit_or_the_interval_has_passed() -> None:
+    now = [100.0]
+    renewals = Renewals(lambda: now[0])
+    assert not renewals.recent  # never renewed
+    renewals.renewed()
+    assert renewals.recent
+    now[0] += RENEW_AGAIN_AFTER_S - 0.1
+    assert renewals.recent  # a second fatal error this soon stops
+    now[0] += 0.1
+    assert not renewals.recent  # a new fault
+    renewals.renewed()
+    renewals.committed()
+    assert not renewals.recent  # a commit between: a new fault too

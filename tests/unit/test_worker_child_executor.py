@@ -16,6 +16,7 @@ from processors.executors.child_executor import (
     parent_step_from_ref,
     start_command,
 )
+from processors.kafka.transactions import RENEW_AGAIN_AFTER_S
 from schemas import Codec
 
 
@@ -316,7 +317,6 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
     # (exit 1); the processor, with the same error, replaces its producer and goes on.
     from confluent_kafka import KafkaError, KafkaException
 
-    from processors.executors import child_executor
     from processors.executors.child_executor import ChildExecutor
     from topology.settings import KafkaSettings
 
@@ -360,8 +360,8 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
         executor._transact([])
     assert stopped.value.args[0].code() == KafkaError.INVALID_TXN_STATE
     # a fault RENEW_AGAIN_AFTER_S later is a new one (an idle executor commits nothing between)
-    assert executor._renewed_at is not None
-    executor._renewed_at -= child_executor.RENEW_AGAIN_AFTER_S + 1
+    assert executor._renewals.renewed_at is not None
+    executor._renewals.renewed_at -= RENEW_AGAIN_AFTER_S + 1
     executor.producer = _Dying()  # type: ignore[assignment]
     executor._transact([])
     assert len(made) == 2 and executor.producer is made[1] and rewinds == [1, 1]
