@@ -6,8 +6,8 @@ once the second one committed (read_committed). Exactly-once for state and event
 fewer. This benchmark measures that chain without runfold, next to runfold, in one command:
 
     runfold: the processor (`python -m processors.runtime`) and the instant responder of
-             `processor_bench.py`, 1-step `bench1` runs sent open-loop by `latency_probe.probe`
-             (t0 = the probe's send, t4 = RunSucceeded seen by a read_committed reader).
+             `processor_bench.py`; 1-step `bench1` runs sent open-loop (t0 = the send, t4 =
+             RunSucceeded seen by a read_committed reader of run-events).
     floor:   a raw confluent-kafka loop in place of the processor, with its consumer and
              transactional producer settings and its batch and commit rule
              (`passthrough_bench.transactional_loop`: commit when the input is drained, the batch
@@ -18,7 +18,8 @@ fewer. This benchmark measures that chain without runfold, next to runfold, in o
              payloads (sampled from the runfold case's topics), so counts, sizes and lz4
              compression match; no decoding, no engine, no store. A raw responder (the instant
              responder's settings) answers each activation read_committed with one receipt. The
-             same probe loop sends real StartRun records and times the terminal record.
+             same open loop (`end_to_end`) sends real StartRun records and times the terminal
+             record; it decodes every run event for both systems, so both pay the same.
 
 Both rigs are up side by side; each rate is measured runfold, then floor, `--rounds` times, so
 the ratio runfold / floor comes from the same minutes. What the floor pays is the transaction
@@ -41,6 +42,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +50,14 @@ import orjson
 from confluent_kafka import Consumer, Message, Producer
 
 from benchmarks.harness import results_dir
-from benchmarks.latency_probe import _reader, _take, pct, probe
+from benchmarks.latency_probe import _reader, _take, pct
 from benchmarks.passthrough_bench import transactional_loop
 from benchmarks.processor_bench import (
     CODEC,
     _produce,
+    commit_stats,
     register,
+    scrape,
     spawn,
     start_command,
     stop_rig,
@@ -203,46 +207,62 @@ def raw_responder(settings: ProcessorSettings, shape: dict[str, Any]) -> None:
         p.poll(0)
 
 
-def floor_probe(
-    settings: ProcessorSettings, rate: float, seconds: float, fetch_wait_ms: int
+def end_to_end(
+    settings: ProcessorSettings,
+    rate: float,
+    seconds: float,
+    fetch_wait_ms: int,
+    terminal: Callable[[Message], bool],
 ) -> dict[str, Any]:
-    """latency_probe's open loop against the floor rig: t0 at send, t4 at the terminal record."""
+    """The one open loop both systems are timed with: 1-step StartRun records sent at `rate`,
+    t0 at the send, t4 when `terminal` says a run-events record read_committed is the run's
+    last. It reads only run-events and decodes each record for both, so both pay the same."""
     reader = _reader(settings, [settings.topics.run_events], True, fetch_wait_ms)
     p = Producer(producer_config(settings, linger_ms=0))
-    # a new producer's first send waits ~0.5 s for its producer id: not the floor's latency
-    _produce(p, settings.topics.commands, start_command(f"fl-warm-{uuid.uuid4().hex[:6]}", "bench1"), b"warm")
+    # a new producer's first send waits ~0.5 s for its producer id: not the system's latency
+    _produce(
+        p, settings.topics.commands, start_command(f"e2e-warm-{uuid.uuid4().hex[:6]}", "bench1"), b"warm"
+    )
     p.flush(10)
     sent: dict[bytes, float] = {}
     e2e: list[float] = []
     terminal_commit: list[float] = []  # the terminal record's produce -> seen committed
-    slow: list[tuple[float, float]] = []
     n = int(rate * seconds)
     tag = uuid.uuid4().hex[:6]
     start = time.perf_counter()
-    start_wall = time.time()
     i = 0
     while i < n or (len(e2e) < n and time.perf_counter() - start < seconds + 20):
         now = time.perf_counter()
         while i < n and now - start >= i / rate:
-            rid = f"fl-{tag}-{i}"
+            rid = f"e2e-{tag}-{i}"
             sent[rid.encode()] = time.time() * 1000
             _produce(p, settings.topics.commands, start_command(rid, "bench1"), rid.encode())
             i += 1
         p.poll(0)
         for m in _take(reader):
-            if m.error() is None and m.headers() and (t0 := sent.pop(m.key(), None)) is not None:
+            if m.error() is None and terminal(m) and (t0 := sent.pop(m.key() or b"", None)) is not None:
                 seen = time.time() * 1000
                 e2e.append(seen - t0)
                 terminal_commit.append(seen - m.timestamp()[1])
-                slow.append((round(seen - t0, 1), round(t0 / 1000 - start_wall, 2)))
     reader.close()
     return {
         "runs": n,
         "complete": len(e2e),
         "end_to_end": {"p50": pct(e2e, 0.5), "p90": pct(e2e, 0.9), "p99": pct(e2e, 0.99)},
         "terminal_commit": {"p50": pct(terminal_commit, 0.5), "p99": pct(terminal_commit, 0.99)},
-        "slowest": sorted(slow)[-8:],  # (ms, sent at s from the start)
     }
+
+
+_DECODE_EVENT = CODEC.decoder("run_events")
+
+
+def runfold_terminal(m: Message) -> bool:
+    return bool(_DECODE_EVENT(m.value())["type"] == "RunSucceeded")
+
+
+def floor_terminal(m: Message) -> bool:
+    _DECODE_EVENT(m.value())  # runfold's payload, decoded as runfold's are: the same cost
+    return bool(m.headers())
 
 
 def _spawn_role(
@@ -304,22 +324,21 @@ def run(
     floor_procs: list[subprocess.Popen[bytes]] = []
     cases: dict[float, dict[str, list[dict[str, Any]]]] = {r: {"runfold": [], "floor": []} for r in rates}
     try:
-        probe(ours, 20, 2, "bench1", fetch_wait_ms=fetch_wait_ms)  # warm-up, and the runs to sample
+        end_to_end(ours, 20, 2, fetch_wait_ms, runfold_terminal)  # warm-up, and the runs to sample
         shape = sample_shape(ours)
         shape_file.write_bytes(orjson.dumps(shape))
         floor_procs = [
             _spawn_role(floor, "raw-fold", shape_file, log),
             _spawn_role(floor, "raw-responder", shape_file, log),
         ]
-        floor_probe(floor, 20, 2, fetch_wait_ms)  # warm-up
+        end_to_end(floor, 20, 2, fetch_wait_ms, floor_terminal)  # warm-up
         for _ in range(rounds):
             for r in rates:
-                ran = probe(ours, r, seconds, "bench1", metrics_port, fetch_wait_ms)
-                cases[r]["runfold"].append(
-                    {k: ran[k] for k in ("runs", "complete", "end_to_end")}
-                    | {"processor": ran.get("processor")}
-                )
-                cases[r]["floor"].append(floor_probe(floor, r, seconds, fetch_wait_ms))
+                before = scrape(metrics_port)
+                ran = end_to_end(ours, r, seconds, fetch_wait_ms, runfold_terminal)
+                ran["processor"] = commit_stats(before, scrape(metrics_port))
+                cases[r]["runfold"].append(ran)
+                cases[r]["floor"].append(end_to_end(floor, r, seconds, fetch_wait_ms, floor_terminal))
     finally:
         stop_rig(floor_procs, floor, str(floor.state_dir))
         stop_rig(ours_procs, ours, str(ours.state_dir))
