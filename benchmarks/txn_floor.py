@@ -49,6 +49,11 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message, Producer
 
+try:  # the `bench` extra: without it the CPU of each side's processes is not reported
+    import psutil
+except ImportError:  # pragma: no cover - depends on the installed extras
+    psutil = None
+
 from benchmarks.harness import results_dir
 from benchmarks.latency_probe import _reader, _take, pct
 from benchmarks.passthrough_bench import transactional_loop
@@ -265,6 +270,34 @@ def floor_terminal(m: Message) -> bool:
     return bool(m.headers())
 
 
+def cpu_s(procs: list[subprocess.Popen[bytes]]) -> list[float]:
+    """CPU-seconds (user + system) each process has used so far; [] without psutil."""
+    if psutil is None:
+        return []
+    times = [psutil.Process(p.pid).cpu_times() for p in procs]
+    return [t.user + t.system for t in times]
+
+
+def _timed(
+    procs: list[subprocess.Popen[bytes]],
+    settings: ProcessorSettings,
+    rate: float,
+    seconds: float,
+    fetch_wait_ms: int,
+    terminal: Callable[[Message], bool],
+) -> dict[str, Any]:
+    """`end_to_end`, with the % of a core each of `procs` (fold, executor) used meanwhile."""
+    before, t0 = cpu_s(procs), time.perf_counter()
+    out = end_to_end(settings, rate, seconds, fetch_wait_ms, terminal)
+    after, wall = cpu_s(procs), time.perf_counter() - t0
+    if before:
+        out["cpu_pct"] = {
+            role: round(100 * (b - a) / wall, 1)
+            for role, a, b in zip(("fold", "executor"), before, after, strict=True)
+        }
+    return out
+
+
 def _spawn_role(
     settings: ProcessorSettings, role: str, shape_file: Path, log: Any
 ) -> subprocess.Popen[bytes]:
@@ -335,10 +368,12 @@ def run(
         for _ in range(rounds):
             for r in rates:
                 before = scrape(metrics_port)
-                ran = end_to_end(ours, r, seconds, fetch_wait_ms, runfold_terminal)
+                ran = _timed(ours_procs, ours, r, seconds, fetch_wait_ms, runfold_terminal)
                 ran["processor"] = commit_stats(before, scrape(metrics_port))
                 cases[r]["runfold"].append(ran)
-                cases[r]["floor"].append(end_to_end(floor, r, seconds, fetch_wait_ms, floor_terminal))
+                cases[r]["floor"].append(
+                    _timed(floor_procs, floor, r, seconds, fetch_wait_ms, floor_terminal)
+                )
     finally:
         stop_rig(floor_procs, floor, str(floor.state_dir))
         stop_rig(ours_procs, ours, str(ours.state_dir))
