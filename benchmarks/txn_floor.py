@@ -218,10 +218,12 @@ def end_to_end(
     seconds: float,
     fetch_wait_ms: int,
     terminal: Callable[[Message], bool],
+    procs: list[subprocess.Popen[bytes]] | None = None,
 ) -> dict[str, Any]:
     """The one open loop both systems are timed with: 1-step StartRun records sent at `rate`,
     t0 at the send, t4 when `terminal` says a run-events record read_committed is the run's
-    last. It reads only run-events and decodes each record for both, so both pay the same."""
+    last. It reads only run-events and decodes each record for both, so both pay the same.
+    With `procs` (fold, executor): the % of a core each used meanwhile."""
     reader = _reader(settings, [settings.topics.run_events], True, fetch_wait_ms)
     p = Producer(producer_config(settings, linger_ms=0))
     # a new producer's first send waits ~0.5 s for its producer id: not the system's latency
@@ -234,6 +236,7 @@ def end_to_end(
     terminal_commit: list[float] = []  # the terminal record's produce -> seen committed
     n = int(rate * seconds)
     tag = uuid.uuid4().hex[:6]
+    cpu_before = cpu_s(procs or [])
     start = time.perf_counter()
     i = 0
     while i < n or (len(e2e) < n and time.perf_counter() - start < seconds + 20):
@@ -249,13 +252,18 @@ def end_to_end(
                 seen = time.time() * 1000
                 e2e.append(seen - t0)
                 terminal_commit.append(seen - m.timestamp()[1])
+    wall = time.perf_counter() - start
     reader.close()
-    return {
+    out: dict[str, Any] = {
         "runs": n,
         "complete": len(e2e),
         "end_to_end": {"p50": pct(e2e, 0.5), "p90": pct(e2e, 0.9), "p99": pct(e2e, 0.99)},
         "terminal_commit": {"p50": pct(terminal_commit, 0.5), "p99": pct(terminal_commit, 0.99)},
     }
+    if cpu_before:
+        used = zip(("fold", "executor"), cpu_before, cpu_s(procs or []), strict=True)
+        out["cpu_pct"] = {role: round(100 * (b - a) / wall, 1) for role, a, b in used}
+    return out
 
 
 _DECODE_EVENT = CODEC.decoder("run_events")
@@ -276,26 +284,6 @@ def cpu_s(procs: list[subprocess.Popen[bytes]]) -> list[float]:
         return []
     times = [psutil.Process(p.pid).cpu_times() for p in procs]
     return [t.user + t.system for t in times]
-
-
-def _timed(
-    procs: list[subprocess.Popen[bytes]],
-    settings: ProcessorSettings,
-    rate: float,
-    seconds: float,
-    fetch_wait_ms: int,
-    terminal: Callable[[Message], bool],
-) -> dict[str, Any]:
-    """`end_to_end`, with the % of a core each of `procs` (fold, executor) used meanwhile."""
-    before, t0 = cpu_s(procs), time.perf_counter()
-    out = end_to_end(settings, rate, seconds, fetch_wait_ms, terminal)
-    after, wall = cpu_s(procs), time.perf_counter() - t0
-    if before:
-        out["cpu_pct"] = {
-            role: round(100 * (b - a) / wall, 1)
-            for role, a, b in zip(("fold", "executor"), before, after, strict=True)
-        }
-    return out
 
 
 def _spawn_role(
@@ -368,11 +356,11 @@ def run(
         for _ in range(rounds):
             for r in rates:
                 before = scrape(metrics_port)
-                ran = _timed(ours_procs, ours, r, seconds, fetch_wait_ms, runfold_terminal)
+                ran = end_to_end(ours, r, seconds, fetch_wait_ms, runfold_terminal, ours_procs)
                 ran["processor"] = commit_stats(before, scrape(metrics_port))
                 cases[r]["runfold"].append(ran)
                 cases[r]["floor"].append(
-                    _timed(floor_procs, floor, r, seconds, fetch_wait_ms, floor_terminal)
+                    end_to_end(floor, r, seconds, fetch_wait_ms, floor_terminal, floor_procs)
                 )
     finally:
         stop_rig(floor_procs, floor, str(floor.state_dir))
