@@ -114,13 +114,24 @@ def overlaps(
 def running_at_terminal(
     execs: list[Execution], events: list[dict[str, Any]], settled: dict[Attempt, dict[str, Any]]
 ) -> tuple[list[str], Counter[str]]:
-    """The violations, and how many executions outlived their run's RunCancelled by which stop."""
-    cancelled = {e["run_id"]: e for e in events if e["type"] == "RunCancelled"}
+    """The violations, and how many executions outlived their run's RunCancelled by which stop.
+
+    An attempt settled before the RunCancelled in the log (a run's events are one partition's,
+    in order) had ended when the cancel was decided, whatever the clocks say: with no stop to
+    wait for, RunCancelled carries the CancelRun's own ts_ms, stamped by its sender, and a
+    processor behind on its input folds it later (CI saw 0.8 s) while the run's handlers run."""
+    cancelled = {e["run_id"]: (i, e) for i, e in enumerate(events) if e["type"] == "RunCancelled"}
+    position = {id(e): i for i, e in enumerate(events)}
+    settled_at = {k: position[id(e)] for k, e in settled.items()}
     bad, excused = [], Counter[str]()
     for x in execs:
-        ended = cancelled.get(x.run)
-        if ended is None or (x.end is not None and x.end <= ended["ts_ms"]):
+        if x.run not in cancelled:
             continue
+        at, ended = cancelled[x.run]
+        if x.end is not None and x.end <= ended["ts_ms"]:
+            continue
+        if settled_at.get(x.attempt_key, len(events)) < at and stop_of(settled, x.attempt_key) is None:
+            continue  # it had returned and its receipt been folded before the cancel was decided
         stop = stop_of(settled, x.attempt_key)
         if stop in UNPROVEN:
             excused[stop] += 1
