@@ -134,7 +134,7 @@ class TxnProducers:
         producer.poll(0)
         failed = self.failed[self.slot]
         if failed is not None:
-            if self.renewed:  # the other one was just replaced too: not a one-off, stop
+            if self.renewals.recent:  # the other one was just replaced too: not a one-off, stop
                 raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
             self.renew(failed, "begin (failed while idle)")
         elif self.cut_off[self.slot] and self.cluster_answers():
@@ -153,14 +153,9 @@ class TxnProducers:
         process was frozen past transaction_timeout_ms, the coordinator aborted the transaction
         and bumped the epoch, and the producer's next call fails (PRODUCER_FENCED, or
         INVALID_TXN_STATE when queued messages timed out first). A new producer carries on. At
-        most once until a commit or RENEW_AGAIN_AFTER_S have passed (`renewed`, `Renewals`)."""
+        most once until a commit or RENEW_AGAIN_AFTER_S have passed (`Renewals`)."""
         self.replace("it failed fatally", "fatal", stage=stage, error=err.str())
         self.renewals.renewed()
-
-    @property
-    def renewed(self) -> bool:
-        """One was replaced for a fatal error recently with no commit since: another stops."""
-        return self.renewals.recent
 
     def replace(self, why: str, reason: str, **extra: Any) -> None:
         """A new producer for the current slot; the old one is purged and dropped."""

@@ -156,7 +156,7 @@ class Transaction:
                 producer.begin_transaction()
         except KafkaException as e:  # only fatal or state errors can happen here
             err: KafkaError = e.args[0]
-            if err.fatal() and err.code() not in FENCED_CODES and not producers.renewed:
+            if err.fatal() and err.code() not in FENCED_CODES and not producers.renewals.recent:
                 producers.renew(err, "begin")
                 return self.begin()
             raise ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}") from e

@@ -70,7 +70,7 @@ class TxnFailures:
             self._membership.consumer_failed = err
             self._membership.rejoin_stale = True
             return
-        if err.code() in FENCED_CODES and (self._producers.renewed or not self._txn.timed_out()):
+        if err.code() in FENCED_CODES and (self._producers.renewals.recent or not self._txn.timed_out()):
             raise ProcessorStopped(
                 EXIT_FENCED,
                 (
@@ -80,7 +80,7 @@ class TxnFailures:
                 ),
             )
         if err.fatal():
-            if self._producers.renewed:  # a second one in a row: not a one-off, stop
+            if self._producers.renewals.recent:  # a second one in a row: not a one-off, stop
                 raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
             self._renew_producer(err, stage)
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit

@@ -130,9 +130,9 @@ def running_at_terminal(
         at, ended = cancelled[x.run]
         if x.end is not None and x.end <= ended["ts_ms"]:
             continue
-        if settled_at.get(x.attempt_key, len(events)) < at and stop_of(settled, x.attempt_key) is None:
-            continue  # it had returned and its receipt been folded before the cancel was decided
         stop = stop_of(settled, x.attempt_key)
+        if stop is None and settled_at.get(x.attempt_key, len(events)) < at:
+            continue  # it had returned and its receipt been folded before the cancel was decided
         if stop in UNPROVEN:
             excused[stop] += 1
             continue

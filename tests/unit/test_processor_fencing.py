@@ -156,7 +156,8 @@ def test_an_abort_that_times_out_replaces_the_producer_and_rewinds_instead_of_st
     assert proc.txn.open is False and proc.txn.start == {}
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 1
     assert proc.metrics.transactions.labels("aborted")._value.get() == 1
-    assert not proc.producers.renewed  # not a fatal renewal: a later fence still means another instance
+    # not a fatal renewal: a later fence still means another instance
+    assert not proc.producers.renewals.recent
     proc.txn.input.close()
 
 
