@@ -71,9 +71,8 @@ from processors.runtime.settings import ProcessorSettings
 from topology.admin import create_topology
 from topology.settings import consumer_config, producer_config
 
-TERMINAL: list[tuple[str, str | bytes | None]] = [
-    ("runfold-floor", b"terminal")
-]  # marks the record the probe waits for
+# marks the record the probe waits for
+TERMINAL: list[tuple[str, str | bytes | None]] = [("runfold-floor", b"terminal")]
 
 
 # ---- the runfold case's shape: what it wrote per StartRun and per receipt --------------------
@@ -110,6 +109,8 @@ def sample_shape(settings: ProcessorSettings) -> dict[str, Any]:
             activated_at[a["run_id"]] = ts
     command_events: list[bytes] = []
     receipt_events: list[bytes] = []
+    sample: dict[str, list[bytes]] = {"command": [], "receipt": []}  # one run's, replayed by the floor
+    sample_run = next(iter(activated_at), None)
     types: Counter[str] = Counter()
     for topic, value, ts in records:
         if topic != names.run_events:
@@ -119,7 +120,10 @@ def sample_shape(settings: ProcessorSettings) -> dict[str, Any]:
         if at is None:
             continue
         types[ev["type"]] += 1
-        (command_events if ts <= at else receipt_events).append(value)
+        phase = "command" if ts <= at else "receipt"
+        (command_events if phase == "command" else receipt_events).append(value)
+        if ev["run_id"] == sample_run:
+            sample[phase].append(value)
     runs = len(activated_at)
     snapshots = [v for t, v, _ in records if t == names.run_state]
     activations = [v for t, v, _ in records if t == names.activations("default")]
@@ -146,8 +150,8 @@ def sample_shape(settings: ProcessorSettings) -> dict[str, Any]:
         },
         # one payload of each kind, replayed by the floor
         "payloads": {
-            "command_events": [base64.b64encode(v).decode() for v in command_events[:per_cmd]],
-            "receipt_events": [base64.b64encode(v).decode() for v in receipt_events[:per_rc]],
+            "command_events": [base64.b64encode(v).decode() for v in sample["command"]],
+            "receipt_events": [base64.b64encode(v).decode() for v in sample["receipt"]],
             "activation": base64.b64encode(activations[0]).decode(),
             "snapshot": base64.b64encode(snapshots[0]).decode(),
             "receipt": base64.b64encode(receipts[0]).decode(),
