@@ -384,7 +384,7 @@ def consumer_config(
     settings: KafkaSettings, group_id: str, read_committed: bool = True, **overrides: Any
 ) -> dict[str, Any]:
     """A consumer for exactly-once pipelines: committed reads only, offsets committed by the caller."""
-    return {
+    cfg = {
         "group.id": group_id,
         "isolation.level": "read_committed" if read_committed else "read_uncommitted",
         "enable.auto.commit": False,
@@ -398,14 +398,24 @@ def consumer_config(
         # expires: librdkafka's 45 s default left a dead worker's activations, and the retries
         # its lease expiry sends to the same partitions, waiting that long. Heartbeats come from
         # librdkafka's own thread, so a busy handler or fold does not spend this budget.
-        # Not less than 15 s: the client times the session out itself when no heartbeat is
+        # Not less than 20 s: the client times the session out itself when no heartbeat is
         # answered, and a group coordinator's broker lost (kill -9) is fenced and its partitions
-        # moved only after Kafka's broker session (9 s) plus a heartbeat interval (3 s); at
-        # 10 s every member lost its partitions although a live coordinator was seconds away.
-        "session.timeout.ms": 15_000,
+        # moved only after Kafka's broker session (9 s), after a controller election too when
+        # that broker was the active controller (~3 s), and a load of the group. At 10 s every
+        # member lost its partitions; at 15 s a worker did (3-node kill -9 of the controller,
+        # 2026-12-04: its session ran out 13.4 s after the kill, and it stood idle 24 s more).
+        "session.timeout.ms": 20_000,
+        # A heartbeat a second (librdkafka: 3 s): the last one answered before a coordinator is
+        # lost is at most 1 s old, which leaves that much more of the session for the failover.
+        "heartbeat.interval.ms": 1_000,
         **_base(settings),
         **_kwargs(overrides),
     }
+    # a heartbeat must come well within a session set shorter (tests, client_overrides)
+    cfg["heartbeat.interval.ms"] = min(
+        int(cfg["heartbeat.interval.ms"]), max(100, int(cfg["session.timeout.ms"]) // 3)
+    )
+    return cfg
 
 
 def admin_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:

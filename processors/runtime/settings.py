@@ -97,7 +97,7 @@ class ProcessorSettings(KafkaSettings):
     # to expire. The price: a cleanly stopped instance's partitions move only after
     # session_timeout_ms (librdkafka cannot leave a group as a static member).
     static_membership: bool = True
-    session_timeout_ms: int = Field(default=15_000, ge=1_000, le=300_000)  # see consumer_config
+    session_timeout_ms: int = Field(default=20_000, ge=1_000, le=300_000)  # see consumer_config
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)  # None = no endpoint, 0 = ephemeral
     query_port: int | None = Field(default=None, ge=0, le=65_535)
     # Where the metrics and query endpoints listen: this machine only, unless an address is set

@@ -25,7 +25,7 @@ from topology import local_kafka
 from topology.settings import consumer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
-SESSION_S = 15.0  # ProcessorSettings.session_timeout_ms default: what Fleet's processors run with
+SESSION_S = 20.0  # ProcessorSettings.session_timeout_ms default: what Fleet's processors run with
 
 
 def _wait_all(events: Reader, runs: set[str], timeout: float, fleet: Fleet) -> None:
@@ -104,7 +104,7 @@ def test_processor_frozen_past_its_session_timeout_carries_on(
     assert codes["p1"] == 0, fleet.tails()
     runs = set(before + during + after)
     proof = prove(
-        "processor frozen (SIGSTOP) 20 s past its 15 s session timeout",
+        f"processor frozen (SIGSTOP) {SESSION_S + 5.0:g} s, past its {SESSION_S:g} s session timeout",
         s,
         started=runs,
         extra={"frozen_s": SESSION_S + 5.0},
@@ -144,7 +144,7 @@ def test_broker_frozen_until_it_fences_itself(
     assert codes["p1"] == 0, fleet.tails()
     runs = set(before + after)
     proof = prove(
-        "broker frozen (SIGSTOP) 13 s: fences itself, group sessions time out",
+        f"broker frozen (SIGSTOP) {SESSION_S + 3.0:g} s: fences itself, group sessions time out",
         s,
         started=runs,
         extra={"commands_resent": cmd.resent},

@@ -142,11 +142,14 @@ def test_builders_layer_defaults_settings_and_call_overrides() -> None:
     assert c["enable.auto.commit"] is False and c["auto.offset.reset"] == "earliest"
     assert c["partition.assignment.strategy"] == "range"
     assert consumer_config(s, "g1", read_committed=False)["isolation.level"] == "read_uncommitted"
-    # a dead member's partitions wait 15 s, not librdkafka's 45; settings, then the call, override it
-    assert c["session.timeout.ms"] == 15_000  # outlasts a group coordinator's failover
+    # a dead member's partitions wait 20 s, not librdkafka's 45; settings, then the call, override it
+    assert c["session.timeout.ms"] == 20_000  # outlasts a group coordinator's failover
+    assert c["heartbeat.interval.ms"] == 1_000  # the last heartbeat answered is at most 1 s old
     slow = KafkaSettings(client_overrides={"session.timeout.ms": "30000"})
     assert consumer_config(slow, "g1")["session.timeout.ms"] == "30000"
     assert consumer_config(slow, "g1", session_timeout_ms=6_000)["session.timeout.ms"] == 6_000
+    short = consumer_config(s, "g1", session_timeout_ms=1_200)
+    assert short["heartbeat.interval.ms"] == 400  # well within a shorter session
     assert admin_config(s) == {
         "bootstrap.servers": "b:1",
         "reconnect.backoff.max.ms": 1000,  # a broker back from a restart is reconnected within 1 s
