@@ -41,7 +41,7 @@ from processors.engine.ids import dispatch_id
 from processors.engine.vocabulary import TERMINAL_EVENTS, CancelRunCommand, StartRunCommand, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
-from processors.kafka.coordinators import StaleWait
+from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
 from processors.kafka.exits import (
     EXIT_FENCED,
     EXIT_STALLED,
@@ -237,6 +237,7 @@ class ChildExecutor:
             }
         )
         self._producer_failed: KafkaError | None = None  # a fatal error reported while idle
+        self._watch: CoordinatorWatch | None = None  # where its coordinators were (after init_transactions)
         self._renewals = Renewals()  # a fatal producer replaced recently with no commit since
         self._instance_id = instance_id
         self.producer = self._new_producer()
@@ -249,9 +250,7 @@ class ChildExecutor:
     def _new_producer(self) -> Producer:
         return Producer(
             {
-                **transactional_producer_config(
-                    self.kafka, f"{self.names.prefix}-child-executor-{self._instance_id}", linger_ms=2
-                ),
+                **transactional_producer_config(self.kafka, self._transactional_id, linger_ms=2),
                 "error_cb": self._on_producer_error,
                 "logger": kafka_log(),  # librdkafka's lines through logging, repeats collapsed
             }
@@ -305,6 +304,7 @@ class ChildExecutor:
                     ),
                 )
                 return 1
+            self._watch_coordinators()
             self.consumer.subscribe(
                 [self.names.child_activations, self.names.run_events],
                 on_assign=self._own,
@@ -344,9 +344,22 @@ class ChildExecutor:
             kafka_log().flush()
         return 0
 
+    @property
+    def _transactional_id(self) -> str:
+        return f"{self.names.prefix}-child-executor-{self._instance_id}"
+
+    def _watch_coordinators(self, shaken_at: float | None = None) -> None:
+        """After init_transactions: where the new producer's coordinators are (coordinators.py)."""
+        self._watch = CoordinatorWatch(
+            self.producer, self._transactional_id, f"{self.names.prefix}-child-executor"
+        )
+        self._watch.shaken_at = shaken_at
+
     def _on_producer_error(self, err: KafkaError) -> None:
         if err.fatal():
             self._producer_failed = err
+        if err.code() in SHAKEN_CODES and self._watch is not None:
+            self._watch.shaken()
         log.warning("producer error: %s", err)
 
     def _transact(self, msgs: list[Message]) -> None:
@@ -359,6 +372,9 @@ class ChildExecutor:
             if self._renewals.recent or self._producer_failed.code() in FENCED_CODES:
                 raise KafkaException(self._producer_failed)
             self._renew(self._producer_failed)  # failed fatally while idle: a new one carries on
+        moved = self._watch.moved() if self._watch is not None else None
+        if moved is not None:  # librdkafka would keep the old coordinators' handles (coordinators.py)
+            self._fresh_producer(moved)
         self.producer.begin_transaction()
         try:
             for msg in msgs:
@@ -373,8 +389,9 @@ class ChildExecutor:
             group = self.consumer.consumer_group_metadata()
             stale = StaleWait(
                 self.producer,
-                f"{self.names.prefix}-child-executor-{self._instance_id}",
+                self._transactional_id,
                 f"{self.names.prefix}-child-executor",
+                known=self._watch.known if self._watch is not None else None,
             )
             send_offsets_flushing(
                 self._calls,
@@ -442,14 +459,20 @@ class ChildExecutor:
     def _replace_producer(self, why: str) -> None:
         """A new producer, whose init_transactions fences the old one and aborts its open
         transaction at the coordinator; the input is rewound to the committed offsets."""
-        log.warning("replacing the transactional producer: %s", why)
         self.counts["aborts"] += 1
         self.metrics.aborted()
+        self._fresh_producer(why)
+        self._rewind()
+
+    def _fresh_producer(self, why: str) -> None:
+        """A new producer in the old one's place (between transactions: nothing to rewind)."""
+        log.warning("replacing the transactional producer: %s", why)
+        shaken_at = self._watch.shaken_at if self._watch is not None else None
         self.producer = self._new_producer()
         self._producer_failed = None
         until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+        self._watch_coordinators(shaken_at)
         self.producers_replaced += 1
-        self._rewind()
 
     def known_parents(self) -> int:
         return sum(len(children) for children in self.parents.values())

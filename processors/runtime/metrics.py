@@ -46,7 +46,7 @@ class ProcessorMetrics(MetricsEndpoint):
         self.producers_replaced = Counter(
             "runfold_processor_producers_replaced",
             "Transactional producers replaced, by reason: fatal, cluster_unreachable, abort_timed_out, "
-            "call_abandoned",
+            "call_abandoned, coordinator_moved",
             ["reason"],
             registry=r,
         )

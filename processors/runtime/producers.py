@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.kafka.coordinators import StaleWait
+from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
 from processors.kafka.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
 from processors.kafka.transactions import Renewals
@@ -65,6 +65,8 @@ class TxnProducers:
         self.slot = 0  # the producer of the current / next transaction
         self.failed: list[KafkaError | None] = [None, None]  # a fatal error callback, per slot
         self.cut_off = [False, False]  # saw every broker down since its init, per slot
+        # Where each one's coordinators were when it began; whether they moved since a broker was lost.
+        self.watches: list[CoordinatorWatch | None] = [None, None]
         self.renewals = Renewals()  # one failed fatally and was replaced recently, nothing committed since
         self._calls = CallThread("runfold-txn-call")  # send_offsets_to_transaction, which may never return
         # Producers left inside such a call, with the call's done event: never called again,
@@ -113,6 +115,7 @@ class TxnProducers:
             raise ProcessorStopped(
                 EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: {e.args[0].str()}"
             ) from e
+        self.watches[slot] = CoordinatorWatch(producer, s.transactional_ids[slot], s.group)
         return producer
 
     def on_error(self, slot: int, err: KafkaError) -> None:
@@ -120,6 +123,10 @@ class TxnProducers:
             self.failed[slot] = err
         elif err.code() == KafkaError._ALL_BROKERS_DOWN:
             self.cut_off[slot] = True
+        if err.code() in SHAKEN_CODES:
+            watch = self.watches[slot]
+            if watch is not None:
+                watch.shaken()
         self._on_client_error(err)
 
     # ---- before a transaction begins ---------------------------------------------------------
@@ -142,6 +149,12 @@ class TxnProducers:
             # send_offsets_to_transaction can then wait for good on a coordinator handle that
             # never comes back up (librdkafka#5456, #5511).
             self.replace("it saw the whole cluster unreachable", "cluster_unreachable")
+        else:
+            watch = self.watches[self.slot]
+            moved = watch.moved() if watch is not None else None
+            if moved is not None:
+                # librdkafka would keep the old coordinators' handles (coordinators.py)
+                self.replace(moved, "coordinator_moved")
 
     def cluster_answers(self) -> bool:
         assert self.current is not None
@@ -169,21 +182,33 @@ class TxnProducers:
         if old is not None:
             with contextlib.suppress(Exception):
                 old.purge()
+        old_watch = self.watches[slot]
+        shaken_at = old_watch.shaken_at if old_watch is not None else None
         self._producers[slot] = self.new(slot)
+        watch = self.watches[slot]
+        if watch is not None:  # a broker lost a moment ago may still move coordinators
+            watch.shaken_at = shaken_at
         self.failed[slot] = None
         self.cut_off[slot] = False
         self._metrics.producers_replaced.labels(reason).inc()
 
     # ---- the call that may never return ------------------------------------------------------
-    def send_offsets(self, offsets: list[TopicPartition], group: Any, timeout_s: float) -> None:
-        """send_offsets_to_transaction on the current producer, from a helper thread: CallAbandoned
-        if it has not returned after its timeout + ABANDON_AFTER_S."""
+    def send_offsets(self, offsets: list[TopicPartition], group: Any, timeout_s: float) -> float:
+        """send_offsets_to_transaction on the current producer, from a helper thread, while the
+        transaction's records are flushed (the flush's seconds are returned): CallAbandoned if
+        it has not returned after its timeout + ABANDON_AFTER_S."""
         producer = self.current
         assert producer is not None
         s = self._settings
-        stale = StaleWait(producer, s.transactional_ids[self.slot], s.group)
+        watch = self.watches[self.slot]
+        stale = StaleWait(
+            producer,
+            s.transactional_ids[self.slot],
+            s.group,
+            known=watch.known if watch is not None else None,
+        )
         with self._bounded("send_offsets_to_transaction", timeout_s):
-            send_offsets_flushing(
+            return send_offsets_flushing(
                 self._calls, producer, offsets, group, timeout_s, timeout_s + ABANDON_AFTER_S, stale.check
             )
 

@@ -61,7 +61,7 @@ class _Client:
     def __init__(self, port: int) -> None:
         self.port = port
 
-    def list_topics(self, timeout: float) -> Any:
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         parts = {i: _Partition(1) for i in range(8)}
         return _Metadata(
             {1: _Broker("127.0.0.1", self.port)},
@@ -111,3 +111,74 @@ def test_call_thread_abandons_when_give_up_says_so_and_not_before() -> None:
     release.set()
     assert calls.run(lambda: 7, 1.0, give_up=lambda _e: "never asked once it returned") == 7
     calls.close()
+
+
+def _listening() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s
+
+
+def test_stale_wait_gives_up_sooner_when_a_coordinator_moved_since_the_producer_began() -> None:
+    with _listening() as live:
+        port = live.getsockname()[1]
+        clock = [0.0]
+        known = ["127.0.0.1:1", f"127.0.0.1:{port}"]  # the transaction coordinator was elsewhere
+        wait = StaleWait(_Client(port), "t-processor-p1", "t-processor", lambda: clock[0], known=known)
+        assert wait.check(1.0) is None
+        clock[0] = coordinators.MOVED_GRACE_S
+        why = wait.check(1.5)
+        assert why is not None and "when the producer began: 127.0.0.1:1" in why
+        same = StaleWait(
+            _Client(port), "t-processor-p1", "t-processor", lambda: clock[0], known=[f"127.0.0.1:{port}"] * 2
+        )
+        clock[0] = 10.0
+        assert same.check(1.0) is None
+        clock[0] = 10.0 + coordinators.MOVED_GRACE_S
+        assert same.check(1.5) is None  # not moved: the full grace
+
+
+def test_coordinator_watch_says_moved_only_after_a_broker_was_lost_and_the_new_ones_answer() -> None:
+    with _listening() as second, socket.socket() as dead:
+        first = _listening()
+        old = first.getsockname()[1]
+        dead.bind(("127.0.0.1", 0))  # bound, never listening: refused
+        client = _Client(old)
+        clock = [100.0]
+        watch = coordinators.CoordinatorWatch(client, "t-processor-p1", "t-processor", lambda: clock[0])
+        assert watch.known == [f"127.0.0.1:{old}"] * 2
+        client.port = second.getsockname()[1]
+        assert watch.moved() is None  # nothing failed: not looked at (no metadata request per transaction)
+        watch.shaken()
+        assert watch.moved() is None  # moved, but from a broker that still answers: the client follows
+        clock[0] += coordinators.CHECK_EVERY_S
+        first.close()  # that broker is lost
+        client.port = dead.getsockname()[1]
+        assert watch.moved() is None  # moved to a broker that does not answer yet: Kafka's failover
+        clock[0] += coordinators.CHECK_EVERY_S / 2
+        client.port = second.getsockname()[1]
+        assert watch.moved() is None  # between two checks
+        clock[0] += coordinators.CHECK_EVERY_S
+        why = watch.moved()
+        assert why is not None and "no longer answers" in why and f"127.0.0.1:{old}" in why
+        client.port = old
+        clock[0] += coordinators.CHECK_EVERY_S
+        assert watch.moved() is None  # back where it began
+        client.port = second.getsockname()[1]
+        clock[0] += coordinators.SHAKEN_S + 1
+        assert watch.moved() is None and watch.shaken_at is None  # long after the last failure
+
+
+def test_coordinator_watch_learns_where_they_are_when_they_were_unknown_at_the_start() -> None:
+    class _Silent:
+        def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+            raise RuntimeError("no answer")
+
+    with _listening() as live:
+        clock = [0.0]
+        watch = coordinators.CoordinatorWatch(_Silent(), "t-processor-p1", "t-processor", lambda: clock[0])
+        assert watch.known is None
+        watch._client = _Client(live.getsockname()[1])
+        watch.shaken()
+        assert watch.moved() is None and watch.known == [f"127.0.0.1:{live.getsockname()[1]}"] * 2
