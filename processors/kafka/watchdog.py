@@ -124,7 +124,7 @@ def send_offsets_flushing(
     timeout_s: float,
     wait_s: float,
     give_up: Callable[[float], str | None] | None = None,
-) -> None:
+) -> float:
     """`send_offsets_to_transaction` on `calls`' thread while this thread flushes the
     transaction's records. librdkafka sends one ProduceRequest per partition and the broker
     serves a connection's requests one at a time, so the flush is most of a commit; the
@@ -138,14 +138,19 @@ def send_offsets_flushing(
     own error wins (fenced, coordinator trouble), except when it only reports the transaction's
     state (`_STATE`, "Erroneous state": a delivery failed first); then the flush's error, which
     names the delivery's (e.g. MSG_SIZE_TOO_LARGE, whose input the caller must find and park,
-    where a plain abort would replay the same batch into the same refusal)."""
+    where a plain abort would replay the same batch into the same refusal).
+
+    Returns the seconds the flush took (a slow commit's log says which of the two waited)."""
     flush_errors: list[Exception] = []
+    flushed_s = [0.0]
 
     def flush() -> None:
+        t0 = time.perf_counter()
         try:
             producer.flush(timeout_s)
         except Exception as e:
             flush_errors.append(e)
+        flushed_s[0] = time.perf_counter() - t0
 
     def flush_error() -> KafkaException | Exception | None:
         if not flush_errors:
@@ -168,6 +173,7 @@ def send_offsets_flushing(
     error = flush_error()
     if error is not None:
         raise error
+    return flushed_s[0]
 
 
 class Watchdog:

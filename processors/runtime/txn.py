@@ -37,6 +37,9 @@ from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.producers import KAFKA_TIMEOUT_S, Bounded, TxnProducers
 from processors.runtime.settings import ProcessorSettings
 
+# A commit longer than this is logged with the time of each of its steps.
+SLOW_COMMIT_S = 1.0
+
 
 class RecordTooLarge(Exception):
     """produce() refused a record over the client's `message.max.bytes`."""
@@ -91,6 +94,7 @@ class Transaction:
         self.input: Consumer | None = None  # the input consumer (membership.py keeps it current)
         # The bookkeeping of the open transaction.
         self.open = False
+        self.began = 0.0  # monotonic time it began
         self.deadline = 0.0  # monotonic time by which it commits (commit_interval_ms)
         self.records = 0  # inputs folded into it
         self.overlays: dict[int, PartitionOverlay] = {}
@@ -136,8 +140,7 @@ class Transaction:
         """The open transaction began longer than transaction_timeout_ms ago (this process was
         frozen: GC, CPU starvation, SIGSTOP): the coordinator has aborted it and bumped the
         producer epoch (KIP-890), so a fence now is our own doing, not another instance's."""
-        began = self.deadline - self._settings.commit_interval_ms / 1000.0
-        return self.open and time.monotonic() - began >= self._settings.transaction_timeout_ms / 1000.0
+        return self.open and time.monotonic() - self.began >= self._settings.transaction_timeout_ms / 1000.0
 
     # ---- begin -----------------------------------------------------------------------------
     def begin(self) -> None:
@@ -161,7 +164,8 @@ class Transaction:
                 return self.begin()
             raise ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}") from e
         self.open = True  # 3
-        self.deadline = time.monotonic() + self._settings.commit_interval_ms / 1000.0
+        self.began = time.monotonic()
+        self.deadline = self.began + self._settings.commit_interval_ms / 1000.0
 
     # ---- produce (the hot path: every output record) -------------------------------------------
     def produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
@@ -214,9 +218,14 @@ class Transaction:
                     "a run-state snapshot could not be written",
                 )
                 return
+            t1 = time.perf_counter()
+            flush_s = 0.0
             if self.next:  # 2
                 offsets = [TopicPartition(t, p, o) for (t, p), o in self.next.items()]
-                self._producers.send_offsets(offsets, consumer.consumer_group_metadata(), self.call_s)
+                flush_s = self._producers.send_offsets(
+                    offsets, consumer.consumer_group_metadata(), self.call_s
+                )
+            t2 = time.perf_counter()
             self._commit_transaction(producer)  # 3
         except KafkaException as e:
             if e.args[0].code() == KafkaError._STATE:
@@ -235,8 +244,24 @@ class Transaction:
         except ProduceFailed as e:
             failures.produce_failed(e.err, "commit")
             return
-        self._metrics.commit_latency.observe(time.perf_counter() - t0)
+        t3 = time.perf_counter()
+        self._metrics.commit_latency.observe(t3 - t0)
         self._metrics.transactions.labels("committed").inc()
+        if t3 - t0 >= SLOW_COMMIT_S:
+            # Which call waited, and on what: the records' leaders (flush), the coordinators
+            # (offsets), EndTxn; the figures a failover's stall is read from.
+            self._log.warning(
+                "slow commit",
+                extra={
+                    "seconds": round(t3 - t0, 3),
+                    "snapshots_s": round(t1 - t0, 3),
+                    "flush_s": round(flush_s, 3),
+                    "send_offsets_s": round(t2 - t1, 3),
+                    "commit_transaction_s": round(t3 - t2, 3),
+                    "records": self.records,
+                    "open_s": round(time.monotonic() - self.began, 3),
+                },
+            )
         try:  # 4
             for p, ov in self.overlays.items():
                 ov.write(self.event_offsets.get(p))
@@ -303,7 +328,12 @@ class Transaction:
         self.aborts_in_a_row += 1
         self._log.warning(
             "transaction aborted",
-            extra={"reason": reason, "records": self.records, "aborts_in_a_row": self.aborts_in_a_row},
+            extra={
+                "reason": reason,
+                "records": self.records,
+                "aborts_in_a_row": self.aborts_in_a_row,
+                "open_s": round(time.monotonic() - self.began, 3),
+            },
         )
         self.reset()
         producers.advance()
