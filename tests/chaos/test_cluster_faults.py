@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 import pytest
 from checks import TERMINAL, prove
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from processor_support import Commands, Reader, make_settings, setup_topology
 
@@ -124,6 +125,103 @@ class Load:
 
 
 @dataclass
+class Leaders:
+    """Kafka's own part of a fault: polls the cluster's metadata every 0.1 s and keeps, per poll,
+    how many partitions of runfold's topics and of the internal ones (whose leaders are the
+    transaction and group coordinators) were led by each broker or by none."""
+
+    admin: AdminClient
+    prefix: str
+    polls: list[tuple[float, dict[int, int]]] = field(default_factory=list)  # (time, leader id -> count)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> threading.Thread:
+        def go() -> None:
+            while not self._stop.wait(0.1):
+                try:
+                    md = self.admin.list_topics(timeout=1)
+                except Exception:
+                    continue
+                counts: dict[int, int] = {}
+                for name, t in md.topics.items():
+                    if name.startswith((f"{self.prefix}.", "__")):
+                        for p in t.partitions.values():
+                            counts[p.leader] = counts.get(p.leader, 0) + 1
+                self.polls.append((time.time(), counts))
+
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def moved_away(self, node: int, start: float) -> float | None:
+        """Seconds from `start` until no partition was led by `node` or by no broker (Kafka has
+        moved the lost broker's leaderships and coordinators); None if never seen."""
+        for at, counts in self.polls:
+            if start <= at and not counts.get(node) and not counts.get(-1):
+                return round(at - start, 2)
+        return None
+
+
+@dataclass
+class RawTransactions:
+    """The floor under the same faults: a bare confluent-kafka transactional producer, no
+    runfold, committing one small record to each partition of its own topic (RF 3, min ISR 2,
+    leaders on every broker) every 0.1 s. No run can finish while no transaction commits, so its
+    longest time between two commits is Kafka's and the client library's part of a stall. A
+    failed transaction is aborted; a producer that cannot go on is replaced (as runfold does)."""
+
+    bootstrap: str
+    topic: str
+    commits: list[float] = field(default_factory=list)
+    replaced: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _producer(self) -> Producer:
+        p = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": f"{self.topic}-raw",
+                "transaction.timeout.ms": 10_000,
+                "reconnect.backoff.max.ms": 1000,
+                "retry.backoff.ms": 2,
+                "retry.backoff.max.ms": 100,
+                "linger.ms": 0,
+            }
+        )
+        p.init_transactions(30)
+        return p
+
+    def start(self) -> threading.Thread:
+        def go() -> None:
+            p = self._producer()
+            while not self._stop.wait(0.1):
+                try:
+                    p.begin_transaction()
+                    for part in range(PARTITIONS):
+                        p.produce(self.topic, b"x", partition=part)
+                    p.commit_transaction(10)
+                    self.commits.append(time.time())
+                except KafkaException as e:
+                    try:
+                        if e.args[0].fatal():
+                            raise
+                        p.abort_transaction(10)
+                    except KafkaException:
+                        p = self._producer()
+                        self.replaced += 1
+
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass
 class Finishes:
     """When each run's terminal event became visible to a read_committed reader, by partition."""
 
@@ -166,6 +264,8 @@ def stall_figures(
     finishes: dict[str, tuple[float, int]],
     sent: dict[str, float],
     fault: bool = True,
+    leaders_moved_s: float | None = None,
+    raw_commits: list[float] | None = None,
 ) -> dict[str, object]:
     """Per fault window: the longest time with no terminal event (overall and per partition)
     overlapping it, counted whole for a fault; and the latency of the runs started in it."""
@@ -186,6 +286,13 @@ def stall_figures(
         "runs_started": len(lat),
         "latency_p99_s": p99,
         "latency_max_s": round(lat[-1], 2) if lat else None,
+        # Kafka's own part: until the lost node led nothing (its leaderships and coordinators
+        # moved); the stall past it is the clients' (librdkafka's and runfold's) recovery.
+        "kafka_leaders_moved_s": leaders_moved_s,
+        # ... and the floor: the longest time a bare transactional producer committed nothing.
+        "raw_transactions_longest_gap_s": _longest_gap(raw_commits, start, end, fault)
+        if raw_commits
+        else None,
     }
 
 
@@ -248,9 +355,18 @@ def test_broker_killed_and_rolling_restart_on_three_nodes(
     fleet.ready(processors=2, timeout=120)
     finishes = Finishes(Reader(s, [s.topics.run_events], "run_events"))
     reader_thread = finishes.start()
+    leaders = Leaders(AdminClient({"bootstrap.servers": cluster.bootstrap}), s.topic_prefix)
+    leaders_thread = leaders.start()
+    raw_topic = f"{s.topic_prefix}.raw-probe"
+    admin.create_topics([NewTopic(raw_topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})])[
+        raw_topic
+    ].result(30)
+    raw = RawTransactions(cluster.bootstrap, raw_topic)
+    raw_thread = raw.start()
     load = Load(Commands(s), RATE)
     sender = load.start()
     windows: list[tuple[str, float, float]] = []
+    lost: dict[str, int] = {}  # fault window -> the node it stopped
     warmed = 0.0
     try:
         warmed = warm_up(load, finishes)
@@ -277,6 +393,7 @@ def test_broker_killed_and_rolling_restart_on_three_nodes(
         local_cluster.kill_node(cluster, victim)
         time.sleep(10.0)
         windows.append((f"kill -9 of node {victim} ({what})", t, time.time()))
+        lost[windows[-1][0]] = victim
         t = time.time()
         local_cluster.start_node(cluster, victim)
         wait_in_sync(admin, s.topic_prefix)
@@ -288,6 +405,7 @@ def test_broker_killed_and_rolling_restart_on_three_nodes(
             local_cluster.start_node(cluster, node)
             wait_in_sync(admin, s.topic_prefix)
             windows.append((f"rolling restart: node {node} stopped cleanly and started", t, time.time()))
+            lost[windows[-1][0]] = node
         t = time.time()
         time.sleep(4.0)
         windows.append(("steady load after the faults", t, time.time()))
@@ -305,11 +423,24 @@ def test_broker_killed_and_rolling_restart_on_three_nodes(
     finally:
         load.stop()
         finishes.stop()
+        leaders.stop()
+        raw.stop()
         reader_thread.join(10)
+        leaders_thread.join(10)
+        raw_thread.join(30)
         finishes.reader.close()
         codes = fleet.stop()
         figures = [
-            stall_figures(name, a, b, finishes.at, load.sent, fault=not name.startswith("steady"))
+            stall_figures(
+                name,
+                a,
+                b,
+                finishes.at,
+                load.sent,
+                fault=not name.startswith("steady"),
+                leaders_moved_s=leaders.moved_away(lost[name], a) if name in lost else None,
+                raw_commits=raw.commits,
+            )
             for name, a, b in windows
         ]
         (tmp_path / "finishes.json").write_bytes(
@@ -320,7 +451,13 @@ def test_broker_killed_and_rolling_restart_on_three_nodes(
             print(
                 f"[chaos]   {f['fault']} (at {f['at']} UTC): {f['seconds']} s window, longest gap {f['longest_gap_s']} s "
                 f"(by partition {f['longest_gap_by_partition_s']}), {f['runs_started']} runs started, "
-                f"latency p99 {f['latency_p99_s']} s, max {f['latency_max_s']} s",
+                f"latency p99 {f['latency_p99_s']} s, max {f['latency_max_s']} s"
+                + (
+                    f"; Kafka moved the node's leaderships after {f['kafka_leaders_moved_s']} s"
+                    if f["kafka_leaders_moved_s"] is not None
+                    else ""
+                )
+                + f"; a bare transactional producer's longest gap {f['raw_transactions_longest_gap_s']} s",
                 flush=True,
             )
     assert all(c == 0 for c in codes.values()), (codes, fleet.tails())
