@@ -1,8 +1,11 @@
 """`runfold processor`: run one processor instance until SIGTERM/SIGINT.
 
-Exit codes: 0 stopped cleanly (signal), 2 fatal error (invalid settings, no cluster answering,
-bad topology, Kafka fatal error, store failure), 3 fenced (another processor started with the same instance id), 4 the loop
-stalled for stall_timeout_ms (stuck in a Kafka client call; logged with its stack).
+Exit codes (`ExitCode`, processors/kafka/exits.py; docs/runtime.md "Exit codes"): 0 stopped by a
+signal; 1 a fatal Kafka error, a store failure, a crash (restart: it restores from the log);
+2 configuration (invalid settings, no cluster answering, missing or not co-partitioned topics, a
+state directory or port it cannot use); 3 fenced (another processor started with the same
+instance id); 4 the loop stalled for stall_timeout_ms (stuck in a Kafka client call; logged with
+its stack).
 """
 
 from __future__ import annotations

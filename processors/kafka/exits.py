@@ -1,21 +1,35 @@
-"""Why the run processor stops, the exit code `runfold processor` ends with, and the start-up
-calls a stop request cuts short."""
+"""How a long-running runfold process ends (`ExitCode`: the processor, a worker, the child
+executor, `runfold index run`, `runfold ui`, one vocabulary, docs/runtime.md "Exit codes"), why
+the run processor stops, and the start-up calls a stop request cuts short."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from enum import IntEnum
 from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
 T = TypeVar("T")
 
-EXIT_OK = 0
-EXIT_FATAL = 2  # a fatal Kafka error, bad topology, a store failure: restart restores from the log
-EXIT_FENCED = 3  # another instance took this instance id: do not restart in a loop
-EXIT_STALLED = 4  # stuck inside a Kafka client call (watchdog): restart
+
+class ExitCode(IntEnum):
+    """The exit code of every long-running process, and what its supervisor should do. (The
+    one-shot commands, `runfold runs start` and the like, have their own: processors/cli/common.py.)"""
+
+    OK = 0  # stopped on request (SIGTERM/SIGINT)
+    FATAL = 1  # an error no retry in-process mends (a fatal Kafka error, a store failure, a crash): restart
+    CONFIG = 2  # cannot start as configured (settings, a port, topics, no cluster answering): fix, then start
+    FENCED = 3  # another instance took its id: do not restart in a loop
+    STUCK = 4  # stuck inside a Kafka client call (watchdog), or too many such calls left behind: restart
+
+
+# The committed txn.py's name for ExitCode.FATAL: that file is being reworked for performance
+# separately, and its pending change says ExitCode.FATAL; nothing else uses this name, which goes
+# with that change.
+EXIT_FATAL = ExitCode.FATAL
 
 # Errors that mean another instance with our transactional id or static member id runs.
 FENCED_CODES = frozenset(
@@ -30,9 +44,10 @@ FENCED_CODES = frozenset(
 
 
 class ProcessorStopped(Exception):
-    """The loop cannot go on (fenced, fatal Kafka error, bad topology, store failure)."""
+    """The loop cannot go on (fenced, fatal Kafka error, bad topology, store failure); `code`
+    is the process's exit code."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: ExitCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 

@@ -24,12 +24,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processors.engine import Catalog, Ceilings, EngineContext
-from processors.kafka.exits import (  # re-exported: the exit codes callers know the loop by
-    EXIT_FATAL,
-    EXIT_FENCED,
-    EXIT_OK,
-    EXIT_STALLED,
+from processors.kafka.exits import (
     FENCED_CODES,
+    ExitCode,
     ProcessorStopped,
     Stopping,
     StopRequested,
@@ -131,9 +128,9 @@ class Processor:
         return self.membership.partitions
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def run(self) -> int:
+    def run(self) -> ExitCode:
         """Run until `stop_event` is set; returns the process exit code."""
-        code = EXIT_OK
+        code = ExitCode.OK
         try:
             if self.watchdog is not None:
                 self.watchdog.start()
@@ -155,8 +152,8 @@ class Processor:
             code = e.code
             self.log.error("processor stopped", extra={"reason": str(e), "exit_code": code})
         except Exception as e:
-            self.stopping.fatal = ProcessorStopped(EXIT_FATAL, f"{type(e).__name__}: {e}")
-            code = EXIT_FATAL
+            self.stopping.fatal = ProcessorStopped(ExitCode.FATAL, f"{type(e).__name__}: {e}")
+            code = ExitCode.FATAL
             self.log.exception("processor crashed", extra={"exit_code": code})
         finally:
             try:
@@ -184,8 +181,8 @@ class Processor:
             if s.query_port is not None:
                 self._query = QueryServer(self, s.http_host, s.query_port)
                 self.query_port = self._query.port
-        except CannotServe as e:  # a port in use: say which, not a traceback
-            raise ProcessorStopped(EXIT_FATAL, str(e)) from e
+        except CannotServe as e:  # a port in use, a token refused: say which, not a traceback
+            raise ProcessorStopped(ExitCode.CONFIG, str(e)) from e
         consumer = self.membership.connect()
         partitions = self.partition_count = check_topology(consumer, s, KAFKA_TIMEOUT_S, self.stop_event)
         self.folder.set_partitions(partitions)
@@ -395,18 +392,18 @@ class Processor:
         self.metrics.loop_stalls.inc()
         self.log.error(
             "processor loop stalled" + ("; exiting so that it is restarted" if self._exit_on_stall else ""),
-            extra={"stalled_s": round(stalled_s, 1), "exit_code": EXIT_STALLED, "stack": stack},
+            extra={"stalled_s": round(stalled_s, 1), "exit_code": ExitCode.STUCK, "stack": stack},
         )
         if self._exit_on_stall:
             logging.shutdown()  # flush the handlers: the loop thread holds no lock we need
-            os._exit(EXIT_STALLED)  # the stuck call cannot be interrupted; uncommitted work is redone
+            os._exit(ExitCode.STUCK)  # the stuck call cannot be interrupted; uncommitted work is redone
 
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
             if err.code() in FENCED_CODES and not self.txn.timed_out():
                 self.stopping.fail(
                     ProcessorStopped(
-                        EXIT_FENCED,
+                        ExitCode.FENCED,
                         (
                             f"fenced: another processor with instance id {self.settings.instance_id!r} has "
                             "started; this one stops. Give each running processor its own "

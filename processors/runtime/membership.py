@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from processors.kafka.exits import EXIT_FATAL, EXIT_FENCED, ProcessorStopped, Stopping
+from processors.kafka.exits import ExitCode, ProcessorStopped, Stopping
 from processors.runtime.assignment import Partitions
 from processors.runtime.settings import ProcessorSettings
 from processors.runtime.txn import Transaction
@@ -92,7 +92,7 @@ class GroupMembership:
         if cmds != rcps:
             self._stopping.fail(
                 ProcessorStopped(
-                    EXIT_FATAL,
+                    ExitCode.CONFIG,
                     (
                         f"assignment does not co-locate commands {sorted(cmds)} and receipts {sorted(rcps)}: "
                         "the group must use partition.assignment.strategy=range and equal partition counts"
@@ -171,14 +171,14 @@ class GroupMembership:
         elif not (self._session_lost_recently() or self.rejoin_stale):
             if "fenced" in err.str().lower():
                 raise ProcessorStopped(
-                    EXIT_FENCED,
+                    ExitCode.FENCED,
                     (
                         f"consumer fenced: another processor with instance id {self._settings.instance_id!r} "
                         f"joined the group; this one stops. Give each running processor its own "
                         f"RUNFOLD_INSTANCE_ID. ({err.str()})"
                     ),
                 )
-            raise ProcessorStopped(EXIT_FATAL, f"fatal consumer error: {err.str()}")
+            raise ProcessorStopped(ExitCode.FATAL, f"fatal consumer error: {err.str()}")
         assert self.consumer is not None and self.partitions is not None
         self._log.warning(
             "input consumer failed; replacing it",

@@ -1,7 +1,8 @@
 """What the processor checks before it joins its group: a state directory it can write, a
-cluster that answers, and a complete, co-partitioned topology. Each failure stops it (exit 2)
-with a message that says what is wrong and what to do, before any partition is assigned (a
-failure inside a rebalance callback would say much less)."""
+cluster that answers, and a complete, co-partitioned topology. Each failure stops it with
+ExitCode.CONFIG (2: it cannot start as configured) and a message that says what is wrong and
+what to do, before any partition is assigned (a failure inside a rebalance callback would say
+much less)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaException
 
-from processors.kafka.exits import EXIT_FATAL, ProcessorStopped, StopRequested, until_stopped
+from processors.kafka.exits import ExitCode, ProcessorStopped, StopRequested, until_stopped
 from processors.runtime.settings import ProcessorSettings
 from topology.settings import cannot_reach
 
@@ -27,7 +28,7 @@ def check_state_dir(settings: ProcessorSettings) -> None:
         probe.unlink()
     except OSError as e:
         raise ProcessorStopped(
-            EXIT_FATAL,
+            ExitCode.CONFIG,
             (
                 f"state directory {root} is not usable ({e.strerror or e}): set --state-dir or RUNFOLD_STATE_DIR "
                 "to a writable directory"
@@ -58,7 +59,7 @@ def check_topology(
             meta = until_stopped(lambda t: consumer.list_topics(timeout=t), stop, timeout_s)
         except KafkaException as e:
             raise ProcessorStopped(
-                EXIT_FATAL,
+                ExitCode.CONFIG,
                 cannot_reach(settings.bootstrap_servers, f"{e.args[0].str()}, after {timeout_s:g} s"),
             ) from e
         missing = [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
@@ -70,14 +71,14 @@ def check_topology(
             raise StopRequested
     if missing:
         raise ProcessorStopped(
-            EXIT_FATAL,
+            ExitCode.CONFIG,
             f"missing topics {missing}: run `runfold topology create` "
             f"with topic prefix {settings.topic_prefix!r}",
         )
     counts = {n: len(meta.topics[n].partitions) for n in (t.commands, t.receipts, t.run_events, t.run_state)}
     if len(set(counts.values())) != 1:
         raise ProcessorStopped(
-            EXIT_FATAL,
+            ExitCode.CONFIG,
             f"topics are not co-partitioned (partition counts {counts}); "
             "commands, receipts, run-events and run-state must match",
         )

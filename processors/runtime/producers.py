@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
-from processors.kafka.exits import EXIT_FATAL, EXIT_STALLED, FENCED_CODES, ProcessorStopped, until_stopped
+from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
 from processors.kafka.transactions import Renewals
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
@@ -113,7 +113,7 @@ class TxnProducers:
                     until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
         except KafkaException as e:
             raise ProcessorStopped(
-                EXIT_FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: {e.args[0].str()}"
+                ExitCode.FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: {e.args[0].str()}"
             ) from e
         self.watches[slot] = CoordinatorWatch(producer, s.transactional_ids[slot], s.group)
         return producer
@@ -142,7 +142,7 @@ class TxnProducers:
         failed = self.failed[self.slot]
         if failed is not None:
             if self.renewals.recent:  # the other one was just replaced too: not a one-off, stop
-                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
+                raise ProcessorStopped(ExitCode.FATAL, f"fatal Kafka error (idle producer): {failed.str()}")
             self.renew(failed, "begin (failed while idle)")
         elif self.cut_off[self.slot] and self.cluster_answers():
             # librdkafka keeps its coordinator and broker handles across such an outage, and
@@ -222,7 +222,7 @@ class TxnProducers:
         self._producers[self.slot] = None  # not purged nor dropped: its call may still be running
         if self.stuck_calls() > MAX_STUCK_CALLS:
             raise ProcessorStopped(
-                EXIT_STALLED,
+                ExitCode.STUCK,
                 f"{self.stuck_calls()} {call} calls never returned; "
                 "restart the process to free the clients left inside them",
             )

@@ -8,7 +8,7 @@ from logging import Logger
 
 from confluent_kafka import KafkaError, KafkaException
 
-from processors.kafka.exits import EXIT_FATAL, EXIT_FENCED, FENCED_CODES, ProcessorStopped
+from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped
 from processors.kafka.watchdog import CallAbandoned
 from processors.runtime import deadletter
 from processors.runtime.membership import GroupMembership
@@ -72,7 +72,7 @@ class TxnFailures:
             return
         if err.code() in FENCED_CODES and (self._producers.renewals.recent or not self._txn.timed_out()):
             raise ProcessorStopped(
-                EXIT_FENCED,
+                ExitCode.FENCED,
                 (
                     f"fenced at {stage}: another processor with transactional.id "
                     f"{self._settings.transactional_id!r} has started (same instance_id); this one stops. "
@@ -81,7 +81,7 @@ class TxnFailures:
             )
         if err.fatal():
             if self._producers.renewals.recent:  # a second one in a row: not a one-off, stop
-                raise ProcessorStopped(EXIT_FATAL, f"fatal Kafka error at {stage}: {err.str()}")
+                raise ProcessorStopped(ExitCode.FATAL, f"fatal Kafka error at {stage}: {err.str()}")
             self._renew_producer(err, stage)
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # a delivery failed: the broker's limit
             self.output_too_large(err.str())
@@ -109,7 +109,7 @@ class TxnFailures:
                 self.txn_failed(e, stage)
                 return
             raise ProcessorStopped(
-                EXIT_FATAL,
+                ExitCode.FATAL,
                 f"{stage}: produce failed ({err.str()}) yet the transaction "
                 "committed; restart to restore from the committed log",
             )

@@ -1,5 +1,5 @@
 """A processor whose topology is incomplete or not co-partitioned stops before it joins its group
-(exit 2), saying what is wrong and what to do; nothing is consumed."""
+(exit 2, configuration), saying what is wrong and what to do; nothing is consumed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from processor_support import make_settings
 
-from processors.kafka.exits import EXIT_FATAL
+from processors.kafka.exits import ExitCode
 from processors.runtime.loop import Processor
 from topology.admin import create_topology
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 def _stop_reason(processor: Processor, caplog: pytest.LogCaptureFixture) -> str:
     processor.log.propagate = True
     with caplog.at_level(logging.INFO, logger="runfold"):
-        assert processor.run() == EXIT_FATAL
+        assert processor.run() == ExitCode.CONFIG
     [stopped] = [r for r in caplog.records if r.getMessage() == "processor stopped"]
     assert not [r for r in caplog.records if r.getMessage() in ("processor started", "partitions assigned")]
     return str(stopped.__dict__["reason"])

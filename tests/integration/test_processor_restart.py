@@ -22,8 +22,8 @@ from processor_support import (
     terminal_of,
 )
 
+from processors.kafka.exits import ExitCode
 from processors.kafka.partitioning import partition_for
-from processors.runtime.loop import EXIT_FENCED
 from processors.runtime.settings import ProcessorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -155,7 +155,7 @@ def test_second_instance_with_same_id_fences_the_first(settings: ProcessorSettin
                 i += 1
                 time.sleep(0.1)
             first.thread.join(30)
-            assert first.exit_code == EXIT_FENCED
+            assert first.exit_code == ExitCode.FENCED
             twin.wait_owned(2, timeout=60)
             events.wait_for(
                 lambda evs: all(terminal_of(evs, r) for r in runs[: min(i, len(runs))]),

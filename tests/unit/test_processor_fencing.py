@@ -8,8 +8,9 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from processors.kafka.exits import ExitCode, ProcessorStopped
 from processors.kafka.transactions import RENEW_AGAIN_AFTER_S, Renewals
-from processors.runtime.loop import EXIT_FATAL, EXIT_FENCED, Processor, ProcessorStopped
+from processors.runtime.loop import Processor
 from processors.runtime.settings import ProcessorSettings
 
 
@@ -54,7 +55,7 @@ def test_stale_membership_without_a_session_loss_rejoins_too_but_not_again_and_a
         )
     with pytest.raises(ProcessorStopped) as stopped:
         proc.failures.txn_failed(_fenced_instance(), "commit")
-    assert stopped.value.code == EXIT_FENCED and "instance_id" in str(stopped.value)
+    assert stopped.value.code == ExitCode.FENCED and "instance_id" in str(stopped.value)
     assert len(aborted) == 3
 
 
@@ -87,7 +88,7 @@ def test_a_producer_that_failed_fatally_while_idle_is_replaced_before_its_next_t
     proc.producers.renewals.renewed()  # the other producer was just replaced: a second failure stops
     with pytest.raises(ProcessorStopped) as stopped:
         proc.txn.begin()
-    assert stopped.value.code == EXIT_FATAL and "unrecoverable" in str(stopped.value)
+    assert stopped.value.code == ExitCode.FATAL and "unrecoverable" in str(stopped.value)
     # a fatal error RENEW_AGAIN_AFTER_S after the last renewal is a new fault: renewed again
     # (an idle processor commits nothing between two faults of a rolling restart)
     assert proc.producers.renewals.renewed_at is not None
@@ -102,7 +103,7 @@ def test_a_fenced_error_callback_stops_instead_of_replacing(monkeypatch: pytest.
     assert proc.producers.failed == [None, None]
     assert (
         proc.stopping.fatal is not None
-        and proc.stopping.fatal.code == EXIT_FENCED
+        and proc.stopping.fatal.code == ExitCode.FENCED
         and proc.stop_event.is_set()
     )
 
@@ -172,7 +173,7 @@ def test_an_abort_refused_while_a_timed_out_commit_is_still_in_progress_stops_wi
     proc.txn.open = True
     with pytest.raises(ProcessorStopped) as stopped:
         proc.txn.abort("commit: timed out 5 times")
-    assert stopped.value.code == EXIT_FATAL and proc.producers.current is conflict and not conflict.purged
+    assert stopped.value.code == ExitCode.FATAL and proc.producers.current is conflict and not conflict.purged
     assert proc.metrics.producers_replaced.labels("abort_timed_out")._value.get() == 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from processors.kafka.exits import EXIT_FATAL
+from processors.kafka.exits import ExitCode
 from processors.runtime import loop
 from processors.runtime.settings import ProcessorSettings
 
@@ -35,7 +35,7 @@ def test_a_cluster_that_does_not_answer_stops_the_processor_with_where_it_looked
     processor = loop.Processor(settings)
     processor.log.propagate = True  # to caplog (runfold's JSON handler is not configured here)
     with caplog.at_level(logging.WARNING, logger="runfold"):
-        assert processor.run() == EXIT_FATAL
+        assert processor.run() == ExitCode.CONFIG == 2  # configuration: the address, the cluster
     [stopped] = [r for r in caplog.records if r.getMessage() == "processor stopped"]
     reason = stopped.__dict__["reason"]
     assert reason.startswith(f"cannot reach the Kafka cluster at {bootstrap} (")
@@ -56,7 +56,7 @@ def test_a_state_directory_that_cannot_be_made_stops_the_processor_before_it_con
     processor = loop.Processor(settings)
     processor.log.propagate = True
     with caplog.at_level(logging.WARNING, logger="runfold"):
-        assert processor.run() == EXIT_FATAL  # at once: the closed port is never tried
+        assert processor.run() == ExitCode.CONFIG  # at once: the closed port is never tried
     [stopped] = [r for r in caplog.records if r.getMessage() == "processor stopped"]
     reason = stopped.__dict__["reason"]
     assert (
@@ -182,7 +182,7 @@ def test_a_child_executor_where_no_cluster_answers_exits_2_saying_so(
         KafkaSettings(bootstrap_servers=bootstrap, topic_prefix="gone"), connect_timeout_s=2.0
     )
     with caplog.at_level(logging.ERROR, logger="runfold"):
-        assert executor.run(install_signals=False) == 2  # the processor's code for it
+        assert executor.run(install_signals=False) == ExitCode.CONFIG == 2  # the processor's code for it
     # Its producer would go on trying the closed port through later tests: the error callback
     # (a bound method) ties it to the executor in a cycle the collector cannot see through.
     executor.producer = None  # type: ignore[assignment]
