@@ -43,10 +43,9 @@ from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
 from processors.kafka.exits import (
-    EXIT_FENCED,
-    EXIT_STALLED,
     FENCED_CODES,
     KEEP_WAITING,
+    ExitCode,
     StopRequested,
     until_stopped,
 )
@@ -69,7 +68,6 @@ from topology.settings import (
 
 log = logging.getLogger("runfold.child_executor")
 TXN_TIMEOUT_S = 30.0
-EXIT_NO_CLUSTER = 2  # no broker answered within connect_timeout_ms (the processor's code for it)
 # send_offsets_to_transaction and commit_transaction: a broker lost moves its coordinators
 # within Kafka's broker session (9 s by default), so 10 s is enough and a longer wait only
 # holds the children's commands back (the processor gives them the same).
@@ -80,9 +78,6 @@ CALL_TIMEOUT_S = 10.0
 ABANDON_AFTER_S = 5.0
 # Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
 MAX_STUCK_CALLS = 3
-# Exit codes (docs/executors.md, "Exit codes"): the processor's for fenced and stuck.
-EXIT_KAFKA = 1  # the cluster could not be reached, or a Kafka error no retry mends: restart
-EXIT_CONFIG = 2  # settings or a port refused: fix the configuration before restarting
 CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
 
 
@@ -263,7 +258,8 @@ class ChildExecutor:
     def request_stop(self, *_: object) -> None:
         self._stop.set()
 
-    def run(self, install_signals: bool = True) -> int:
+    def run(self, install_signals: bool = True) -> ExitCode:
+        """Consume until SIGTERM/SIGINT; returns the exit code (`ExitCode`, docs/runtime.md)."""
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
@@ -282,16 +278,16 @@ class ChildExecutor:
                 )
             except StopRequested:
                 log.info("child executor stopped during start-up")
-                return 0
+                return ExitCode.OK
             except ClusterUnreachable as exc:
                 log.error("child executor stopped: %s", exc)
-                return EXIT_NO_CLUSTER
+                return ExitCode.CONFIG
             connect_first(self.producer, self.names.commands)
             try:
                 until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
             except StopRequested:
                 log.info("child executor stopped during start-up")
-                return 0
+                return ExitCode.OK
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.code() not in KEEP_WAITING or cluster_answers(self.consumer, 5.0):
@@ -303,7 +299,7 @@ class ChildExecutor:
                         f"init_transactions: {err.str()}, after {TXN_TIMEOUT_S:g} s",
                     ),
                 )
-                return 1
+                return ExitCode.FATAL  # it answered a moment ago: a restart may find it back
             self._watch_coordinators()
             self.consumer.subscribe(
                 [self.names.child_activations, self.names.run_events],
@@ -325,24 +321,24 @@ class ChildExecutor:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() in FENCED_CODES:
                 log.error("child executor stopped: fenced (another instance has its instance id): %s", exc)
-                return EXIT_FENCED
+                return ExitCode.FENCED
             log.error("child executor stopped: %s", exc)
-            return EXIT_KAFKA
+            return ExitCode.FATAL
         except CannotServe as exc:
             log.error("child executor stopped: %s", exc)
-            return EXIT_CONFIG
+            return ExitCode.CONFIG
         except StopRequested:  # while a replaced producer waited for the cluster
             log.info("child executor stopped")
-            return 0
+            return ExitCode.OK
         except Stuck as exc:
             log.error("child executor stopped: %s; exiting so that it is restarted", exc)
-            return EXIT_STALLED
+            return ExitCode.STUCK
         finally:
             self.consumer.close()
             self.metrics.close()
             self._calls.close()
             kafka_log().flush()
-        return 0
+        return ExitCode.OK
 
     @property
     def _transactional_id(self) -> str:

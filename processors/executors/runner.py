@@ -55,6 +55,7 @@ from processors.executors.secrets import SecretResolver, SecretsPolicy, SecretSt
 from processors.executors.settings import WorkerSettings
 from processors.executors.tracebacks import log_handler_failure
 from processors.executors.worker_group import WorkerGroup
+from processors.kafka.exits import ExitCode
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
 from processors.metrics_endpoint import CannotServe
@@ -65,7 +66,6 @@ from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, load_settings, producer_config
 
 log = logging.getLogger("runfold.worker")
-EXIT_NO_CLUSTER = 2  # no broker answered within connect_timeout_ms (the processor's code for it)
 TICK_S = 0.02
 _RECEIPT_MARGIN = 1024  # record and batch overhead under a size limit
 IDLE_POLL_S = 0.01  # an idle worker blocks up to this long in the consumer (an activation wakes it)
@@ -134,7 +134,7 @@ class WorkerRunner:
         config["logger"] = kafka_log()  # librdkafka's lines through logging, repeats collapsed
         self._stop_event = threading.Event()  # set with `stopping`: ends the wait for the cluster
         self._batch_bytes = int(config["batch.size"])
-        self.failed: str | None = None  # why the worker stopped itself (exit 1)
+        self.failed: str | None = None  # why the worker stopped itself (ExitCode.FATAL)
         self.delivery = ReceiptDelivery(
             self.settings,
             self.names,
@@ -169,7 +169,8 @@ class WorkerRunner:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def run(self, install_signals: bool = True) -> int:
+    async def run(self, install_signals: bool = True) -> ExitCode:
+        """Serve until SIGTERM/SIGINT, then drain; returns the exit code (`ExitCode`, docs/runtime.md)."""
         self._loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -182,9 +183,9 @@ class WorkerRunner:
                     self.metrics_port = self.metrics.serve(
                         self.settings.metrics_port, self.settings.metrics_host
                     )
-                except CannotServe as e:
+                except CannotServe as e:  # a port in use: configuration, not a crash to restart
                     log.error("worker %s stopped: %s", self.worker_id, e)
-                    return 1
+                    return ExitCode.CONFIG
             try:
                 await asyncio.to_thread(
                     await_cluster,
@@ -195,13 +196,13 @@ class WorkerRunner:
                     self.names.receipts,
                 )
             except StopRequested:
-                return 0
+                return ExitCode.OK
             except ClusterUnreachable as e:
                 log.error("worker %s stopped: %s", self.worker_id, e)
-                return EXIT_NO_CLUSTER
+                return ExitCode.CONFIG
             await self._fit_receipts_topic()
             if self.stopping:  # asked to stop while the cluster was not answering yet
-                return 0
+                return ExitCode.OK
             connect_first(
                 self.delivery.producer, self.names.receipts
             )  # the first receipt does not wait for a producer id
@@ -242,8 +243,8 @@ class WorkerRunner:
             kafka_log().flush()
         if self.failed is not None:
             log.error("worker %s stopped: %s", self.worker_id, self.failed)
-            return 1
-        return 0
+            return ExitCode.FATAL
+        return ExitCode.OK
 
     async def _fit_receipts_topic(self) -> None:
         """Receipts and their batches must fit the receipts topic's `max.message.bytes`: the
@@ -630,6 +631,6 @@ def _step_of(activation: dict[str, Any]) -> tuple[str, str, str]:
 
 def run_worker(
     worker: ServedWorker, kafka: KafkaSettings | None = None, topic_prefix: str | None = None
-) -> int:
+) -> ExitCode:
     runner = WorkerRunner(worker, kafka, topic_prefix)
     return asyncio.run(runner.run())

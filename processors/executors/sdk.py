@@ -27,6 +27,7 @@ from processors.executors.registry import Action, ActionRegistry, Handler
 from processors.executors.runner import run_worker
 from processors.executors.secrets import SecretStore
 from processors.executors.settings import WorkerSettings
+from processors.kafka.exits import ExitCode
 
 registry = ActionRegistry()
 """The module-level registry: `@action(...)` registers here; every Worker includes it."""
@@ -73,6 +74,7 @@ class Worker:
     def action_names(self) -> list[str]:
         return sorted(set(self.registry.names()) | set(registry.names()) | set(self._builtins.names()))
 
-    def run(self, kafka: Any = None, topic_prefix: str | None = None) -> int:
-        """Consume activations until SIGTERM/SIGINT, then drain. Returns the exit code."""
+    def run(self, kafka: Any = None, topic_prefix: str | None = None) -> ExitCode:
+        """Consume activations until SIGTERM/SIGINT, then drain. Returns the exit code
+        (`ExitCode`: docs/runtime.md, "Exit codes")."""
         return run_worker(self, kafka, topic_prefix)

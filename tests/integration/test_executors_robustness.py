@@ -25,6 +25,7 @@ from executor_support import TERMINAL, ReceiptReader, WorkerThread, activation, 
 from processors.engine.ids import dispatch_id
 from processors.executors import Worker
 from processors.executors.child_executor import ChildExecutor
+from processors.kafka.exits import ExitCode
 from topology.admin import create_topology
 from topology.catalog import TopicNames
 from topology.settings import KafkaSettings, admin_config, producer_config, transactional_producer_config
@@ -270,7 +271,7 @@ def test_a_fenced_child_executor_process_exits_3_and_commits_nothing(ks: KafkaSe
             proc.wait(10)
     reading.join(5)
     log = "".join(stderr)
-    assert code == 3, log
+    assert code == ExitCode.FENCED, log
     assert "child executor stopped: fenced" in log, log
     commands = ReceiptReader(ks, kind="commands", topic=names.commands)
     time.sleep(2)

@@ -15,6 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from processors.kafka.exits import ExitCode
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 RUNFOLD = Path(sys.executable).parent / "runfold"
 HUMAN = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+ ")
@@ -51,7 +53,7 @@ def test_no_broker_exits_2_quickly_with_one_clear_line(
 ) -> None:
     port = _closed_port()
     code, took, lines = _run(args, port, tmp_path, **env)
-    assert code == 2, lines
+    assert code == ExitCode.CONFIG, lines
     assert took < 15, took  # 3 s connect timeout plus start-up
     assert len(lines) < 10, "\n".join(lines)
     records = [orjson.loads(line) for line in lines]  # every line is one JSON object (the default)
@@ -67,17 +69,19 @@ def test_human_format_by_flag_or_env_and_a_bad_one_is_a_usage_error(tmp_path: Pa
     port = _closed_port()
     timeout = {"RUNFOLD_WORKER_CONNECT_TIMEOUT_MS": "1000"}
     code, _, lines = _run(["worker", "--log-format", "human"], port, tmp_path, **timeout)
-    assert code == 2 and lines and all(HUMAN.match(line) for line in lines), lines
+    assert code == ExitCode.CONFIG and lines and all(HUMAN.match(line) for line in lines), lines
     code, _, lines = _run(["worker"], port, tmp_path, RUNFOLD_LOG_FORMAT="human", **timeout)
-    assert code == 2 and all(HUMAN.match(line) for line in lines), lines
+    assert code == ExitCode.CONFIG and all(HUMAN.match(line) for line in lines), lines
     code, _, lines = _run(["worker", "--log-format", "xml"], port, tmp_path)
-    assert code == 2 and any("--log-format must be one of json, human" in line for line in lines), lines
+    assert code == ExitCode.CONFIG and any(
+        "--log-format must be one of json, human" in line for line in lines
+    ), lines
 
 
 def test_processor_no_broker_same_message_few_lines(tmp_path: Path) -> None:
     port = _closed_port()
     code, took, lines = _run(["processor", "--state-dir", str(tmp_path / "state")], port, tmp_path)
-    assert code == 2, lines
+    assert code == ExitCode.CONFIG, lines
     assert took < 60, took  # the processor's fixed 30 s pre-flight wait
     assert len(lines) < 10, "\n".join(lines)
     records = [orjson.loads(line) for line in lines]

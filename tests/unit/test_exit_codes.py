@@ -5,6 +5,7 @@ are closed ports), or a path newly split between 1 (restart) and 2 (configuratio
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 from confluent_kafka import TopicPartition
 
 from processors.kafka.exits import ExitCode
+from topology.settings import KafkaSettings
 
 
 def _closed_port() -> int:
@@ -108,3 +110,23 @@ def test_an_assignment_that_does_not_co_locate_commands_and_receipts_is_configur
     assert (
         fatal is not None and fatal.code == ExitCode.CONFIG and "partition.assignment.strategy" in str(fatal)
     )
+
+
+# ---- the worker ------------------------------------------------------------------------------------
+
+
+def test_a_worker_whose_metrics_port_is_taken_exits_2_not_1() -> None:
+    from processors.executors import runner
+    from processors.executors.sdk import Worker
+    from processors.executors.settings import WorkerSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        worker = Worker(
+            settings=WorkerSettings(metrics_port=taken.getsockname()[1], metrics_host="127.0.0.1")
+        )
+        worker_runner = runner.WorkerRunner(
+            worker, KafkaSettings(bootstrap_servers=f"127.0.0.1:{_closed_port()}", topic_prefix="t")
+        )
+        assert asyncio.run(worker_runner.run(install_signals=False)) == ExitCode.CONFIG == 2  # was 1

@@ -296,7 +296,8 @@ def test_a_revoked_run_events_partition_takes_its_known_parents_with_it() -> Non
 def test_a_metrics_port_taken_is_a_configuration_exit_2_not_a_crash_to_restart() -> None:
     import socket
 
-    from processors.executors.child_executor import EXIT_CONFIG, ChildExecutor
+    from processors.executors.child_executor import ChildExecutor
+    from processors.kafka.exits import ExitCode
     from topology.settings import KafkaSettings
 
     with socket.socket() as taken:
@@ -308,7 +309,7 @@ def test_a_metrics_port_taken_is_a_configuration_exit_2_not_a_crash_to_restart()
             metrics_port=taken.getsockname()[1],
             metrics_host="127.0.0.1",
         )
-        assert executor.run(install_signals=False) == EXIT_CONFIG == 2
+        assert executor.run(install_signals=False) == ExitCode.CONFIG == 2
 
 
 def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_commits() -> None:
