@@ -23,9 +23,10 @@ from processors.cli.common import (
     fail,
     settings_for,
 )
-from processors.index.ingest import Indexer
+from processors.index.ingest import Indexer, IngestCannotStart
 from processors.index.settings import INDEX_ENV, index_path, open_index, open_reader, parse_time
 from processors.index.store import CursorError, IndexError_, RunFilter, describe
+from processors.kafka.exits import ExitCode
 
 index_app = typer.Typer(
     no_args_is_help=True,
@@ -37,6 +38,12 @@ DbOpt = Annotated[
     typer.Option(
         "--db",
         help=f"Index: an SQLite file or a postgresql:// URL (default: {INDEX_ENV}, else .runfold/index.sqlite).",
+    ),
+]
+ConnectTimeoutOpt = Annotated[
+    int,
+    typer.Option(
+        min=100, help="How long the ingest waits at start for a cluster that does not answer, then exits 2."
     ),
 ]
 
@@ -57,11 +64,16 @@ def run(
     commit_interval_ms: Annotated[
         int, typer.Option(min=1, help="Write a partial batch after this many ms.")
     ] = 200,
+    connect_timeout_ms: ConnectTimeoutOpt = 30_000,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """Keep the index up to date with the committed run events (exactly once into the database).
+
+    A long-running process: its exit codes are the services' (docs/runtime.md, "Exit codes"):
+    0 stopped by SIGTERM/SIGINT (or --once at the end), 1 a broker or database error (restart it),
+    2 it cannot start as configured (the index, no cluster answering, the topic missing).
 
     Example: `runfold index run --db .runfold/index.sqlite`
     """
@@ -73,10 +85,15 @@ def run(
         if rebuild:
             index.reset()
         indexer = Indexer(
-            settings, index, store_events=events, batch_max=batch_max, commit_interval_ms=commit_interval_ms
+            settings,
+            index,
+            store_events=events,
+            batch_max=batch_max,
+            commit_interval_ms=commit_interval_ms,
+            connect_timeout_s=connect_timeout_ms / 1000,
         )
-    except IndexError_ as e:
-        raise fail(as_json, str(e)) from None
+    except IndexError_ as e:  # another prefix's index, a newer schema, a database that does not answer
+        raise fail(as_json, str(e), ExitCode.CONFIG) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -88,8 +105,10 @@ def run(
         )
     try:
         report = indexer.run(follow=not once, stop=stop)
-    except Exception as e:  # a broker or database error: say which, exit non-zero
-        raise fail(as_json, f"index ingest stopped: {e}") from None
+    except IngestCannotStart as e:
+        raise fail(as_json, f"index ingest cannot start: {e}", ExitCode.CONFIG) from None
+    except Exception as e:  # a broker or database error: say which; a restart reloads from the database
+        raise fail(as_json, f"index ingest stopped: {e}", ExitCode.FATAL) from None
     if as_json:
         echo_json({"ok": True, "db": describe(path), **report.to_dict()})
     else:

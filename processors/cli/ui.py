@@ -1,10 +1,18 @@
-"""`runfold ui`: serve the web UI (and, by default, keep the run index up to date in the same process)."""
+"""`runfold ui`: serve the web UI (and, by default, keep the run index up to date in the same process).
+
+A long-running process: its exit codes are the services' (`ExitCode`, docs/runtime.md "Exit
+codes"): 0 stopped by SIGTERM/SIGINT; 1 its index ingest stopped on a broker or database error
+(restart it); 2 it cannot start as configured (a token or address refused, the port in use, the
+index unusable, no cluster answering, the run-events topic missing). A broker lost while it runs
+is waited out by the ingest."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
 import os
+import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -13,10 +21,12 @@ import typer
 import uvicorn
 
 from processors.cli.common import BootstrapOpt, PrefixOpt, err_console, fail, settings_for
-from processors.cli.index import DbOpt
-from processors.index.ingest import Indexer
+from processors.cli.index import ConnectTimeoutOpt, DbOpt
+from processors.http_endpoint import CannotServe
+from processors.index.ingest import Indexer, IngestCannotStart
 from processors.index.settings import index_path, open_index
 from processors.index.store import IndexError_, describe, is_dsn
+from processors.kafka.exits import ExitCode
 from processors.ui.app import UiConfig, create_app
 
 log = logging.getLogger("runfold.ui")
@@ -52,6 +62,7 @@ def ui(
     ingest: Annotated[
         bool, typer.Option("--ingest/--no-ingest", help="Keep the index up to date in this process.")
     ] = True,
+    connect_timeout_ms: ConnectTimeoutOpt = 30_000,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -64,29 +75,80 @@ def ui(
     try:
         token = ui_token()
     except ValueError as e:
-        raise fail(False, str(e)) from None
+        raise fail(False, str(e), ExitCode.CONFIG) from None
     if not _loopback(host) and token is None:
         raise fail(
             False,
             f"refusing to listen on {host} without a token: set RUNFOLD_UI_TOKEN or RUNFOLD_UI_TOKEN_FILE",
+            ExitCode.CONFIG,
         )
     path = index_path(db)
-    stop = threading.Event()
+    indexer: Indexer | None = None
     if ingest:
         try:
-            indexer = Indexer(settings, open_index(path))
+            indexer = Indexer(settings, open_index(path), connect_timeout_s=connect_timeout_ms / 1000)
         except IndexError_ as e:
-            raise fail(False, str(e)) from None
-        threading.Thread(target=indexer.run, kwargs={"stop": stop}, name="index-ingest", daemon=True).start()
+            raise fail(False, str(e), ExitCode.CONFIG) from None
     elif not is_dsn(path) and not Path(path).exists():
-        raise fail(False, f"no run index at {path}: run `runfold index run` or drop --no-ingest")
+        raise fail(
+            False, f"no run index at {path}: run `runfold index run` or drop --no-ingest", ExitCode.CONFIG
+        )
+    try:
+        sock = _listen(host, port)
+    except CannotServe as e:  # uvicorn would exit 3 (its start-up failure): "fenced" to a supervisor
+        raise fail(False, str(e), ExitCode.CONFIG) from None
     app = create_app(UiConfig(index_path=path, settings=settings, token=token))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    stop = threading.Event()
+    ended: list[tuple[ExitCode, str]] = []  # why the ingest stopped, when it did by itself
+    if indexer is not None:
+        threading.Thread(
+            target=_ingest, args=(indexer, stop, server, ended), name="index-ingest", daemon=True
+        ).start()
+    shown = f"[{host}]" if ":" in host else host
     err_console.print(
-        f"runfold UI on http://{host}:{port}/ (index {describe(path)}{', ingesting' if ingest else ''}"
-        f"{', token required' if token else ''})",
+        f"runfold UI on http://{shown}:{sock.getsockname()[1]}/ (index {describe(path)}"
+        f"{', ingesting' if ingest else ''}{', token required' if token else ''})",
         highlight=False,
     )
+    # uvicorn takes SIGTERM/SIGINT while it serves and raises the signal again once it has shut
+    # down, with the handlers it found: these make that a stop on request (exit 0), where the
+    # default SIGTERM handler ended the process by the signal.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        server.run(sockets=[sock])
     finally:
         stop.set()
+    if ended:
+        code, message = ended[0]
+        raise fail(False, message, code)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The UI's socket, bound: CannotServe (what, where, what to do) when it cannot be."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CannotServe.bind_failed("the UI", host, port, "--port", e) from None
+    return sock
+
+
+def _ingest(
+    indexer: Indexer, stop: threading.Event, server: uvicorn.Server, ended: list[tuple[ExitCode, str]]
+) -> None:
+    """The index ingest beside the UI (it waits out a lost broker). If it stops by itself, the
+    UI stops too, with the ingest's exit code: serving an index that no longer follows the run
+    events would show stale runs as current."""
+    try:
+        indexer.run(stop=stop)
+        return
+    except IngestCannotStart as e:
+        ended.append((ExitCode.CONFIG, f"index ingest cannot start: {e}"))
+    except Exception as e:
+        log.exception("index ingest stopped")
+        ended.append((ExitCode.FATAL, f"index ingest stopped: {e}; the UI stops too (restart it)"))
+    server.should_exit = True

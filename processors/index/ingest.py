@@ -9,7 +9,10 @@ Within that, an event whose sequence a run already holds is skipped ((run_id, se
 the key of an event), so even a duplicate on the topic would not be counted twice.
 
 If a write fails the ingest stops (raises): its in-memory projections hold events the
-database does not, and the next start reloads them from the database.
+database does not, and the next start reloads them from the database. A broker lost meanwhile
+is waited out (the consumer reconnects and fetches on from where it was). At start it waits up
+to `connect_timeout_s` for a cluster that does not answer yet, then raises `IngestCannotStart`
+(as for a run-events topic that is missing): ExitCode.CONFIG for the commands that run it.
 """
 
 from __future__ import annotations
@@ -28,12 +31,21 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors.index.projection import RunRow, Skip, accept, apply
 from processors.index.store import Batch, SQLiteIndex
+from processors.kafka.exits import StopRequested
 from processors.kafka.fetch import first_then_buffered
+from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
 from schemas import Codec, DecodeError
 from topology.catalog import topic_names
 from topology.settings import KafkaSettings, consumer_config
 
 log = logging.getLogger("runfold.index")
+CONNECT_TIMEOUT_S = 30.0  # the processor's wait for a cluster that does not answer at start
+TOPIC_APPEARS_S = 30.0  # how long a run-events topic may take to appear (created a moment ago)
+
+
+class IngestCannotStart(Exception):
+    """No cluster answered within the connect timeout, or the run-events topic does not exist:
+    the ingest cannot start as configured. The message says where it looked and what to do."""
 
 
 @dataclass
@@ -77,6 +89,7 @@ class Indexer:
         commit_interval_ms: int = 200,
         cache_runs: int = 20_000,
         codec: Codec | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -85,6 +98,7 @@ class Indexer:
         self.batch_max = batch_max
         self.commit_interval_s = commit_interval_ms / 1000
         self.cache_runs = cache_runs
+        self.connect_timeout_s = connect_timeout_s
         self._decode = (codec or Codec.default()).decoder("run_events")
         self._cache: OrderedDict[str, RunRow] = OrderedDict()
         self.report = IngestReport()
@@ -99,18 +113,26 @@ class Indexer:
         stop: threading.Event | None = None,
         on_batch: Callable[[Batch], None] | None = None,
     ) -> IngestReport:
-        """Ingest until `stop` is set (follow) or until every partition's end (not follow)."""
+        """Ingest until `stop` is set (follow) or until every partition's end (not follow).
+        IngestCannotStart when no cluster answers at start or the topic is missing; a stop
+        request while it still waits for them returns the (empty) report."""
         started = time.monotonic()
         consumer = Consumer(
-            consumer_config(
-                self.settings,
-                f"runfold-index-{uuid.uuid4().hex[:12]}",  # assign-only: the group is never joined
-                enable_partition_eof=True,
-                fetch_wait_max_ms=50,
-            )
+            {
+                **consumer_config(
+                    self.settings,
+                    f"runfold-index-{uuid.uuid4().hex[:12]}",  # assign-only: the group is never joined
+                    enable_partition_eof=True,
+                    fetch_wait_max_ms=50,
+                ),
+                "logger": kafka_log(),  # librdkafka's lines through logging, a lost broker's repeats collapsed
+            }
         )
         try:
-            partitions = self._partitions(consumer)
+            try:
+                partitions = self._partitions(consumer, stop or threading.Event())
+            except StopRequested:
+                return self.report
             stored = self.index.offsets(self.topic)
             starts = {p: stored.get(p, OFFSET_BEGINNING) for p in partitions}
             at_end: set[int] = set()
@@ -153,19 +175,31 @@ class Indexer:
             self.report.seconds = time.monotonic() - started
         return self.report
 
-    def _partitions(self, consumer: Consumer) -> list[int]:
-        deadline = time.monotonic() + 30
+    def _partitions(self, consumer: Consumer, stop: threading.Event) -> list[int]:
+        """The topic's partitions, once a broker answers (at most `connect_timeout_s`) and the
+        topic exists (at most TOPIC_APPEARS_S): IngestCannotStart otherwise; StopRequested
+        when `stop` is set meanwhile."""
+        deadline: float | None = None
         while True:
-            md = consumer.list_topics(self.topic, timeout=10)
+            try:
+                await_cluster(
+                    consumer, self.settings.bootstrap_servers, self.connect_timeout_s, stop, self.topic
+                )
+            except ClusterUnreachable as e:
+                raise IngestCannotStart(str(e)) from None
+            md = consumer.list_topics(self.topic, timeout=10)  # it answered a moment ago
+            if deadline is None:
+                deadline = time.monotonic() + TOPIC_APPEARS_S
             tmd = md.topics.get(self.topic)
             if tmd is not None and tmd.error is None and tmd.partitions:
                 return sorted(tmd.partitions)
             if time.monotonic() > deadline:
-                raise RuntimeError(
+                raise IngestCannotStart(
                     f"topic {self.topic} does not exist; create it with `runfold topology create` "
                     f"(prefix {self.settings.topic_prefix!r})"
                 )
-            time.sleep(0.2)
+            if stop.wait(0.2):
+                raise StopRequested
 
     # ------------------------------------------------------------------ one batch
     def _ingest(self, records: list[Any], batch: Batch) -> None:

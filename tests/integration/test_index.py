@@ -294,3 +294,19 @@ def test_kill_9_mid_ingest_resumes_without_loss_or_double_counting(
         row = index.get(rid)
         assert row is not None and row["status"] == "succeeded" and row["attempts"] == 3
         assert len(index.events(rid)) == row["sequence"]
+
+
+def test_an_ingest_of_a_prefix_without_its_topic_cannot_start_and_says_what_to_do(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from processors.index import ingest
+
+    monkeypatch.setattr(ingest, "TOPIC_APPEARS_S", 1.0)
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{os.getpid()}notopics")
+    indexer = Indexer(settings, SQLiteIndex(tmp_path / "index.sqlite"))
+    with pytest.raises(ingest.IngestCannotStart) as stopped:  # exit 2 (configuration), was 1
+        indexer.run(stop=threading.Event())
+    assert str(stopped.value) == (
+        f"topic {settings.topic_prefix}.run-events does not exist; create it with `runfold topology create` "
+        f"(prefix {settings.topic_prefix!r})"
+    )
