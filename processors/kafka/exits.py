@@ -26,11 +26,6 @@ class ExitCode(IntEnum):
     STUCK = 4  # stuck inside a Kafka client call (watchdog), or too many such calls left behind: restart
 
 
-# The committed txn.py's name for ExitCode.FATAL: that file is being reworked for performance
-# separately, and its pending change says ExitCode.FATAL; nothing else uses this name, which goes
-# with that change.
-EXIT_FATAL = ExitCode.FATAL
-
 # Errors that mean another instance with our transactional id or static member id runs.
 FENCED_CODES = frozenset(
     {

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.kafka.exits import EXIT_FATAL, FENCED_CODES, ProcessorStopped
+from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped
 from processors.kafka.transactions import commit_resuming
 from processors.kafka.watchdog import CallAbandoned
 from processors.runtime import deadletter
@@ -162,7 +162,7 @@ class Transaction:
             if err.fatal() and err.code() not in FENCED_CODES and not producers.renewals.recent:
                 producers.renew(err, "begin")
                 return self.begin()
-            raise ProcessorStopped(EXIT_FATAL, f"begin_transaction failed: {err.str()}") from e
+            raise ProcessorStopped(ExitCode.FATAL, f"begin_transaction failed: {err.str()}") from e
         self.open = True  # 3
         self.began = time.monotonic()
         self.deadline = self.began + self._settings.commit_interval_ms / 1000.0
@@ -267,7 +267,7 @@ class Transaction:
                 ov.write(self.event_offsets.get(p))
         except Exception as e:
             # Kafka has the transaction; the store is now behind and restore will catch it up.
-            raise ProcessorStopped(EXIT_FATAL, f"state store write failed after commit: {e}") from e
+            raise ProcessorStopped(ExitCode.FATAL, f"state store write failed after commit: {e}") from e
         c = self.counters  # 5
         self._metrics.flush_batch(
             c.records_in, c.records_out, c.dead, c.dropped, c.rejected, self.records, c.misrouted, c.retimed
@@ -315,7 +315,7 @@ class Transaction:
                 if err.code() != KafkaError._TIMED_OUT:
                     # Notably _CONFLICT after a commit that timed out: the commit may still land,
                     # so the input must not be replayed here; the restart restores from the log.
-                    raise ProcessorStopped(EXIT_FATAL, f"abort_transaction failed: {err.str()}") from e
+                    raise ProcessorStopped(ExitCode.FATAL, f"abort_transaction failed: {err.str()}") from e
                 # The abort itself timed out: it goes on inside librdkafka and can wait for good
                 # on a coordinator lost across a broker restart. A new producer's
                 # init_transactions aborts the transaction at the coordinator instead.
