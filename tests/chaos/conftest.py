@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # processor_support
 
+from broker_support import own_broker
 from checks import RESULTS
 from processor_support import make_settings, setup_topology
 
@@ -84,19 +85,8 @@ DEFINITIONS = [
 def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.LocalKafkaConfig]:
     """A broker of the suite's own (free ports, temporary data dir): the broker-restart
     scenario restarts it; nothing here touches a shared broker."""
-    port, cport = local_kafka.free_port_pair()
-    cfg = local_kafka.LocalKafkaConfig.from_env(
-        port=port, controller_port=cport, data_dir=tmp_path_factory.mktemp("chaos-kafka")
-    )
-    assert cfg.port != local_kafka.DEFAULT_PORT
-    try:
-        local_kafka.up(cfg, timeout=180)
-    except local_kafka.LocalKafkaError as e:
-        pytest.fail(f"the chaos suite's own broker did not start: {e}", pytrace=False)
-    try:
+    with own_broker(tmp_path_factory.mktemp("chaos-kafka"), "the chaos suite's") as cfg:
         yield cfg
-    finally:
-        local_kafka.down(cfg)
 
 
 @pytest.fixture(scope="session")

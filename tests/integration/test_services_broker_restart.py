@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from broker_support import own_broker
 from processor_support import Commands, make_settings, setup_topology, workflow
 
 from processors.index.settings import open_reader
@@ -40,20 +41,9 @@ SERVICES = ("worker", "child-executor", "index", "ui")
 
 
 @pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.LocalKafkaConfig]:
-    port, cport = local_kafka.free_port_pair()
-    cfg = local_kafka.LocalKafkaConfig.from_env(
-        port=port, controller_port=cport, data_dir=tmp_path_factory.mktemp("restarted-kafka")
-    )
-    assert cfg.port != local_kafka.DEFAULT_PORT
-    try:
-        local_kafka.up(cfg, timeout=180)
-    except local_kafka.LocalKafkaError as e:
-        pytest.fail(f"this test's own broker did not start: {e}", pytrace=False)
-    try:
+def restarted_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.LocalKafkaConfig]:
+    with own_broker(tmp_path_factory.mktemp("restarted-kafka"), "this test's") as cfg:
         yield cfg
-    finally:
-        local_kafka.down(cfg)
 
 
 class Services:
@@ -147,9 +137,9 @@ def _wait_succeeded(services: Services, runs: list[str], timeout: float, what: s
 
 
 def test_a_broker_restart_is_waited_out_by_the_worker_child_executor_index_and_ui(
-    own_broker: local_kafka.LocalKafkaConfig, tmp_path: Path
+    restarted_broker: local_kafka.LocalKafkaConfig, tmp_path: Path
 ) -> None:
-    settings = make_settings(own_broker.bootstrap, f"r{uuid.uuid4().hex[:8]}", tmp_path / "state")
+    settings = make_settings(restarted_broker.bootstrap, f"r{uuid.uuid4().hex[:8]}", tmp_path / "state")
     setup_topology(settings, [NOOP3, PARENT])
     services = Services(settings, tmp_path)
     for name in ("processor", *SERVICES):
@@ -166,10 +156,10 @@ def test_a_broker_restart_is_waited_out_by_the_worker_child_executor_index_and_u
         for run in during:
             commands.start(run, "parent")
         commands.flush()
-        local_kafka.down(own_broker)  # SIGTERM: a clean broker restart, runs in flight
+        local_kafka.down(restarted_broker)  # SIGTERM: a clean broker restart, runs in flight
         time.sleep(3)
         assert not services.ended(), (services.ended(), services.tails())
-        local_kafka.up(own_broker, timeout=180)
+        local_kafka.up(restarted_broker, timeout=180)
 
         after = [f"after-{i}" for i in range(5)]
         for run in after:
