@@ -405,6 +405,7 @@ class ChildExecutor:
                 lambda err, attempt: log.warning(
                     "commit_transaction failed (%s), resuming it (attempt %d)", err, attempt
                 ),
+                cluster_lost=lambda: not cluster_answers(self.producer, 2.0, self.names.commands),
             )
         except CallAbandoned as exc:
             self._abandon(exc)

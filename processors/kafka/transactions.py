@@ -3,8 +3,11 @@
 A retriable failure of `commit_transaction` (a timeout: the commit goes on in the background)
 must be resumed by calling `commit_transaction` again, never aborted: an abort then fails with
 "Conflicting commit_transaction API call is already in progress", and the transaction's outcome
-is unknown until a call returns it. So the call is repeated, up to `attempts` times; a failure
-that needs an abort, a fatal one, or the last attempt's is raised to the caller.
+is unknown until a call returns it. So the call is repeated, up to `attempts` times, and for as
+long as no broker answers at all (a whole cluster lost: only its return can tell the outcome; a
+process that gave up here had to exit, since replaying the input could emit the outputs twice);
+a failure that needs an abort, a fatal one, or the last attempt's while the cluster answers is
+raised to the caller.
 
 A fatal producer error that is not another instance's fence (the coordinator was lost and its
 successor aborted the transaction and bumped the epoch: INVALID_TXN_STATE, PRODUCER_FENCED after
@@ -54,16 +57,22 @@ def commit_resuming(
     on_retry: Callable[[KafkaError, int], None],
     bounded: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     attempts: int = COMMIT_ATTEMPTS,
+    cluster_lost: Callable[[], bool] = lambda: False,
 ) -> None:
     """Commit the open transaction, resuming a commit that timed out. `on_retry(error,
-    attempt)` is told of each resumption; `bounded()` wraps each call (a watchdog)."""
-    for attempt in range(attempts):
+    attempt)` is told of each resumption; `bounded()` wraps each call (a watchdog);
+    `cluster_lost()` is asked once the attempts are spent: True (no broker answers) resumes on."""
+    attempt = 0
+    while True:
         try:
             with bounded():
                 producer.commit_transaction(timeout_s)
             return
         except KafkaException as e:
             err: KafkaError = e.args[0]
-            if not err.retriable() or err.txn_requires_abort() or err.fatal() or attempt == attempts - 1:
+            if not err.retriable() or err.txn_requires_abort() or err.fatal():
                 raise
-            on_retry(err, attempt + 1)
+            attempt += 1
+            if attempt >= attempts and not cluster_lost():
+                raise
+            on_retry(err, attempt)

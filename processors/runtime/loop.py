@@ -83,7 +83,9 @@ class Processor:
             queues=frozenset(settings.activation_queues),
         )
         self._client_errors = logs.RepeatThrottle()  # non-fatal client errors, logged once per 10 s
-        self.producers = TxnProducers(settings, self.metrics, self.log, self._bounded, self._on_client_error)
+        self.producers = TxnProducers(
+            settings, self.metrics, self.log, self._bounded, self._on_client_error, self._alive
+        )
         self.txn = Transaction(
             settings, self.producers, self.metrics, self.log, self._bounded, self.stop_event
         )
@@ -379,6 +381,11 @@ class Processor:
         for tp in tps:
             consumer.seek(tp)
         consumer.pause(tps)
+
+    def _alive(self) -> None:
+        """A wait for the cluster (a producer replaced while no broker answers) is not a stall."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     def _bounded(
         self, call: str, timeout_s: float = KAFKA_TIMEOUT_S

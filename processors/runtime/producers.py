@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
-from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped, until_stopped
+from processors.kafka.exits import FENCED_CODES, KEEP_WAITING, ExitCode, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
 from processors.kafka.transactions import Renewals
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
@@ -53,14 +53,18 @@ class TxnProducers:
         log: Logger,
         bounded: Bounded,
         on_client_error: Callable[[KafkaError], None],
+        alive: Callable[[], None] = lambda: None,
     ) -> None:
         """`bounded(call, timeout)` watches a transactional call (the loop's watchdog);
-        `on_client_error` gets every error callback after the producers' own bookkeeping."""
+        `on_client_error` gets every error callback after the producers' own bookkeeping;
+        `alive()` tells the loop's watchdog that a wait for the cluster is not a stuck loop."""
         self._settings = settings
         self._metrics = metrics
         self._log = log
         self._bounded = bounded
         self._on_client_error = on_client_error
+        self.alive = alive
+        self._stop = threading.Event()  # the process's stop request (start): ends a wait for the cluster
         self._producers: list[Producer | None] = [None, None]
         self.slot = 0  # the producer of the current / next transaction
         self.failed: list[KafkaError | None] = [None, None]  # a fatal error callback, per slot
@@ -77,6 +81,7 @@ class TxnProducers:
     def start(self, stop: threading.Event) -> None:
         """Both producers, initialised; a stop request while the cluster does not answer yet
         ends the wait (StopRequested)."""
+        self._stop = stop
         self._producers = [self.new(0, stop), self.new(1, stop)]
 
     @property
@@ -95,6 +100,11 @@ class TxnProducers:
             idle.poll(0)
 
     def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
+        """A producer for `slot`, initialised. At start-up (`stop` given) a cluster that does not
+        answer within KAFKA_TIMEOUT_S stops the processor. A replacement while running waits
+        for as long as no broker answers (a whole cluster down or restarted), as the consumer
+        does: a stop request ends the wait (StopRequested); an error from a cluster that does
+        answer stops the processor (exit 1)."""
         s = self._settings
         producer = Producer(
             {
@@ -104,17 +114,34 @@ class TxnProducers:
             }
         )
         connect_first(producer, s.topics.run_events)
-        try:
-            with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
-                # fences and aborts what an older one left open
-                if stop is None:
-                    producer.init_transactions(KAFKA_TIMEOUT_S)
-                else:
-                    until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
-        except KafkaException as e:
-            raise ProcessorStopped(
-                ExitCode.FATAL, f"init_transactions failed for {s.transactional_ids[slot]}: {e.args[0].str()}"
-            ) from e
+        waited = 0
+        while True:
+            try:
+                with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
+                    # fences and aborts what an older one left open
+                    until_stopped(producer.init_transactions, stop or self._stop, KAFKA_TIMEOUT_S)
+                break
+            except KafkaException as e:
+                err = e.args[0]
+                if (
+                    stop is not None
+                    or err.code() not in KEEP_WAITING
+                    or cluster_answers(producer, 2.0, s.topics.run_events)
+                ):
+                    raise ProcessorStopped(
+                        ExitCode.FATAL,
+                        f"init_transactions failed for {s.transactional_ids[slot]}: {err.str()}",
+                    ) from e
+                waited += 1
+                self._log.warning(
+                    "no broker answers: the new transactional producer waits for the cluster",
+                    extra={
+                        "transactional_id": s.transactional_ids[slot],
+                        "waited_s": round(waited * KAFKA_TIMEOUT_S),
+                        "error": err.str(),
+                    },
+                )
+                self.alive()
         self.watches[slot] = CoordinatorWatch(producer, s.transactional_ids[slot], s.group)
         return producer
 

@@ -285,16 +285,23 @@ class Transaction:
     def _commit_transaction(self, producer: Producer) -> None:
         """A retriable failure (a timeout: the commit goes on in the background) must be resumed
         by calling commit_transaction again, never aborted ("Conflicting commit_transaction API
-        call"): its outcome is unknown until a call returns it (kafka/transactions.py). After 5
-        attempts the error goes to `Failures.txn_failed`, whose abort then stops the processor
-        (a restart restores from the log)."""
+        call"): its outcome is unknown until a call returns it (kafka/transactions.py). While no
+        broker answers it is resumed for as long as that lasts; after 5 attempts with a cluster
+        that answers, the error goes to `Failures.txn_failed`, whose abort then stops the
+        processor (a restart restores from the log)."""
+
+        def resuming(err: KafkaError, attempt: int) -> None:
+            self._log.warning(
+                "commit_transaction failed, resuming it", extra={"error": err.str(), "attempt": attempt}
+            )
+            self._producers.alive()  # a commit waiting for a lost cluster is not a stuck loop
+
         commit_resuming(
             producer,
             self.call_s,
-            lambda err, attempt: self._log.warning(
-                "commit_transaction failed, resuming it", extra={"error": err.str(), "attempt": attempt}
-            ),
+            resuming,
             lambda: self._bounded("commit_transaction", self.call_s),
+            cluster_lost=lambda: not self._producers.cluster_answers(),
         )
 
     # ---- abort -----------------------------------------------------------------------------

@@ -364,3 +364,48 @@ def test_broker_restart_in_the_middle_of_the_load(
     )
     assert proof.terminal_by_type == {"RunSucceeded": len(runs)}
     assert replaced >= 1 or exits, fleet.tails()
+
+
+@pytest.mark.timeout(360)
+def test_the_whole_cluster_lost_for_40_s_under_load_is_waited_out(
+    chaos_settings: ProcessorSettings, tmp_path: Path, chaos_broker: local_kafka.LocalKafkaConfig
+) -> None:
+    """The only broker killed (SIGKILL: no controlled shutdown) while runs are in flight and
+    commands keep coming, back 40 s later: longer than every transactional call's timeout (30 s),
+    so a producer replaced meanwhile waits for the cluster instead of exiting 1 (it did), and
+    nobody restarts anything: no process ends by itself, every run succeeds once."""
+    s = chaos_settings
+    assert chaos_broker.port != local_kafka.DEFAULT_PORT and s.bootstrap_servers == chaos_broker.bootstrap
+    fleet = Fleet(s, tmp_path)
+    fleet.processor("p1")
+    fleet.worker("w1")
+    fleet.ready()
+    runs = [f"o-{i:03d}" for i in range(200)]
+    cmd = Commands(s)
+    try:
+        sender = send_spread(cmd, runs, "noop3", 20.0)
+        time.sleep(5.0)  # runs in flight
+        local_kafka.down(chaos_broker, grace=0)  # SIGKILL right after SIGTERM: a lost host
+        lost = time.monotonic()
+        while time.monotonic() - lost < 40.0:
+            fleet.supervise()  # records (does not hide) any process that ends by itself
+            time.sleep(0.5)
+        local_kafka.up(chaos_broker, timeout=180)
+        sender.join(120)
+        events = Reader(s, [s.topics.run_events], "run_events")
+        try:
+            wait_terminal(events, set(runs), 240, fleet)
+        finally:
+            events.close()
+    finally:
+        codes = fleet.stop()
+    assert fleet.exits == [], (fleet.exits, fleet.tails())
+    assert all(c == 0 for c in codes.values()), (codes, fleet.tails())
+    waited = fleet.log("p1").read_text(errors="replace").count("waits for the cluster")
+    proof = prove(
+        "whole cluster lost 40 s (kill -9) under 200 runs",
+        s,
+        started=set(runs),
+        extra={"producer_waits_logged": waited, "commands_resent": cmd.resent, "id": uuid.uuid4().hex[:6]},
+    )
+    assert proof.terminal_by_type == {"RunSucceeded": len(runs)}

@@ -59,3 +59,27 @@ def test_a_timeout_that_never_ends_is_raised_after_the_last_attempt() -> None:
     with pytest.raises(KafkaException):
         commit_resuming(p, 1.0, lambda e, attempt: None)  # type: ignore[arg-type]
     assert p.calls == COMMIT_ATTEMPTS
+
+
+def test_a_commit_is_resumed_past_the_attempts_while_no_broker_answers_then_until_it_returns() -> None:
+    """A whole cluster lost longer than the attempts (5 x 10 s): giving up meant an abort that
+    conflicts with the commit, and an exit (the 40 s outage of tests/chaos/test_chaos.py)."""
+    p = Committer(*(timed_out() for _ in range(COMMIT_ATTEMPTS + 4)))
+    asked: list[int] = []
+
+    def lost() -> bool:
+        asked.append(p.calls)
+        return True
+
+    retries: list[int] = []
+    commit_resuming(p, 1.0, lambda e, attempt: retries.append(attempt), cluster_lost=lost)  # type: ignore[arg-type]
+    assert p.calls == COMMIT_ATTEMPTS + 5 and retries == list(range(1, COMMIT_ATTEMPTS + 5))
+    assert asked[0] == COMMIT_ATTEMPTS  # the cluster is looked at only once the attempts are spent
+
+
+def test_once_the_cluster_answers_again_a_commit_that_still_times_out_is_raised() -> None:
+    p = Committer(*(timed_out() for _ in range(COMMIT_ATTEMPTS + 10)))
+    answers = iter([False, False, True])  # lost, lost, back
+    with pytest.raises(KafkaException):
+        commit_resuming(p, 1.0, lambda e, attempt: None, cluster_lost=lambda: not next(answers))  # type: ignore[arg-type]
+    assert p.calls == COMMIT_ATTEMPTS + 2

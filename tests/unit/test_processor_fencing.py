@@ -8,8 +8,9 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from processors.kafka.exits import ExitCode, ProcessorStopped
+from processors.kafka.exits import ExitCode, ProcessorStopped, StopRequested
 from processors.kafka.transactions import RENEW_AGAIN_AFTER_S, Renewals
+from processors.runtime import producers as producers_module
 from processors.runtime.loop import Processor
 from processors.runtime.settings import ProcessorSettings
 
@@ -213,3 +214,63 @@ def test_renewals_are_recent_until_a_commit_or_the_interval_has_passed() -> None
     renewals.renewed()
     renewals.committed()
     assert not renewals.recent  # a commit between: a new fault too
+
+
+class _InitWaits:
+    """A producer whose init_transactions fails as librdkafka does while no broker answers,
+    `failures` times, then succeeds."""
+
+    def __init__(self, failures: int, code: int = KafkaError._TRANSPORT) -> None:
+        self.failures = failures
+        self.code = code
+        self.calls = 0
+
+    def __call__(self, config: dict[str, object]) -> _InitWaits:
+        return self
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code, "all brokers down", retriable=True))
+
+
+def _replacing(
+    monkeypatch: pytest.MonkeyPatch, fake: _InitWaits, answers: bool
+) -> tuple[Processor, list[int]]:
+    proc, _ = _processor(monkeypatch)
+    monkeypatch.setattr(producers_module, "Producer", fake)
+    monkeypatch.setattr(producers_module, "connect_first", lambda *_: None)
+    monkeypatch.setattr(producers_module, "CoordinatorWatch", lambda *_: None)
+    monkeypatch.setattr(producers_module, "cluster_answers", lambda *_: answers)
+    monkeypatch.setattr(producers_module, "KAFKA_TIMEOUT_S", 0.05)  # a wait's round, not 30 s
+    beats: list[int] = []
+    monkeypatch.setattr(proc.producers, "alive", lambda: beats.append(1))
+    proc.producers._producers = _offline_producers()
+    return proc, beats
+
+
+def test_a_producer_replaced_while_no_broker_answers_waits_for_the_cluster_instead_of_exiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _InitWaits(failures=4)
+    proc, beats = _replacing(monkeypatch, fake, answers=False)
+    proc.producers.replace("its coordinators moved", "coordinator_moved")  # was: exit 1 after one 30 s try
+    assert proc.producers.current is fake and fake.calls > 4
+    assert beats  # the loop's watchdog is told the wait is not a stall
+
+
+def test_a_replacement_refused_by_a_cluster_that_answers_stops_with_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc, beats = _replacing(monkeypatch, _InitWaits(failures=99), answers=True)
+    with pytest.raises(ProcessorStopped) as stopped:
+        proc.producers.replace("it failed fatally", "fatal")
+    assert stopped.value.code == ExitCode.FATAL and "init_transactions failed" in str(stopped.value)
+    assert beats == []
+
+
+def test_a_stop_request_ends_the_wait_for_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, _ = _replacing(monkeypatch, _InitWaits(failures=10**6), answers=False)
+    proc.producers._stop.set()
+    with pytest.raises(StopRequested):
+        proc.producers.replace("its coordinators moved", "coordinator_moved")
