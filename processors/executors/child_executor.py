@@ -51,7 +51,7 @@ from processors.kafka.exits import (
 )
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
-from processors.kafka.transactions import Renewals, commit_resuming
+from processors.kafka.transactions import Renewals, commit_resuming, init_transactions_waiting
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
 from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
@@ -405,7 +405,9 @@ class ChildExecutor:
                 lambda err, attempt: log.warning(
                     "commit_transaction failed (%s), resuming it (attempt %d)", err, attempt
                 ),
-                cluster_lost=lambda: not cluster_answers(self.producer, 2.0, self.names.commands),
+                cluster_lost=lambda: (
+                    not self._stop.is_set() and not cluster_answers(self.producer, 2.0, self.names.commands)
+                ),
             )
         except CallAbandoned as exc:
             self._abandon(exc)
@@ -424,13 +426,37 @@ class ChildExecutor:
             self.counts["aborts"] += 1
             self.metrics.aborted()
             log.warning("transaction aborted (%s); rewinding to the committed offsets", err)
-            self.producer.abort_transaction(TXN_TIMEOUT_S)
+            try:
+                self.producer.abort_transaction(TXN_TIMEOUT_S)
+            except KafkaException as abort_exc:
+                self._abort_failed(abort_exc)
+                return
             self._rewind()
             return
         self._renewals.committed()
         for partition, child in finished:  # only once committed: an aborted batch is re-read and needs them
             self.parents.get(partition, {}).pop(child, None)
         self.metrics.committed(tally, len(msgs), time.perf_counter() - committing, self.known_parents())
+
+    def _abort_failed(self, exc: KafkaException) -> None:
+        """The abort itself failed. Fatal and not a fence (the lost coordinator's successor
+        aborted the transaction and bumped the epoch: INVALID_TXN_STATE, seen in the 3-node
+        scenario) or timed out (it can wait for good on a lost coordinator): a new producer, whose
+        init_transactions aborts the transaction at the coordinator, and the input rewound, as
+        the processor does. A fence, a second fatal error soon after a renewal, or an abort
+        refused because a timed-out commit may still land (`_CONFLICT`: replaying would emit
+        twice) stop the executor."""
+        err = exc.args[0]
+        if err.code() in FENCED_CODES or err.code() == KafkaError._CONFLICT:
+            raise exc
+        if err.fatal():
+            if self._renewals.recent:
+                raise exc
+            self._renew(err)
+        elif err.code() == KafkaError._TIMED_OUT:
+            self._replace_producer(f"abort_transaction timed out: {err.str()}")
+        else:
+            raise exc
 
     def _abandon(self, exc: CallAbandoned) -> None:
         """send_offsets_to_transaction did not return: leave the call, its thread and its
@@ -467,7 +493,18 @@ class ChildExecutor:
         shaken_at = self._watch.shaken_at if self._watch is not None else None
         self.producer = self._new_producer()
         self._producer_failed = None
-        until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+        producer = self.producer
+        init_transactions_waiting(
+            producer,
+            self._stop,
+            TXN_TIMEOUT_S,
+            lambda: cluster_answers(producer, 2.0, self.names.commands),
+            lambda err, rounds: log.warning(
+                "no broker answers: the new transactional producer waits for the cluster (%.0f s): %s",
+                rounds * TXN_TIMEOUT_S,
+                err.str(),
+            ),
+        )
         self._watch_coordinators(shaken_at)
         self.producers_replaced += 1
 

@@ -182,6 +182,7 @@ class CoordinatorWatch:
         # From a broker that still answers, the client is told NOT_COORDINATOR and finds the new
         # one itself (the move back to a restarted node's preferred leaderships): no need.
         if all(accepts_connections(old) for old, new in zip(self.known, where, strict=True) if old != new):
+            self.known = where  # the client follows such a move: the new place is the one to watch
             return None
         return (
             f"its coordinators moved off a broker that no longer answers (transaction {where[0]}, "

@@ -3,11 +3,13 @@
 A retriable failure of `commit_transaction` (a timeout: the commit goes on in the background)
 must be resumed by calling `commit_transaction` again, never aborted: an abort then fails with
 "Conflicting commit_transaction API call is already in progress", and the transaction's outcome
-is unknown until a call returns it. So the call is repeated, up to `attempts` times, and for as
-long as no broker answers at all (a whole cluster lost: only its return can tell the outcome; a
-process that gave up here had to exit, since replaying the input could emit the outputs twice);
-a failure that needs an abort, a fatal one, or the last attempt's while the cluster answers is
-raised to the caller.
+is unknown until a call returns it. So the call is repeated, up to `attempts` times, and while
+no broker answers at all, for up to CLUSTER_LOSS_WAIT_S more (a whole cluster lost: only its
+return can tell the outcome; a process that gave up here had to exit, since replaying the input
+could emit the outputs twice); a failure that needs an abort, a fatal one, or the last attempt's
+while the cluster answers is raised to the caller. A producer replaced while no broker answers
+waits for the cluster the same way (`init_transactions_waiting`), with no bound: nothing is in
+doubt yet.
 
 A fatal producer error that is not another instance's fence (the coordinator was lost and its
 successor aborted the transaction and bumped the epoch: INVALID_TXN_STATE, PRODUCER_FENCED after
@@ -18,10 +20,13 @@ is not passing, and the process stops (`Renewals`).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+
+from processors.kafka.exits import KEEP_WAITING, until_stopped
 
 COMMIT_ATTEMPTS = 5
 # A fatal producer error again this soon after a replacement, with no commit between, stops the
@@ -29,6 +34,10 @@ COMMIT_ATTEMPTS = 5
 # a child executor that had nothing to commit between two faults of a rolling restart, and a
 # processor whose commit after a renewal fails in the same fault has the same gap.
 RENEW_AGAIN_AFTER_S = 30.0
+# How long a commit in doubt waits for a cluster of which no broker answers, past its attempts:
+# longer than a broker host's restart; past it the process stops (exit 1) and its restart's
+# init_transactions settles the transaction.
+CLUSTER_LOSS_WAIT_S = 300.0
 
 
 class Renewals:
@@ -58,11 +67,17 @@ def commit_resuming(
     bounded: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     attempts: int = COMMIT_ATTEMPTS,
     cluster_lost: Callable[[], bool] = lambda: False,
+    max_wait_s: float = CLUSTER_LOSS_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Commit the open transaction, resuming a commit that timed out. `on_retry(error,
-    attempt)` is told of each resumption; `bounded()` wraps each call (a watchdog);
-    `cluster_lost()` is asked once the attempts are spent: True (no broker answers) resumes on."""
-    attempt = 0
+    attempt)` is told of each resumption; `bounded()` wraps each call (a watchdog).
+    `cluster_lost()` is asked once the attempts are spent: True (no broker answers; the caller
+    says False once it is asked to stop) resumes on, for at most `max_wait_s`; once the cluster
+    answers again the commit gets a fresh set of attempts."""
+    attempt = 0  # counted while the cluster answers
+    resumed = 0
+    lost_since: float | None = None
     while True:
         try:
             with bounded():
@@ -73,6 +88,50 @@ def commit_resuming(
             if not err.retriable() or err.txn_requires_abort() or err.fatal():
                 raise
             attempt += 1
-            if attempt >= attempts and not cluster_lost():
+            if attempt >= attempts:
+                if cluster_lost():
+                    if lost_since is None:
+                        lost_since = clock()
+                    elif clock() - lost_since > max_wait_s:
+                        raise
+                    attempt = attempts - 1  # not counted while nobody answers
+                elif lost_since is not None:
+                    lost_since, attempt = None, 0  # back: a fresh set of attempts
+                else:
+                    raise
+            resumed += 1
+            on_retry(err, resumed)
+
+
+def init_transactions_waiting(
+    producer: Producer,
+    stop: threading.Event,
+    round_s: float,
+    cluster_answers: Callable[[], bool],
+    on_wait: Callable[[KafkaError, int], None],
+    bounded: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> None:
+    """`init_transactions` of a producer replaced while running, in rounds of `round_s`, for as
+    long as no broker answers (`on_wait(error, rounds)` after each such round): nothing is in
+    doubt before it returns, so there is no reason to give up while the cluster is away. Once
+    the cluster answers again it gets one full round more; an error from a cluster that answers
+    is raised, and a stop request raises StopRequested."""
+    rounds = 0
+    lost = False
+    while True:
+        try:
+            with bounded():
+                until_stopped(producer.init_transactions, stop, round_s)
+            return
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            if not (err.retriable() or err.code() in KEEP_WAITING) or err.fatal():
                 raise
-            on_retry(err, attempt)
+            if cluster_answers():
+                if not lost:
+                    raise
+                lost = False  # it came back during the round: one full round more
+                continue
+            lost = True
+            rounds += 1
+            on_wait(err, rounds)

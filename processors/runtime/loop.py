@@ -148,7 +148,7 @@ class Processor:
             if self.txn.open:
                 self.txn.commit()
         except StopRequested:
-            self.log.info("stop requested during start-up")
+            self.log.info("stop requested while waiting for the cluster")
         except ProcessorStopped as e:
             self.stopping.fatal = e
             code = e.code

@@ -25,9 +25,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
-from processors.kafka.exits import FENCED_CODES, KEEP_WAITING, ExitCode, ProcessorStopped, until_stopped
+from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
-from processors.kafka.transactions import Renewals
+from processors.kafka.transactions import Renewals, init_transactions_waiting
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
@@ -114,34 +114,37 @@ class TxnProducers:
             }
         )
         connect_first(producer, s.topics.run_events)
-        waited = 0
-        while True:
-            try:
+        tid = s.transactional_ids[slot]
+
+        def waiting(err: KafkaError, rounds: int) -> None:
+            self._log.warning(
+                "no broker answers: the new transactional producer waits for the cluster",
+                extra={
+                    "transactional_id": tid,
+                    "waited_s": round(rounds * KAFKA_TIMEOUT_S),
+                    "error": err.str(),
+                },
+            )
+            self.alive()
+
+        try:
+            # fences and aborts what an older one left open
+            if stop is not None:  # start-up: the cluster answered a moment ago (await_cluster)
                 with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
-                    # fences and aborts what an older one left open
-                    until_stopped(producer.init_transactions, stop or self._stop, KAFKA_TIMEOUT_S)
-                break
-            except KafkaException as e:
-                err = e.args[0]
-                if (
-                    stop is not None
-                    or err.code() not in KEEP_WAITING
-                    or cluster_answers(producer, 2.0, s.topics.run_events)
-                ):
-                    raise ProcessorStopped(
-                        ExitCode.FATAL,
-                        f"init_transactions failed for {s.transactional_ids[slot]}: {err.str()}",
-                    ) from e
-                waited += 1
-                self._log.warning(
-                    "no broker answers: the new transactional producer waits for the cluster",
-                    extra={
-                        "transactional_id": s.transactional_ids[slot],
-                        "waited_s": round(waited * KAFKA_TIMEOUT_S),
-                        "error": err.str(),
-                    },
+                    until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
+            else:
+                init_transactions_waiting(
+                    producer,
+                    self._stop,
+                    KAFKA_TIMEOUT_S,
+                    lambda: cluster_answers(producer, 2.0, s.topics.run_events),
+                    waiting,
+                    lambda: self._bounded("init_transactions", KAFKA_TIMEOUT_S),
                 )
-                self.alive()
+        except KafkaException as e:
+            raise ProcessorStopped(
+                ExitCode.FATAL, f"init_transactions failed for {tid}: {e.args[0].str()}"
+            ) from e
         self.watches[slot] = CoordinatorWatch(producer, s.transactional_ids[slot], s.group)
         return producer
 

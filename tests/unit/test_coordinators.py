@@ -140,34 +140,54 @@ def test_stale_wait_gives_up_sooner_when_a_coordinator_moved_since_the_producer_
 
 
 def test_coordinator_watch_says_moved_only_after_a_broker_was_lost_and_the_new_ones_answer() -> None:
-    with _listening() as second, socket.socket() as dead:
-        first = _listening()
-        old = first.getsockname()[1]
+    with _listening() as third, socket.socket() as dead:
+        first, second = _listening(), _listening()
+        old, mid = first.getsockname()[1], second.getsockname()[1]
         dead.bind(("127.0.0.1", 0))  # bound, never listening: refused
         client = _Client(old)
         clock = [100.0]
         watch = coordinators.CoordinatorWatch(client, "t-processor-p1", "t-processor", lambda: clock[0])
         assert watch.known == [f"127.0.0.1:{old}"] * 2
-        client.port = second.getsockname()[1]
+        client.port = mid
         assert watch.moved() is None  # nothing failed: not looked at (no metadata request per transaction)
         watch.shaken()
-        assert watch.moved() is None  # moved, but from a broker that still answers: the client follows
+        assert watch.moved() is None  # moved, but from a broker that still answers: the client follows,
+        assert watch.known == [f"127.0.0.1:{mid}"] * 2  # and the new place is the one watched from now
         clock[0] += coordinators.CHECK_EVERY_S
-        first.close()  # that broker is lost
+        second.close()  # that broker is lost
         client.port = dead.getsockname()[1]
         assert watch.moved() is None  # moved to a broker that does not answer yet: Kafka's failover
         clock[0] += coordinators.CHECK_EVERY_S / 2
-        client.port = second.getsockname()[1]
+        client.port = third.getsockname()[1]
         assert watch.moved() is None  # between two checks
         clock[0] += coordinators.CHECK_EVERY_S
         why = watch.moved()
-        assert why is not None and "no longer answers" in why and f"127.0.0.1:{old}" in why
-        client.port = old
+        assert why is not None and "no longer answers" in why and f"127.0.0.1:{mid}" in why
+        client.port = mid
         clock[0] += coordinators.CHECK_EVERY_S
-        assert watch.moved() is None  # back where it began
-        client.port = second.getsockname()[1]
+        assert watch.moved() is None  # where it was: nothing to do (a broker that does not answer yet)
+        client.port = third.getsockname()[1]
         clock[0] += coordinators.SHAKEN_S + 1
         assert watch.moved() is None and watch.shaken_at is None  # long after the last failure
+        first.close()
+
+
+def test_stale_wait_after_a_followed_move_uses_the_full_grace() -> None:
+    """Review finding: a move the client followed left `known` at the old place, so every later
+    send_offsets of that producer was abandoned after MOVED_GRACE_S instead of GRACE_S."""
+    with _listening() as a, _listening() as b:
+        client = _Client(a.getsockname()[1])
+        watch = coordinators.CoordinatorWatch(client, "t-processor-p1", "t-processor", lambda: 0.0)
+        client.port = b.getsockname()[1]
+        watch.shaken()
+        assert watch.moved() is None
+        clock = [0.0]
+        wait = StaleWait(client, "t-processor-p1", "t-processor", lambda: clock[0], known=watch.known)
+        assert wait.check(1.0) is None
+        clock[0] = coordinators.MOVED_GRACE_S + 0.1
+        assert wait.check(1.6) is None  # not treated as moved: the full grace
+        clock[0] = coordinators.GRACE_S
+        assert wait.check(3.0) is not None
 
 
 def test_coordinator_watch_learns_where_they_are_when_they_were_unknown_at_the_start() -> None:

@@ -6,12 +6,14 @@ call is already in progress"."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from processors.kafka.transactions import COMMIT_ATTEMPTS, commit_resuming
+from processors.kafka.exits import StopRequested
+from processors.kafka.transactions import COMMIT_ATTEMPTS, commit_resuming, init_transactions_waiting
 
 
 class Committer:
@@ -77,9 +79,63 @@ def test_a_commit_is_resumed_past_the_attempts_while_no_broker_answers_then_unti
     assert asked[0] == COMMIT_ATTEMPTS  # the cluster is looked at only once the attempts are spent
 
 
-def test_once_the_cluster_answers_again_a_commit_that_still_times_out_is_raised() -> None:
-    p = Committer(*(timed_out() for _ in range(COMMIT_ATTEMPTS + 10)))
-    answers = iter([False, False, True])  # lost, lost, back
+def test_a_cluster_back_gives_the_commit_a_fresh_set_of_attempts_then_raises() -> None:
+    """Back from a long outage, the coordinator may still be loading: the commit gets its full
+    attempts again, not the one left (review finding), and is raised after them."""
+    p = Committer(*(timed_out() for _ in range(3 * COMMIT_ATTEMPTS)))
+    answers = iter([False, False, True, True])  # lost, lost, back (fresh attempts), still answering
     with pytest.raises(KafkaException):
         commit_resuming(p, 1.0, lambda e, attempt: None, cluster_lost=lambda: not next(answers))  # type: ignore[arg-type]
-    assert p.calls == COMMIT_ATTEMPTS + 2
+    assert p.calls == COMMIT_ATTEMPTS + 2 + COMMIT_ATTEMPTS
+
+
+def test_a_cluster_lost_past_the_bound_or_a_stop_ends_the_wait() -> None:
+    now = [0.0]
+    p = Committer(*(timed_out() for _ in range(100)))
+
+    def lost() -> bool:
+        now[0] += 60.0  # each resumption a minute later
+        return True
+
+    with pytest.raises(KafkaException):
+        commit_resuming(p, 1.0, lambda e, a: None, cluster_lost=lost, max_wait_s=300.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert p.calls == COMMIT_ATTEMPTS + 6  # the first lost answer starts the clock: 5 minutes more
+    stopped = Committer(*(timed_out() for _ in range(100)))
+    with pytest.raises(KafkaException):  # the caller's cluster_lost says False once a stop is asked
+        commit_resuming(stopped, 1.0, lambda e, a: None, cluster_lost=lambda: False)  # type: ignore[arg-type]
+    assert stopped.calls == COMMIT_ATTEMPTS
+
+
+class _Initer:
+    """init_transactions failing as librdkafka does while no broker answers, then succeeding."""
+
+    def __init__(self, failures: int, code: int = KafkaError._TRANSPORT, retriable: bool = True) -> None:
+        self.failures, self.code, self.retriable, self.calls = failures, code, retriable, 0
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code, "all brokers down", retriable=self.retriable))
+
+
+def test_a_producer_waits_for_a_lost_cluster_and_gets_a_full_round_once_it_is_back() -> None:
+    p = _Initer(failures=3)
+    answers = iter([False, False, True])  # lost twice, then back while the 3rd round failed
+    waits: list[int] = []
+    init_transactions_waiting(p, threading.Event(), 0.01, lambda: next(answers), lambda e, n: waits.append(n))  # type: ignore[arg-type]
+    assert p.calls == 4 and waits == [1, 2]
+
+
+def test_a_producer_refused_by_a_cluster_that_answers_or_stopped_does_not_wait() -> None:
+    with pytest.raises(KafkaException):
+        init_transactions_waiting(
+            _Initer(failures=9), threading.Event(), 0.01, lambda: True, lambda e, n: None
+        )  # type: ignore[arg-type]
+    fatal = _Initer(failures=9, code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, retriable=False)
+    with pytest.raises(KafkaException):
+        init_transactions_waiting(fatal, threading.Event(), 0.01, lambda: False, lambda e, n: None)  # type: ignore[arg-type]
+    assert fatal.calls == 1
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(StopRequested):
+        init_transactions_waiting(_Initer(failures=9), stop, 0.01, lambda: False, lambda e, n: None)  # type: ignore[arg-type]

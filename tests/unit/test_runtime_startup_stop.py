@@ -103,7 +103,7 @@ def test_sigint_while_no_cluster_answers_stops_every_long_running_command_at_onc
         "RUNFOLD_STATE_DIR": str(tmp_path),
     }
     commands = {  # command -> (the line that says its signal handlers are in place, the line it stops with)
-        "processor": ('"processor starting"', '"stop requested during start-up"'),
+        "processor": ('"processor starting"', '"stop requested while waiting for the cluster"'),
         "child-executor": ("child executor starting", "child executor stopped during start-up"),
         "worker": ("starting (cluster", "stop requested, draining"),
     }

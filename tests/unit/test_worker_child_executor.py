@@ -367,3 +367,65 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
     executor._transact([])
     assert len(made) == 2 and executor.producer is made[1] and rewinds == [1, 1]
     executor.consumer.close()
+
+
+def test_an_abort_that_fails_fatally_or_times_out_replaces_the_producer_instead_of_stopping() -> None:
+    # CI's 3-node scenario (2026-12-05): send_offsets failed _TRANSPORT (the coordinator's broker
+    # killed), and the abort that followed failed INVALID_TXN_STATE (fatal): the executor exited
+    # 1, where the processor replaces its producer. A _CONFLICT (a commit that may still land)
+    # still stops it: replaying would emit twice.
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processors.executors.child_executor import ChildExecutor
+    from topology.settings import KafkaSettings
+
+    executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
+    transport = KafkaError(KafkaError._TRANSPORT, "Failed to add offsets to transaction", retriable=True)
+
+    def failing_abort(abort_error: KafkaError) -> object:
+        class _Aborts:
+            def poll(self, timeout: float) -> int:
+                return 0
+
+            def flush(self, timeout: float = 0) -> int:
+                return 0
+
+            def __len__(self) -> int:
+                return 0
+
+            def begin_transaction(self) -> None:
+                pass
+
+            def send_offsets_to_transaction(self, *args: object) -> None:
+                raise KafkaException(transport)
+
+            def abort_transaction(self, timeout: float) -> None:
+                raise KafkaException(abort_error)
+
+        return _Aborts()
+
+    class _Fresh:
+        def init_transactions(self, timeout: float) -> None:
+            pass
+
+    made: list[_Fresh] = []
+    rewinds: list[int] = []
+    executor._new_producer = lambda: made.append(_Fresh()) or made[-1]  # type: ignore[method-assign]
+    executor._rewind = lambda: rewinds.append(1)  # type: ignore[method-assign]
+    executor.producer = failing_abort(  # type: ignore[assignment]
+        KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+    )
+    executor._transact([])  # replaced, rewound, not stopped
+    assert len(made) == 1 and executor.producer is made[0] and rewinds == [1]
+    executor.producer = failing_abort(  # type: ignore[assignment]
+        KafkaError(KafkaError._TIMED_OUT, "Timed out", retriable=True)
+    )
+    executor._transact([])  # a timed-out abort: a new producer aborts it at the coordinator
+    assert len(made) == 2 and rewinds == [1, 1]
+    executor.producer = failing_abort(  # type: ignore[assignment]
+        KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call is already in progress")
+    )
+    with pytest.raises(KafkaException):
+        executor._transact([])
+    assert len(made) == 2 and rewinds == [1, 1]
+    executor.consumer.close()
