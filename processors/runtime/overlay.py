@@ -227,7 +227,6 @@ class PartitionOverlay:
             timer_refs=refs,
             min_new_due=self.min_new_due,
             min_new_purge=min((p[0] for p in self.purges), default=None),
-            timers_deleted=bool(self.timer_dels),
         )
 
     def to_batch(self) -> WriteBatch:

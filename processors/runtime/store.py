@@ -74,7 +74,7 @@ class ChangeSet:
     `batch` holds every key but the deletions of `purged` runs, which `apply` adds; `states`:
     the states it writes (for the store's cache); `timer_refs`: the timer references it puts
     (r-key -> t-key) or deletes (r-key -> None); `min_new_due`/`min_new_purge`: the earliest
-    timer and purge it adds; `timers_deleted`: whether it deletes a timer."""
+    timer and purge it adds (a deleted timer leaves the due bound as it was: `apply`)."""
 
     batch: WriteBatch
     states: dict[str, Any] = field(default_factory=dict)
@@ -83,7 +83,6 @@ class ChangeSet:
     timer_refs: dict[bytes, bytes | None] = field(default_factory=dict)
     min_new_due: int | None = None
     min_new_purge: int | None = None
-    timers_deleted: bool = False
 
 
 def state_key(run_id: str) -> bytes:
@@ -355,7 +354,6 @@ class PartitionStore:
             changes.min_new_due,
             changes.min_new_purge,
         )
-        timers_deleted = changes.timers_deleted
         refs = self.timer_refs
         try:
             if timer_refs:
@@ -378,9 +376,14 @@ class PartitionStore:
             raise
         _drop_oldest(refs, TIMER_REF_CACHE)
         self._cache_states(states)
-        if (timers_deleted or purged) and self.next_due_ms is not None:
-            # The earliest timer may be gone; re-seek from the old bound (skips only the
-            # tombstones just written, not the whole history).
+        # Cleared timers leave the bound as it was: a lower bound, which `due_timers` moves to
+        # the first live timer once it passes. Re-seeking here after every clear walked the
+        # tombstones between the bound and the next live timer on every commit, and those are
+        # many: each run arms a wall-time timer days ahead and clears it when it finishes, so
+        # a bound at a 30 s lease sat before every finished run's tombstone (a commit cost 19
+        # -> 1,100 us after 20,000 runs; tests/unit/test_runtime_store_timers.py). A purge
+        # still re-seeks: it is paged and rare, and its runs' timers may hold the bound.
+        if purged and self.next_due_ms is not None:
             self.next_due_ms = self._first_due(self.next_due_ms)
         if min_new_due is not None and (self.next_due_ms is None or min_new_due < self.next_due_ms):
             self.next_due_ms = min_new_due
