@@ -153,6 +153,30 @@ def txn_floor(
     typer.echo(tf.table(out))
 
 
+@bench_app.command("txn-cost")
+def txn_cost(
+    rates: Annotated[str, typer.Option(help="Comma-separated transactions/s.")] = "50,150,300",
+    seconds: Annotated[float, typer.Option(help="Seconds per shape and rate.")] = 8.0,
+    broker_pid: Annotated[
+        int | None, typer.Option(help="The broker's pid (default: the local broker's, when it runs).")
+    ] = None,
+) -> None:
+    """The broker's CPU per transaction of a raw transactional producer (no runfold): the
+    cheapest transaction and a one-input processor transaction's shape: results/txn_cost.json."""
+    tc = _benchmark("txn_cost")
+    try:
+        rate_list = tc.parse_rates(rates)
+    except ValueError as e:
+        console.print(f"--{e}", highlight=False)
+        raise typer.Exit(2) from e
+    try:
+        out = tc.run(rate_list, seconds, pid=broker_pid)
+    except ValueError as e:
+        console.print(str(e), highlight=False)
+        raise typer.Exit(2) from e
+    typer.echo(tc.table(out))
+
+
 @bench_app.command("peers")
 def peers(
     quick: Annotated[

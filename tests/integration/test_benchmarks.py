@@ -3,6 +3,7 @@ figures: these tests check the commands start and the output's shape, never a nu
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -61,3 +62,24 @@ def test_the_transaction_floor_replays_a_one_step_runs_io(
         (measured,) = case[system]
         assert measured["complete"] == measured["runs"] == 20, system
         assert 0 < measured["end_to_end"]["p50"] <= measured["end_to_end"]["p99"], system
+
+
+def test_the_transaction_cost_commits_both_shapes_at_the_planned_rate(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("RUNFOLD_BENCH_RESULTS", str(tmp_path))
+    from benchmarks import txn_cost
+
+    out = txn_cost.run([20.0], seconds=1.5, pid=os.getpid())  # a pid we know: its CPU is read
+    assert orjson.loads((tmp_path / "txn_cost.json").read_bytes()) == out
+    assert [c["shape"] for c in out["cases"]] == ["one-partition", "processor"]
+    for case in out["cases"]:
+        # paced, not back to back: ~30 in 1.5 s, and every one committed (commit_transaction raises)
+        assert 20 <= case["transactions"] <= 32
+        assert case["transaction_ms"]["p50"] > 0
+        assert case["broker_cpu_pct"] >= 0 and case["broker_cpu_ms_per_transaction"] >= 0
+    with pytest.raises(ValueError, match="no such process"):
+        txn_cost.run([20.0], seconds=0.1, pid=2**22 + 7)
+    with pytest.raises(ValueError, match="positive"):
+        txn_cost.parse_rates("0,abc")
