@@ -23,6 +23,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -38,6 +39,31 @@ RENEW_AGAIN_AFTER_S = 30.0
 # longer than a broker host's restart; past it the process stops (exit 1) and its restart's
 # init_transactions settles the transaction.
 CLUSTER_LOSS_WAIT_S = 300.0
+
+
+class GroupMetadata:
+    """A consumer's group metadata (member id, generation, instance id) for
+    `send_offsets_to_transaction`, asked of librdkafka once per generation instead of once per
+    commit: each ask is a round trip to librdkafka's main thread (12 us on an idle host, ~0.26
+    ms at 190 one-step runs/s on 2 cores, where it was 12 % of the processor loop's samples).
+    The owner forgets it at every rebalance callback and after every abort. One that went
+    stale all the same (a generation that moved without a callback) makes the coordinator
+    refuse the offsets (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID): the transaction aborts, which
+    forgets it, and the next commit asks afresh; never a commit under a wrong generation."""
+
+    def __init__(self) -> None:
+        self._consumer: Any = None
+        self._metadata: Any = None
+
+    def of(self, consumer: Any) -> Any:
+        """`consumer.consumer_group_metadata()`, asked once until forgotten or another consumer."""
+        if self._metadata is None or consumer is not self._consumer:
+            self._metadata = consumer.consumer_group_metadata()
+            self._consumer = consumer
+        return self._metadata
+
+    def forget(self) -> None:
+        self._consumer = self._metadata = None
 
 
 class Renewals:

@@ -81,6 +81,7 @@ class GroupMembership:
         assert self.partitions is not None
         if not self._is_current(consumer):
             return  # a replaced consumer closing (see replace_consumer)
+        self._txn.group_metadata.forget()  # a new generation
         self._unassigned_since = None
         by_topic: dict[str, set[int]] = {}
         for tp in partitions:
@@ -117,6 +118,7 @@ class GroupMembership:
                     self._stopping.fail(e)
             else:
                 self._txn.reset()
+        self._txn.group_metadata.forget()  # after the commit above, under the old generation
         self._unassigned_since = time.monotonic()
         revoked = sorted({tp.partition for tp in partitions})
         self.partitions.close(revoked)
@@ -131,6 +133,7 @@ class GroupMembership:
                 self._txn.abort("partitions lost (session timed out)")
             except ProcessorStopped as e:
                 self._stopping.fail(e)
+        self._txn.group_metadata.forget()
         self._session_lost_at = self._unassigned_since = time.monotonic()
         lost = sorted({tp.partition for tp in partitions})
         self.partitions.close(lost)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped
-from processors.kafka.transactions import commit_resuming
+from processors.kafka.transactions import GroupMetadata, commit_resuming
 from processors.kafka.watchdog import CallAbandoned
 from processors.runtime import deadletter
 from processors.runtime.fold import TxnCounters
@@ -92,6 +92,9 @@ class Transaction:
         self._failures: Failures | None = None
         self._on_committed: Callable[[], None] = lambda: None
         self.input: Consumer | None = None  # the input consumer (membership.py keeps it current)
+        # its group metadata for send_offsets, kept per generation (membership.py forgets it at
+        # every rebalance callback, abort here)
+        self.group_metadata = GroupMetadata()
         # The bookkeeping of the open transaction.
         self.open = False
         self.began = 0.0  # monotonic time it began
@@ -222,9 +225,7 @@ class Transaction:
             flush_s = 0.0
             if self.next:  # 2
                 offsets = [TopicPartition(t, p, o) for (t, p), o in self.next.items()]
-                flush_s = self._producers.send_offsets(
-                    offsets, consumer.consumer_group_metadata(), self.call_s
-                )
+                flush_s = self._producers.send_offsets(offsets, self.group_metadata.of(consumer), self.call_s)
             t2 = time.perf_counter()
             self._commit_transaction(producer)  # 3
         except KafkaException as e:
@@ -311,6 +312,7 @@ class Transaction:
         producers = self._producers
         producer, consumer = producers.current, self.input
         assert producer is not None and consumer is not None
+        self.group_metadata.forget()  # refused offsets (a stale generation) end here too
         if self.open:  # 1
             try:
                 with self._bounded("abort_transaction", KAFKA_TIMEOUT_S):

@@ -13,7 +13,12 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from processors.kafka.exits import StopRequested
-from processors.kafka.transactions import COMMIT_ATTEMPTS, commit_resuming, init_transactions_waiting
+from processors.kafka.transactions import (
+    COMMIT_ATTEMPTS,
+    GroupMetadata,
+    commit_resuming,
+    init_transactions_waiting,
+)
 
 
 class Committer:
@@ -139,3 +144,41 @@ def test_a_producer_refused_by_a_cluster_that_answers_or_stopped_does_not_wait()
     stop.set()
     with pytest.raises(StopRequested):
         init_transactions_waiting(_Initer(failures=9), stop, 0.01, lambda: False, lambda e, n: None)  # type: ignore[arg-type]
+
+
+class _Member:
+    """A consumer whose group metadata changes at each ask (as a new generation's would)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def consumer_group_metadata(self) -> tuple[int, int]:
+        self.asked += 1
+        return (id(self), self.asked)
+
+
+def test_group_metadata_is_asked_once_per_generation_and_consumer() -> None:
+    meta, member = GroupMetadata(), _Member()
+    first = meta.of(member)
+    assert meta.of(member) is first and meta.of(member) is first and member.asked == 1
+    meta.forget()  # a rebalance callback or an abort
+    assert meta.of(member) != first and member.asked == 2
+    replacement = _Member()  # membership replaced the consumer: never the old one's metadata
+    assert meta.of(replacement) == (id(replacement), 1) and replacement.asked == 1
+
+
+def test_an_abort_forgets_the_group_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offsets refused for a stale generation fail the commit, whose abort must make the next
+    commit ask afresh (else every later transaction would be refused the same way)."""
+    from processors.runtime.loop import Processor
+    from processors.runtime.settings import ProcessorSettings
+
+    proc = Processor(ProcessorSettings(topic_prefix="t", instance_id="p1", alternate_producers=False))
+    member = _Member()
+    proc.txn.input = member  # type: ignore[assignment]
+    proc.txn.group_metadata.of(member)
+    proc.txn.open = False  # nothing to abort at the coordinator: only the bookkeeping runs
+    proc.producers._producers = [object(), None]  # type: ignore[list-item]
+    proc.txn.abort("send_offsets_to_transaction: ILLEGAL_GENERATION")
+    proc.txn.group_metadata.of(member)
+    assert member.asked == 2
