@@ -381,7 +381,7 @@ class PartitionStore:
         # tombstones between the bound and the next live timer on every commit, and those are
         # many: each run arms a wall-time timer days ahead and clears it when it finishes, so
         # a bound at a 30 s lease sat before every finished run's tombstone (a commit cost 19
-        # -> 1,100 us after 20,000 runs; tests/unit/test_runtime_store_timers.py). A purge
+        # -> 1,100 us after 20,000 runs; tests/unit/test_runtime_store.py). A purge
         # still re-seeks: it is paged and rare, and its runs' timers may hold the bound.
         if purged and self.next_due_ms is not None:
             self.next_due_ms = self._first_due(self.next_due_ms)
