@@ -312,6 +312,25 @@ def test_a_metrics_port_taken_is_a_configuration_exit_2_not_a_crash_to_restart()
         assert executor.run(install_signals=False) == ExitCode.CONFIG == 2
 
 
+class _QuietProducer:
+    """A transactional producer whose every call goes through (the fakes below fail one)."""
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def send_offsets_to_transaction(self, *args: object) -> None:
+        pass
+
+
 def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_commits() -> None:
     # Seen in the 3-node chaos scenario: the transaction coordinator killed, its successor
     # aborted the transaction, and commit failed INVALID_TXN_STATE (fatal). The executor stopped
@@ -324,22 +343,7 @@ def test_a_fatal_error_that_is_not_a_fence_replaces_the_producer_once_between_co
     executor = ChildExecutor(KafkaSettings(bootstrap_servers="127.0.0.1:9"), topic_prefix="t")
     invalid = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
 
-    class _Dying:  # everything goes through until the commit
-        def poll(self, timeout: float) -> int:
-            return 0
-
-        def flush(self, timeout: float = 0) -> int:
-            return 0
-
-        def __len__(self) -> int:
-            return 0
-
-        def begin_transaction(self) -> None:
-            pass
-
-        def send_offsets_to_transaction(self, *args: object) -> None:
-            pass
-
+    class _Dying(_QuietProducer):  # everything goes through until the commit
         def commit_transaction(self, timeout: float = 0) -> None:
             raise KafkaException(invalid)
 
@@ -383,19 +387,7 @@ def test_an_abort_that_fails_fatally_or_times_out_replaces_the_producer_instead_
     transport = KafkaError(KafkaError._TRANSPORT, "Failed to add offsets to transaction", retriable=True)
 
     def failing_abort(abort_error: KafkaError) -> object:
-        class _Aborts:
-            def poll(self, timeout: float) -> int:
-                return 0
-
-            def flush(self, timeout: float = 0) -> int:
-                return 0
-
-            def __len__(self) -> int:
-                return 0
-
-            def begin_transaction(self) -> None:
-                pass
-
+        class _Aborts(_QuietProducer):
             def send_offsets_to_transaction(self, *args: object) -> None:
                 raise KafkaException(transport)
 
