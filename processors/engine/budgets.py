@@ -26,6 +26,7 @@ DIMENSIONS: dict[str, str] = {
 }
 _DIMENSION_ITEMS = tuple(DIMENSIONS.items())
 _POSITION = {dimension: i for i, dimension in enumerate(DIMENSIONS)}
+_LEDGER_DIMENSIONS = frozenset({"steps", "retries", "agents", "cost_micros"})  # named as in the ledger
 RECORDED_AFTER = ("tokens", "cost_micros")  # exhausted when the recorded usage exceeds the limit
 OVERRIDABLE = frozenset({*LIMIT_DIMENSIONS, "warn_at_percent"})
 
@@ -46,6 +47,10 @@ def usage(state: RunState, now: int | None = None) -> tuple[int, ...]:
 
 
 def used(state: RunState, dimension: str, now: int | None = None) -> int:
+    """One dimension of `usage` (the step, agent and retry reservations, and cost, are the
+    ledger's own entries: read without working out the other five)."""
+    if dimension in _LEDGER_DIMENSIONS:
+        return int(state["usage"][dimension])
     return usage(state, now)[_POSITION[dimension]]
 
 

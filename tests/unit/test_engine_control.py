@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from engine_harness import RunHarness, definition
+from hypothesis import given
+from hypothesis import strategies as st
+
+from processors.engine import budgets
 
 
 def act(**extra: object) -> dict:
@@ -272,3 +276,24 @@ def test_fail_run_from_the_runtime_fails_the_run_cancels_open_steps_and_leaves_f
         RunHarness(d).start({}).send({"type": "FailRun", "code": "Limit"}).last.dropped
         == "FailRun.message must be str"
     )
+
+
+@given(
+    ledger=st.fixed_dictionaries(
+        {
+            name: st.integers(0, 2**40)
+            for name in ("steps", "retries", "agents", "prompt_tokens", "completion_tokens", "cost_micros")
+        }
+    ),
+    used_ms=st.integers(0, 2**40),
+    since_ms=st.none() | st.integers(0, 2**40),
+    now=st.none() | st.integers(0, 2**41),
+)
+def test_one_budget_dimension_reads_as_in_the_whole_usage(
+    ledger: dict[str, int], used_ms: int, since_ms: int | None, now: int | None
+) -> None:
+    """`budgets.used` reads the ledger's own dimensions directly: the same number as `usage`."""
+    state = {"usage": ledger, "wall": {"used_ms": used_ms, "since_ms": since_ms}}
+    whole = budgets.usage(state, now)
+    for i, dimension in enumerate(budgets.DIMENSIONS):
+        assert budgets.used(state, dimension, now) == whole[i], dimension
