@@ -284,6 +284,7 @@ class Processor:
         if time.monotonic() >= chores.next_lag:
             chores.report_lag()
             chores.refresh_statuses()
+            chores.flush_stores()
             membership.check()
             self.producers.poll_idle()
 

@@ -149,6 +149,7 @@ class PartitionStore:
         no_wal.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(no_wal)
         self._flushed_at = time.monotonic()
+        self._unflushed = False  # written since the last flush
         self._lock = threading.RLock()
         # Decoded committed states of recently written runs, oldest write first: saves
         # load_state per record. Engine states are never mutated in place, so sharing the
@@ -386,10 +387,8 @@ class PartitionStore:
                 batch.put(STATS_KEY, orjson.dumps(self.stats))
             with self._lock:
                 self.db.write(batch)
-                now = time.monotonic()
-                if now - self._flushed_at >= FLUSH_EVERY_S:
-                    self._flushed_at = now
-                    self.db.flush(wait=False)  # in RocksDB's background: no commit waits on it
+                self._unflushed = True
+            self.flush_if_due()
         except BaseException:
             refs.clear()  # maybe not written: what they say may not be in the database
             raise
@@ -414,8 +413,21 @@ class PartitionStore:
         if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
             self.next_purge_ms = min_new_purge
 
+    def flush_if_due(self) -> None:
+        """Flush what was written since the last flush once `FLUSH_EVERY_S` passed: after
+        each write, and from the loop's housekeeping, so that a partition whose writes
+        stopped does not keep them unflushed until it is written again (a crash days later
+        would send restore back to an offset that retention may have deleted)."""
+        if not self._unflushed or time.monotonic() - self._flushed_at < FLUSH_EVERY_S:
+            return
+        with self._lock:
+            self._unflushed = False
+            self._flushed_at = time.monotonic()
+            self.db.flush(wait=False)  # in RocksDB's background: no commit waits on it
+
     def close(self) -> None:
         with self._lock:
+            self._unflushed = False
             if self._db is not None:
                 self._db.flush()
                 self._db.close()

@@ -394,18 +394,41 @@ import processors.runtime.store as store_module
 from processors.runtime.store import PartitionStore
 from tests.unit.test_runtime_store import _CRASH_TRANSACTIONS, _transaction
 
-path, flush_at = Path(sys.argv[1]), int(sys.argv[2])
+path, flush_at, last = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+idle_flush = sys.argv[4] == "idle"
 store_module.FLUSH_EVERY_S = 1e9
 store = PartitionStore(path, 0)
-for k in range(1, _CRASH_TRANSACTIONS + 1):
+for k in range(1, last + 1):
     if k == flush_at:
         store_module.FLUSH_EVERY_S = 0.0  # this commit's write is followed by a flush
     _transaction(store, k)
     if k == flush_at:
         store_module.FLUSH_EVERY_S = 1e9
         time.sleep(0.5)  # the flush runs in RocksDB's background
+if idle_flush:  # no more writes; the loop's housekeeping comes by once the flush is due
+    store_module.FLUSH_EVERY_S = 0.0
+    store.flush_if_due()
+    time.sleep(0.5)
 os.kill(os.getpid(), signal.SIGKILL)  # no close: what a kill -9 leaves
 """
+
+
+def _crash(path: Path, flush_at: int, last: int = _CRASH_TRANSACTIONS, idle_flush: bool = False) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CRASHING_WRITER,
+            str(path),
+            str(flush_at),
+            str(last),
+            "idle" if idle_flush else "-",
+        ],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
 
 
 def _contents(store: PartitionStore) -> dict[bytes, bytes]:
@@ -423,13 +446,7 @@ def test_a_store_killed_mid_stream_reopens_as_exactly_one_earlier_commit(
     key of a later one. Compared with a store that applied the same transactions without a
     crash, key by key."""
     crashed = tmp_path / "crashed"
-    proc = subprocess.run(
-        [sys.executable, "-c", _CRASHING_WRITER, str(crashed), str(flush_at)],
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        timeout=60,
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    _crash(crashed, flush_at)
     reference = PartitionStore(tmp_path / "reference", 0)
     after = {0: _contents(reference)}
     for k in range(1, _CRASH_TRANSACTIONS + 1):
@@ -448,3 +465,19 @@ def test_a_store_killed_mid_stream_reopens_as_exactly_one_earlier_commit(
     if flush_at < _CRASH_TRANSACTIONS:
         # the crash must take writes back, or this test would not test what it says
         assert k < _CRASH_TRANSACTIONS
+
+
+@pytest.mark.parametrize("idle_flush", [False, True])
+def test_writes_of_a_partition_gone_quiet_are_flushed_without_another_write(
+    tmp_path: Path, idle_flush: bool
+) -> None:
+    """A partition written 3 times and then never again: a flush checked only at the next
+    write would never come, and a kill -9 days later would send restore back to an offset
+    the run-events retention may have deleted. The loop's housekeeping asks each store
+    (`flush_if_due`) every few seconds."""
+    crashed = tmp_path / "crashed"
+    _crash(crashed, flush_at=0, last=3, idle_flush=idle_flush)
+    reopened = PartitionStore(crashed, 0)
+    offset = reopened.applied_offset
+    reopened.close()
+    assert offset == (3 if idle_flush else NO_OFFSET)
