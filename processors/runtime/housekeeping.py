@@ -1,5 +1,5 @@
 """Between transactions: purge finished runs past their retention, report consumer lag and
-runs by status, flush the stores' writes that are due."""
+runs by status."""
 
 from __future__ import annotations
 
@@ -48,15 +48,6 @@ class Housekeeping:
 
     def refresh_statuses(self) -> None:
         self._metrics.set_run_statuses([s.stats for s in self._partitions.ready()])
-
-    def flush_stores(self) -> None:
-        """Each owned store flushes what it wrote since its last flush once that is due
-        (store.FLUSH_EVERY_S): also a partition that has had no write since."""
-        partitions = self._partitions
-        for p in partitions.owned():
-            store = partitions.store(p)
-            if store is not None:
-                store.flush_if_due()
 
     def purge_finished(self, folded: int = 0) -> None:
         """Finished runs past `finished_retention_ms` leave the local store and the run-state

@@ -284,7 +284,6 @@ class Processor:
         if time.monotonic() >= chores.next_lag:
             chores.report_lag()
             chores.refresh_statuses()
-            chores.flush_stores()
             membership.check()
             self.producers.poll_idle()
 

@@ -3,8 +3,7 @@
 One database per assigned partition, at `<state_dir>/<prefix>/<group>/p<N>`.
 It only ever holds the fold of *committed* run events: the loop writes it after
 the Kafka transaction commits, in one write batch that also records the offset
-of the last run event it reflects (so restore knows where to catch up from, also
-after a crash took back the writes since the last flush: no write-ahead log).
+of the last run event it reflects (so restore knows where to catch up from).
 
 Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
 
@@ -26,13 +25,12 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import orjson
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from processors.engine.vocabulary import TERMINAL_STATUSES
 
@@ -54,14 +52,6 @@ TIMER_REF_CACHE = 20_000
 # per transaction, so large memtables buy nothing).
 _BLOCK_CACHE = Cache(32 << 20)  # LRU
 _WRITE_BUFFER_BYTES = 8 << 20
-# No write-ahead log (as Kafka Streams' RocksDB stores): the store is a cache of committed run
-# events, and every write batch records the run-events offset it reflects, so a crash that
-# loses the writes since the last memtable flush leaves a consistent store that is only
-# further behind, and restore reads the log from its offset as after a crash between commit
-# and write. The log cost every commit a write of its batch again (~4 % of the offline fold,
-# benchmarks/fold_bench.py). A flush at least this often bounds what a crash takes back (and
-# the restore it costs) on a quiet partition; a busy one fills its memtable sooner.
-FLUSH_EVERY_S = 30.0
 
 
 def _options() -> Options:
@@ -144,12 +134,6 @@ class PartitionStore:
         self.cache_runs = cache_runs
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db: Rdict | None = Rdict(str(path), _options())
-        no_wal = WriteOptions()
-        # rocksdict's stub declares a method; the object has a property (setting it is what works)
-        no_wal.disable_wal = True  # type: ignore[method-assign,assignment]
-        self._db.set_write_options(no_wal)
-        self._flushed_at = time.monotonic()
-        self._unflushed = False  # written since the last flush
         self._lock = threading.RLock()
         # Decoded committed states of recently written runs, oldest write first: saves
         # load_state per record. Engine states are never mutated in place, so sharing the
@@ -387,8 +371,6 @@ class PartitionStore:
                 batch.put(STATS_KEY, orjson.dumps(self.stats))
             with self._lock:
                 self.db.write(batch)
-                self._unflushed = True
-            self.flush_if_due()
         except BaseException:
             refs.clear()  # maybe not written: what they say may not be in the database
             raise
@@ -413,21 +395,8 @@ class PartitionStore:
         if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
             self.next_purge_ms = min_new_purge
 
-    def flush_if_due(self) -> None:
-        """Flush what was written since the last flush once `FLUSH_EVERY_S` passed: after
-        each write, and from the loop's housekeeping, so that a partition whose writes
-        stopped does not keep them unflushed until it is written again (a crash days later
-        would send restore back to an offset that retention may have deleted)."""
-        if not self._unflushed or time.monotonic() - self._flushed_at < FLUSH_EVERY_S:
-            return
-        with self._lock:
-            self._unflushed = False
-            self._flushed_at = time.monotonic()
-            self.db.flush(wait=False)  # in RocksDB's background: no commit waits on it
-
     def close(self) -> None:
         with self._lock:
-            self._unflushed = False
             if self._db is not None:
                 self._db.flush()
                 self._db.close()

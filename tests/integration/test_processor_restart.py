@@ -22,7 +22,6 @@ from processor_support import (
     terminal_of,
 )
 
-import processors.runtime.store as store_module
 from processors.kafka.exits import ExitCode
 from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
@@ -282,38 +281,4 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
     assert report.expired == 1  # the finished one: not verifiable, nothing lost
     rebuilt = rebuild(settings.model_copy(update={"state_dir": tmp_path / "rebuilt"}))
     assert rebuilt.runs_before_log_start == {open_lost, finished}
-    events.close()
-
-
-def test_a_partition_gone_quiet_has_its_writes_flushed_by_the_loop(
-    settings: ProcessorSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The store writes no write-ahead log: what it wrote since its last flush is what a kill -9
-    takes back. A store flushes at a write once `FLUSH_EVERY_S` passed, and the loop's
-    housekeeping asks every store every 5 s, so the last writes of a partition that then goes
-    quiet are flushed too (RocksDB's memtable of that partition empties)."""
-    monkeypatch.setattr(store_module, "FLUSH_EVERY_S", 1.0)
-    events = Reader(settings, [settings.topics.run_events], "run_events")
-    cmd = Commands(settings)
-    runs = [f"quiet-{i}" for i in range(4)]
-    with running(settings.model_copy(update={"query_port": 0})) as pt:
-        with Responder(settings, complete_all):
-            for r in runs:
-                cmd.start(r, "three")
-            cmd.flush()
-            events.wait_for(
-                lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60, what="runs terminal"
-            )
-        parts = pt.processor.partitions
-        assert parts is not None
-        stores = [s for p in parts.owned() if (s := parts.store(p)) is not None]
-        assert stores
-
-        def unflushed() -> list[int]:
-            return [s.db.property_int_value("rocksdb.num-entries-active-mem-table") or 0 for s in stores]
-
-        deadline = time.monotonic() + 15  # the housekeeping's 5 s, and the flush in the background
-        while any(unflushed()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(unflushed()), f"entries still only in the memtables: {unflushed()}"
     events.close()

@@ -1,12 +1,10 @@
 """Store, write overlay, timers index and partitioner of the processor runtime (no broker); the
 timer index against a model (hypothesis, stateful) and what clearing timers costs a commit once
-many have been cleared; a store killed between flushes reopens as one earlier commit."""
+many have been cleared."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -364,120 +362,3 @@ def test_clearing_timers_costs_a_commit_nothing_more_after_many_runs_finished(tm
     assert after < 4 * before, (
         f"{after * 1e6:.0f} us per commit after 20,000 cleared timers, {before * 1e6:.0f} before"
     )
-
-
-# ---- a crash (kill -9) takes back the writes since the last flush, never part of a batch ----
-
-_CRASH_TRANSACTIONS = 20
-
-
-def _transaction(store: PartitionStore, k: int) -> None:
-    """Transaction k of a partition: a state, an event, a timer armed (and one cleared), a
-    counter, and the run-events offset k, as the loop writes them after a commit."""
-    ov = PartitionOverlay(store)
-    run = f"r{k % 5}"
-    state = {"run_id": run, "sequence": k}
-    ov.put_state(run, state, orjson.dumps(state), k)
-    ov.add_event(run, k, f"event {k}".encode())
-    body, raw = _timer(run, f"t{k % 3}", 1_000 + k)
-    ov.set_timer(run, body, raw)
-    if k % 4 == 0:
-        ov.clear_timer(run, f"t{(k + 1) % 3}")
-    ov.count("inputs")
-    ov.write(applied_offset=k)
-
-
-_CRASHING_WRITER = """
-import os, signal, sys, time
-from pathlib import Path
-import processors.runtime.store as store_module
-from processors.runtime.store import PartitionStore
-from tests.unit.test_runtime_store import _CRASH_TRANSACTIONS, _transaction
-
-path, flush_at, last = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-idle_flush = sys.argv[4] == "idle"
-store_module.FLUSH_EVERY_S = 1e9
-store = PartitionStore(path, 0)
-for k in range(1, last + 1):
-    if k == flush_at:
-        store_module.FLUSH_EVERY_S = 0.0  # this commit's write is followed by a flush
-    _transaction(store, k)
-    if k == flush_at:
-        store_module.FLUSH_EVERY_S = 1e9
-        time.sleep(0.5)  # the flush runs in RocksDB's background
-if idle_flush:  # no more writes; the loop's housekeeping comes by once the flush is due
-    store_module.FLUSH_EVERY_S = 0.0
-    store.flush_if_due()
-    time.sleep(0.5)
-os.kill(os.getpid(), signal.SIGKILL)  # no close: what a kill -9 leaves
-"""
-
-
-def _crash(path: Path, flush_at: int, last: int = _CRASH_TRANSACTIONS, idle_flush: bool = False) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _CRASHING_WRITER,
-            str(path),
-            str(flush_at),
-            str(last),
-            "idle" if idle_flush else "-",
-        ],
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        timeout=60,
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-
-
-def _contents(store: PartitionStore) -> dict[bytes, bytes]:
-    return dict(store.db.items())
-
-
-@pytest.mark.parametrize("flush_at", [0, 1, 8, _CRASH_TRANSACTIONS])
-def test_a_store_killed_mid_stream_reopens_as_exactly_one_earlier_commit(
-    tmp_path: Path, flush_at: int
-) -> None:
-    """The store writes no RocksDB write-ahead log (store.FLUSH_EVERY_S): a kill -9 takes back
-    what was written since the last flush, and restore reads the run-events log from the
-    offset the store reopens with. That holds only if the reopened store is exactly the
-    store after one earlier transaction, its offset included: never part of a batch, never a
-    key of a later one. Compared with a store that applied the same transactions without a
-    crash, key by key."""
-    crashed = tmp_path / "crashed"
-    _crash(crashed, flush_at)
-    reference = PartitionStore(tmp_path / "reference", 0)
-    after = {0: _contents(reference)}
-    for k in range(1, _CRASH_TRANSACTIONS + 1):
-        _transaction(reference, k)
-        after[k] = _contents(reference)
-    reference.close()
-    reopened = PartitionStore(crashed, 0)
-    offset = reopened.applied_offset
-    contents = _contents(reopened)
-    pending = reopened.pending_timers()
-    reopened.close()
-    k = 0 if offset == NO_OFFSET else offset
-    assert flush_at <= k <= _CRASH_TRANSACTIONS
-    assert contents == after[k], f"reopened at offset {offset}: not the store after transaction {k}"
-    assert pending == sum(1 for key in after[k] if key[:1] == b"t")
-    if flush_at < _CRASH_TRANSACTIONS:
-        # the crash must take writes back, or this test would not test what it says
-        assert k < _CRASH_TRANSACTIONS
-
-
-@pytest.mark.parametrize("idle_flush", [False, True])
-def test_writes_of_a_partition_gone_quiet_are_flushed_without_another_write(
-    tmp_path: Path, idle_flush: bool
-) -> None:
-    """A partition written 3 times and then never again: a flush checked only at the next
-    write would never come, and a kill -9 days later would send restore back to an offset
-    the run-events retention may have deleted. The loop's housekeeping asks each store
-    (`flush_if_due`) every few seconds."""
-    crashed = tmp_path / "crashed"
-    _crash(crashed, flush_at=0, last=3, idle_flush=idle_flush)
-    reopened = PartitionStore(crashed, 0)
-    offset = reopened.applied_offset
-    reopened.close()
-    assert offset == (3 if idle_flush else NO_OFFSET)
