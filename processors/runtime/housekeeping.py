@@ -68,10 +68,19 @@ class Housekeeping:
         stores = self._partitions.ready()
         budget = max(1, self.purge_page // 10) + folded if folded else self.purge_page * len(stores)
         due, self.purge_more = self._due_in_turn(stores, now_ms(), budget)
-        if not due:
+        owed = [store for store in stores if store.owed_tombstones]
+        if not due and not owed:
             return
+        for store, runs in due:
+            store.mark_purging(runs)  # a crash before its commit is written: the store redoes it
         self._txn.begin()
         try:
+            for store in owed:  # of a page a store purged itself when it opened (store._redo_purge)
+                for run_id in store.owed_tombstones:
+                    self._txn.produce(
+                        self._topics.run_state, None, run_id.encode(), partition=store.partition
+                    )
+                self._txn.overlay(store.partition, store).owed_paid = True
             for store, runs in due:
                 ov = self._txn.overlay(store.partition, store)
                 for xkey, run_id, status in runs:

@@ -53,6 +53,7 @@ class PartitionOverlay:
         "events",
         "lost",
         "min_new_due",
+        "owed_paid",
         "purged",
         "purges",
         "states",
@@ -80,6 +81,7 @@ class PartitionOverlay:
         ] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
         self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
+        self.owed_paid = False  # the store's owed run-state tombstones are in this transaction
         self.lost: set[str] = set()  # runs whose beginning the log no longer holds: their ids stay taken
         self.stats: dict[str, int] = {}
 
@@ -210,6 +212,7 @@ class PartitionOverlay:
             or self.purges
             or self.purged
             or self.unpurges
+            or self.owed_paid
             or self.lost
         )
 
@@ -224,6 +227,7 @@ class PartitionOverlay:
             states={run_id: self.states[run_id] for run_id in self.dumped},
             stats=self.stats,
             purged=self.purged,
+            owed_paid=self.owed_paid,
             timer_refs=refs,
             min_new_due=self.min_new_due,
             min_new_purge=min((p[0] for p in self.purges), default=None),

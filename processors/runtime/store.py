@@ -15,6 +15,8 @@ Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
     g<run_id>                               a purged run (value: its status): its id is not reused
     m:offset                                last applied <p>.run-events offset (8 bytes)
     m:stats                                 cumulative counters (JSON)
+    m:purging                               the purge page in flight (JSON), until its commit is written
+    m:owed                                  run ids whose run-state tombstones a redone purge owes (JSON)
 
 Big-endian integers keep the t-keys ordered by due time, so due timers are a
 prefix scan that stops at `now`.
@@ -36,6 +38,12 @@ from processors.engine.vocabulary import TERMINAL_STATUSES
 
 OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
+# A purge writes no run event, so restore cannot redo one whose commit was never written to
+# the store (a crash between the two): its page is recorded before its transaction begins,
+# and a store that opens with the record still there purges the page itself (`_redo_purge`),
+# owing the run-state tombstones to the next purge pass (`OWED_KEY`).
+PURGING_KEY = b"m:purging"
+OWED_KEY = b"m:owed"
 NO_OFFSET = -1
 PURGE_PAGE = 1_000  # finished runs a purge pass takes per partition (one transaction)
 _SEP = b"\x1f"
@@ -83,6 +91,7 @@ class ChangeSet:
     timer_refs: dict[bytes, bytes | None] = field(default_factory=dict)
     min_new_due: int | None = None
     min_new_purge: int | None = None
+    owed_paid: bool = False  # the tombstones of `owed_tombstones` are in this transaction
 
 
 def state_key(run_id: str) -> bytes:
@@ -146,6 +155,8 @@ class PartitionStore:
         self.applied_offset: int = int.from_bytes(raw, "big", signed=True) if raw else NO_OFFSET
         stats = self._db.get(STATS_KEY)
         self.stats: dict[str, int] = orjson.loads(stats) if stats else {}
+        owed = self._db.get(OWED_KEY)
+        self.owed_tombstones: list[str] = orjson.loads(owed) if owed else []
         # Lower bound of every stored timer's due time (None: no timers). Keeps the idle
         # "anything due?" check O(1) and lets scans seek past old tombstones.
         self.next_due_ms: int | None = self._first_due(0)
@@ -277,20 +288,57 @@ class PartitionStore:
                 if key[:1] != b"x" or due_of(key) > now_ms:
                     break
                 run_id = key[9:].decode()
-                raw = self.db.get(state_key(run_id)) if run_id not in seen else None  # once a page
+                status = self._purge_status(run_id, it.value()) if run_id not in seen else None  # once a page
                 seen.add(run_id)
-                state = orjson.loads(raw) if raw is not None else {}
-                status = state.get("status")
-                # "<status> <finished_ms>"; an entry from another finish (the run was resumed
-                # and ended again, under another retention setting) is stale too
-                finished = it.value().partition(b" ")[2]
-                if finished and int(finished) != state.get("updated_ms"):
-                    status = None
-                due.append((key, run_id, status if status in TERMINAL_STATUSES else None))
+                due.append((key, run_id, status))
                 it.next()
         if not due:
             self.next_purge_ms = self._first_due(now_ms + 1, b"x")
         return due
+
+    def _purge_status(self, run_id: str, entry: bytes) -> str | None:
+        """The status a purge of `run_id` by its x-entry (value `entry`) removes: the run's
+        state's, if finished by that entry's finish; else None (a stale entry: only it goes)."""
+        raw = self.db.get(state_key(run_id))
+        state = orjson.loads(raw) if raw is not None else {}
+        status = state.get("status")
+        # "<status> <finished_ms>"; an entry from another finish (the run was resumed and
+        # ended again, under another retention setting) is stale too
+        finished = entry.partition(b" ")[2]
+        if finished and int(finished) != state.get("updated_ms"):
+            return None
+        return status if status in TERMINAL_STATUSES else None
+
+    def mark_purging(self, runs: list[tuple[bytes, str, str | None]]) -> None:
+        """Record the page a purge pass is about to commit (before its transaction begins)."""
+        with self._lock:
+            self.db.put(PURGING_KEY, orjson.dumps([[xkey.hex(), run_id] for xkey, run_id, _ in runs]))
+
+    def redo_interrupted_purge(self) -> None:
+        """A purge page recorded and never written (a crash between its commit and its store
+        write, or a pass that failed): its transaction may have committed (then no run of it
+        may come back: a ResumeRun would resume it) or not (its runs were due anyway). Purge
+        what is still due of it, as its commit would have, and owe their run-state tombstones
+        to the next pass. Called once the partition is restored, before its inputs resume, so
+        that a run resumed by a committed event since has no entry left and stays."""
+        purging = self.get(PURGING_KEY)
+        if purging is None:
+            return
+        runs: list[tuple[bytes, str, str | None]] = []
+        for xhex, run_id in orjson.loads(purging):
+            xkey = bytes.fromhex(xhex)
+            entry = self.get(xkey)
+            if entry is not None:
+                runs.append((xkey, run_id, self._purge_status(run_id, entry)))
+        stats: dict[str, int] = {}
+        for _, run_id, status in runs:
+            if status is not None:
+                stats[f"status.{status}"] = stats.get(f"status.{status}", 0) - 1
+                self.owed_tombstones.append(run_id)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(OWED_KEY, orjson.dumps(self.owed_tombstones))
+        batch.delete(PURGING_KEY)  # also when nothing of it is due any more
+        self.apply(ChangeSet(batch=batch, stats=stats, purged=runs), None)
 
     def _cache_states(self, states: dict[str, Any]) -> None:
         """Keep the states just written, most recent last; past `cache_runs`, drop the least
@@ -362,6 +410,9 @@ class PartitionStore:
                     refs[rkey] = tkey
             if purged:
                 self._purge_into(batch, purged)  # after: its deletions come last in the batch too
+                batch.delete(PURGING_KEY)  # the page recorded before the transaction is done
+            if changes.owed_paid:
+                batch.delete(OWED_KEY)
             if applied_offset is not None and applied_offset > self.applied_offset:
                 batch.put(OFFSET_KEY, applied_offset.to_bytes(8, "big", signed=True))
                 self.applied_offset = applied_offset
@@ -376,6 +427,8 @@ class PartitionStore:
             raise
         _drop_oldest(refs, TIMER_REF_CACHE)
         self._cache_states(states)
+        if changes.owed_paid:
+            self.owed_tombstones = []
         # Cleared timers leave the bound as it was: a lower bound, which `due_timers` moves to
         # the first live timer once it passes. Re-seeking here after every clear walked the
         # tombstones between the bound and the next live timer on every commit, and those are

@@ -3,18 +3,25 @@ the store, rebuild from run-events, and fencing of a second instance with the sa
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from confluent_kafka import Consumer
 from processor_support import (
     Commands,
     ProcessorThread,
     Reader,
     Responder,
+    assign_from_start,
     complete_all,
     make_settings,
     running,
@@ -25,6 +32,7 @@ from processor_support import (
 from processors.kafka.exits import ExitCode
 from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
+from topology.settings import consumer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -282,3 +290,92 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
     rebuilt = rebuild(settings.model_copy(update={"state_dir": tmp_path / "rebuilt"}))
     assert rebuilt.runs_before_log_start == {open_lost, finished}
     events.close()
+
+
+# The processor, killed (SIGKILL) the moment it is about to write a purge's commit to its store.
+_KILLED_AT_THE_PURGE_WRITE = """
+import os, runpy, signal, sys
+import processors.runtime.store as store
+
+apply = store.PartitionStore.apply
+
+def killed_at_a_purge(self, changes, applied_offset):
+    if changes.purged:  # committed in Kafka; the store write never happens
+        os.kill(os.getpid(), signal.SIGKILL)
+    return apply(self, changes, applied_offset)
+
+store.PartitionStore.apply = killed_at_a_purge
+sys.argv = ["processors.runtime", *sys.argv[1:]]
+runpy.run_module("processors.runtime", run_name="__main__")
+"""
+
+
+def _tombstones(settings: ProcessorSettings, run_id: str) -> int:
+    """Run-state tombstones of `run_id` committed so far (read_committed, until 1 s of quiet)."""
+    consumer = Consumer(consumer_config(settings, f"tombstones-{uuid.uuid4().hex[:8]}"))
+    try:
+        assign_from_start(consumer, [settings.topics.run_state])
+        n = 0
+        while (m := consumer.poll(1.0)) is not None:
+            if m.error() is None and m.key() == run_id.encode() and m.value() is None:
+                n += 1
+        return n
+    finally:
+        consumer.close()
+
+
+def test_a_run_purged_by_a_commit_the_store_never_wrote_stays_purged(
+    settings: ProcessorSettings, tmp_path: Path
+) -> None:
+    """A purge writes no run event, so restore cannot redo one whose commit a crash kept out
+    of the store: the run came back, and a ResumeRun folded before the next purge pass resumed
+    it (RunResumed and a new activation). The restarted processor must reject the ResumeRun
+    NotFound, as for any purged run, and send the run-state tombstone again."""
+    args = [
+        "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix,
+        "--instance-id", settings.instance_id, "--state-dir", str(settings.state_dir),
+        "--finished-retention-ms", "1000", "--query-port", "0", "--metrics-port", "0",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")}
+    log = (tmp_path / "processor.log").open("ab")
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    acts = Reader(settings, [settings.topics.activations("default")], "activations")
+    cmd = Commands(settings)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_AT_THE_PURGE_WRITE, *args], stderr=log, env=env)
+    try:
+        cmd.start("purged", "one")
+        cmd.flush()
+        [act] = acts.wait_for(lambda xs: len(xs) >= 1, timeout=60, what="the activation")
+        cmd.fail(act, retryable=False)
+        cmd.flush()
+        events.wait_for(lambda evs: bool(terminal_of(evs, "purged")), timeout=60, what="RunFailed")
+        assert proc.wait(60) == -signal.SIGKILL  # at the purge's store write, a second or so later
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _tombstones(settings, "purged") == 1  # the purge committed
+    cmd.send("commands", "purged", {"type": "ResumeRun", "budgets": None, "reason": "again"})
+    cmd.flush()
+    before = len(events.records)
+    proc = subprocess.Popen([sys.executable, "-m", "processors.runtime", *args], stderr=log, env=env)
+    try:
+        events.wait_for(
+            lambda evs: any(e["run_id"] == "purged" for e in evs[before:]),
+            timeout=90,
+            what="the ResumeRun's answer",
+        )
+        deadline = time.monotonic() + 15
+        while _tombstones(settings, "purged") < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        owed = _tombstones(settings, "purged")
+        acts.drain(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        events.close()
+        acts.close()
+    answer = [(e["type"], e.get("code")) for e in events.records[before:] if e["run_id"] == "purged"]
+    assert answer == [("RunRejected", "NotFound")]
+    assert len(acts.records) == 1, "the purged run was dispatched again"
+    assert owed == 2, "the restarted processor did not send the purge's tombstone again"
+    assert code == 0

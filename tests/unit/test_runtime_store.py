@@ -424,3 +424,68 @@ def test_a_store_killed_after_its_writes_reopens_with_all_of_them(tmp_path: Path
         assert dict(reopened.db.items()) == expected
     finally:
         reopened.close()
+
+
+# ---- a purge whose commit was never written to the store is redone before input ---------------
+
+
+def _finished_run(store: PartitionStore, run_id: str, finished_ms: int, purge_ms: int) -> None:
+    ov = PartitionOverlay(store)
+    state = {"run_id": run_id, "sequence": 3, "status": "failed", "updated_ms": finished_ms}
+    ov.put_state(run_id, state, orjson.dumps(state), finished_ms)
+    ov.add_event(run_id, 3, b"RunFailed")
+    ov.count("status.failed")
+    ov.purge_at(run_id, purge_ms, "failed", finished_ms)
+    ov.write(applied_offset=7)
+
+
+def test_a_purge_page_recorded_but_never_written_is_redone_and_owes_its_tombstones(tmp_path: Path) -> None:
+    """A purge writes no run event: a crash between its commit and its store write leaves the
+    run in the store, and restore (run events only) cannot redo it, so a ResumeRun folded
+    before the next pass would resume a purged run. The page is recorded before its
+    transaction; a store restored with the record still there purges it before its inputs
+    resume, and owes the run-state tombstones (whether its commit happened is unknown)."""
+    store = PartitionStore(tmp_path / "p0", 0)
+    _finished_run(store, "gone", 1_000, 2_000)
+    _finished_run(store, "other", 1_000, 9_000)  # not due: untouched
+    page = store.due_purges(5_000)
+    assert [(run_id, status) for _, run_id, status in page] == [("gone", "failed")]
+    store.mark_purging(page)
+    store.close()  # the commit happened, its store write did not (the marker is in the WAL)
+    store = PartitionStore(tmp_path / "p0", 0)
+    assert store.state_bytes("gone") is not None  # nothing before the partition is restored
+    store.redo_interrupted_purge()
+    assert store.state_bytes("gone") is None and store.events("gone") == []
+    assert store.purged_status("gone") == "failed"  # its id is not reused
+    assert store.stats["status.failed"] == 1 and store.state_bytes("other") is not None
+    assert store.owed_tombstones == ["gone"]
+    assert store.due_purges(5_000) == []
+    store.close()
+    store = PartitionStore(tmp_path / "p0", 0)
+    assert store.owed_tombstones == ["gone"]  # owed until a pass commits them
+    store.redo_interrupted_purge()  # nothing recorded any more: nothing happens
+    assert store.stats["status.failed"] == 1
+    ov = PartitionOverlay(store)
+    ov.owed_paid = True
+    ov.write(None)
+    assert store.owed_tombstones == []
+    store.close()
+    assert PartitionStore(tmp_path / "p0", 0).owed_tombstones == []
+
+
+def test_a_recorded_purge_page_leaves_a_run_resumed_since(tmp_path: Path) -> None:
+    """The record outlives a pass that failed; a later commit resumed one of its runs (its
+    purge entry gone, its state running): redoing the page must leave that run alone."""
+    store = PartitionStore(tmp_path / "p0", 0)
+    _finished_run(store, "back", 1_000, 2_000)
+    store.mark_purging(store.due_purges(5_000))
+    ov = PartitionOverlay(store)  # the resume, committed after the failed pass
+    state = {"run_id": "back", "sequence": 4, "status": "running", "updated_ms": 3_000}
+    ov.put_state("back", state, orjson.dumps(state), 3_000)
+    ov.unpurge_at("back", 2_000)
+    ov.write(applied_offset=8)
+    store.redo_interrupted_purge()
+    assert orjson.loads(store.state_bytes("back") or b"null")["status"] == "running"
+    assert store.purged_status("back") is None and store.owed_tombstones == []
+    store.redo_interrupted_purge()
+    store.close()
