@@ -307,7 +307,8 @@ class Partitions:
         for p in done:
             r = self.restoring.pop(p)
             self._reader.incremental_unassign([TopicPartition(self._events_topic, p)])
-            self._stores[p].redo_interrupted_purge()  # before any input of it is folded
+            # before any input of it is folded
+            self._stores[p].redo_interrupted_purge(self._settings.finished_retention_ms > 0)
             resume_now(consumer, self._inputs_of(p))
             self._log.info(
                 "partition ready",

@@ -288,8 +288,11 @@ class PartitionStore:
                 if key[:1] != b"x" or due_of(key) > now_ms:
                     break
                 run_id = key[9:].decode()
-                status = self._purge_status(run_id, it.value()) if run_id not in seen else None  # once a page
-                seen.add(run_id)
+                # a run purged by an earlier entry of the page: its later entries only go; a
+                # stale earlier entry purged nothing, so the run's own entry still counts
+                status = self._purge_status(run_id, it.value()) if run_id not in seen else None
+                if status is not None:
+                    seen.add(run_id)
                 due.append((key, run_id, status))
                 it.next()
         if not due:
@@ -314,15 +317,21 @@ class PartitionStore:
         with self._lock:
             self.db.put(PURGING_KEY, orjson.dumps([[xkey.hex(), run_id] for xkey, run_id, _ in runs]))
 
-    def redo_interrupted_purge(self) -> None:
+    def redo_interrupted_purge(self, retention_on: bool = True) -> None:
         """A purge page recorded and never written (a crash between its commit and its store
         write, or a pass that failed): its transaction may have committed (then no run of it
         may come back: a ResumeRun would resume it) or not (its runs were due anyway). Purge
         what is still due of it, as its commit would have, and owe their run-state tombstones
         to the next pass. Called once the partition is restored, before its inputs resume, so
-        that a run resumed by a committed event since has no entry left and stays."""
+        that a run resumed by a committed event since has no entry left and stays. With
+        retention off now (0 keeps finished runs forever, and no pass would send the
+        tombstones) the record only goes."""
         purging = self.get(PURGING_KEY)
         if purging is None:
+            return
+        if not retention_on:
+            with self._lock:
+                self.db.delete(PURGING_KEY)
             return
         runs: list[tuple[bytes, str, str | None]] = []
         for xhex, run_id in orjson.loads(purging):

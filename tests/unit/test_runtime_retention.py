@@ -152,3 +152,27 @@ def test_a_stale_purge_entry_of_a_live_run_is_dropped_not_acted_on(tmp_path: Pat
     assert purge(rig.store, TS + 10) == 0
     assert rig.store.state_bytes("r") is not None and rig.store.purged_status("r") is None
     assert rig.store.stats == stats and rig.store.next_purge_ms is None  # the entry is gone
+
+
+def test_a_stale_purge_entry_first_in_a_page_does_not_keep_the_run_from_its_own(tmp_path: Path) -> None:
+    """Retention 1 h, the run fails; a restart with 1 week and a ResumeRun (which looks for the
+    1-week entry: the 1-hour one stays, stale); the run fails again. At the second entry's time
+    one page holds both: the stale one first. It went, and the run's own entry was taken for a
+    second entry of a run already purged: both went, the run stayed for good (found in review)."""
+    hour, week = 3_600_000, 7 * 24 * 3_600_000
+    rig = Rig(tmp_path / "p")
+    rig.folder.finished_retention_ms = hour
+    rig.transaction(start("r"))
+    first = TS + 500
+    rig.transaction(failed(rig.activation("r"), first))
+    rig.folder.finished_retention_ms = week
+    rig.transaction(resume("r", first + 60_000))
+    second = first + 120_000
+    rig.transaction(failed(rig.activation("r"), second))
+    assert [(run_id, status) for _, run_id, status in rig.store.due_purges(second + week)] == [
+        ("r", None),
+        ("r", "failed"),
+    ]
+    assert purge(rig.store, second + week) == 1
+    assert rig.store.state_bytes("r") is None and rig.store.purged_status("r") == "failed"
+    assert rig.store.stats.get("status.failed", 0) == 0 and rig.store.due_purges(second + 2 * week) == []

@@ -489,3 +489,16 @@ def test_a_recorded_purge_page_leaves_a_run_resumed_since(tmp_path: Path) -> Non
     assert store.purged_status("back") is None and store.owed_tombstones == []
     store.redo_interrupted_purge()
     store.close()
+
+
+def test_with_retention_off_a_recorded_purge_page_keeps_its_runs(tmp_path: Path) -> None:
+    """0 keeps finished runs forever, and no pass would send the tombstones a redo owes: a
+    processor restarted with retention off keeps the page's runs and forgets the record."""
+    store = PartitionStore(tmp_path / "p0", 0)
+    _finished_run(store, "kept", 1_000, 2_000)
+    store.mark_purging(store.due_purges(5_000))
+    store.redo_interrupted_purge(retention_on=False)
+    assert store.state_bytes("kept") is not None and store.owed_tombstones == []
+    store.redo_interrupted_purge()  # the record is gone: nothing happens
+    assert store.state_bytes("kept") is not None and store.purged_status("kept") is None
+    store.close()
