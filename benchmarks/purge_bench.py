@@ -1,7 +1,7 @@
 """Finished-run purge rate without Kafka: N finished 3-step runs, all past their retention,
 purged a page (`store.PURGE_PAGE`) per transaction as the processor's housekeeping does
-(`due_purges`, then the overlay's commit-time write). Reports runs purged per second and the
-slowest page: while a backlog drains, each page holds up the loop.
+(`due_purges`, the page's record, then the overlay's commit-time write). Reports runs purged
+per second and the slowest page: while a backlog drains, each page holds up the loop.
 
     .venv/bin/python -m benchmarks.purge_bench [--runs 20000] [--page 1000]   (from the checkout)
 
@@ -51,6 +51,7 @@ def main() -> None:
             due = store.due_purges(TS + 10_000_000, args.page)
             if not due:
                 break
+            store.mark_purging(due)  # the page's record, before its transaction (housekeeping.py)
             ov = PartitionOverlay(store)
             for xkey, run_id, status in due:
                 ov.purge(xkey, run_id, status)
