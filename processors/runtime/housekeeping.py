@@ -75,7 +75,7 @@ class Housekeeping:
             store.mark_purging(runs)  # a crash before its commit is written: the store redoes it
         self._txn.begin()
         try:
-            for store in owed:  # of a page a store purged itself when it opened (store._redo_purge)
+            for store in owed:  # of a page a store purged itself once restored (redo_interrupted_purge)
                 for run_id in store.owed_tombstones:
                     self._txn.produce(
                         self._topics.run_state, None, run_id.encode(), partition=store.partition

@@ -40,8 +40,8 @@ OFFSET_KEY = b"m:offset"
 STATS_KEY = b"m:stats"
 # A purge writes no run event, so restore cannot redo one whose commit was never written to
 # the store (a crash between the two): its page is recorded before its transaction begins,
-# and a store that opens with the record still there purges the page itself (`_redo_purge`),
-# owing the run-state tombstones to the next purge pass (`OWED_KEY`).
+# and a store restored with the record still there purges the page itself
+# (`redo_interrupted_purge`), owing the run-state tombstones to the next pass (`OWED_KEY`).
 PURGING_KEY = b"m:purging"
 OWED_KEY = b"m:owed"
 NO_OFFSET = -1
