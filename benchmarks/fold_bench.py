@@ -6,7 +6,9 @@ the runtime's own `Folder` and `PartitionOverlay` into a real RocksDB store, in
 transactions of `--batch` records, exactly as the loop does between `consume` and
 `commit_transaction` — but `produce` only collects the bytes. The stream is recorded in a
 first pass (so the timed pass includes no receipt building) and replayed into a fresh
-store. Reports input records per CPU-second; `--profile` prints a cProfile summary.
+store. Reports input records per CPU-second and which engine ran (`RUNFOLD_ENGINE=interpreted`
+to time the engine's sources, which a compiled build of them replaces by default:
+processors/native_engine.py); `--profile` prints a cProfile summary.
 
     .venv/bin/python benchmarks/fold_bench.py [--runs 2000] [--batch 500] [--repeat 1] [--profile] [--digest]
 
@@ -30,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from processors import native_engine
 from processors.engine import Catalog, Ceilings, EngineContext
 from processors.runtime.fold import Folder, TxnCounters
 from processors.runtime.overlay import PartitionOverlay
@@ -217,6 +220,7 @@ def main() -> None:
             orjson.dumps(
                 {
                     "bench": "fold_offline",
+                    "engine": native_engine.running(),  # compiled or interpreted (RUNFOLD_ENGINE)
                     "runs": args.runs,
                     "repeat": args.repeat,
                     "tune_gc": args.tune_gc,

@@ -23,6 +23,11 @@ ensure_venv() {
       .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2 &&
         printf '%s\n' "$want" > "$stamp"
     fi
+    # The compiled engine (processors/native_engine.py): ~20 s once per set of engine sources,
+    # a hash of them otherwise. If it cannot build, the engine runs interpreted, said here.
+    if [ "${RUNFOLD_ENGINE:-auto}" != "interpreted" ] && ! .venv/bin/runfold engine build >&2; then
+      echo "warning: the compiled engine did not build (above); the engine runs interpreted" >&2
+    fi
   fi
 }
 

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
+from processors import native_engine
 from topology import broker, local_kafka
 from topology.settings import KafkaSettings
 
@@ -48,6 +49,12 @@ def _testcontainers_kafka() -> Iterator[str]:
             raise RuntimeError("a Docker engine runs but testcontainers[kafka] is not installed") from e
     with KafkaContainer().with_kraft() as kafka:
         yield kafka.get_bootstrap_server()
+
+
+def pytest_report_header() -> str:
+    """Which engine the suite runs (processors/native_engine.py): scripts/test.sh builds the
+    compiled one; tests/unit/test_native_engine.py runs the engine's tests with the other."""
+    return f"runfold engine: {native_engine.running()} (RUNFOLD_ENGINE={native_engine.mode()})"
 
 
 @pytest.fixture(scope="session")

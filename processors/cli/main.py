@@ -8,6 +8,7 @@ from processors.cli import bench as cli_bench
 from processors.cli import defs as cli_defs
 from processors.cli import demo as cli_demo
 from processors.cli import dev as cli_dev
+from processors.cli import engine as cli_engine
 from processors.cli import index as index_cli
 from processors.cli import processor as runtime_cli
 from processors.cli import replay as cli_replay
@@ -35,6 +36,7 @@ app.command("replay")(cli_replay.replay)  # `runfold replay --verify | --rebuild
 app.add_typer(cli_bench.bench_app, name="bench")  # `runfold bench keyed-fold|workflow-throughput|...|all`
 app.command("demo")(cli_demo.demo)  # `runfold demo`
 app.command("dev")(cli_dev.dev)  # `runfold dev DEFS_DIR --module your.module`
+app.add_typer(cli_engine.engine_app, name="engine")  # `runfold engine build|status`
 app.add_typer(index_cli.index_app, name="index")  # `runfold index run|status`
 app.command("ui")(ui_cli.ui)  # `runfold ui`
 # (other areas: add `app.add_typer(<their_app>, name="<name>")` lines here)

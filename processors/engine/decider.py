@@ -54,7 +54,9 @@ def _shape_problem(msg: Any) -> str | None:
     return None
 
 
-def decide(state: RunState | None, msg: Message, ctx: EngineContext) -> Decision:
+def decide(state: RunState | None, msg: Any, ctx: EngineContext) -> Decision:
+    """Any `msg` (hostile ones included) is shape-checked here first: compiled, a narrower
+    parameter type would raise TypeError at the call instead of dropping it with the reason."""
     problem = _shape_problem(msg)
     if problem is not None:
         return unchanged(problem)

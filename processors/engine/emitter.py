@@ -75,7 +75,9 @@ class Emitter:
     )
 
     def __init__(self, state: RunState | None, msg: Message, ctx: EngineContext) -> None:
-        self.state: RunState = state  # type: ignore[assignment]  # None only until RunAccepted
+        # {} until RunAccepted folds the run's first state (never None: compiled, the attribute
+        # holds a dict only; a run's real state is never empty)
+        self.state: RunState = state if state is not None else {}
         self.events: list[Event] = []
         self.states: list[RunState | None] = []  # the state after each event
         self.ts: int = msg["ts_ms"]
@@ -97,7 +99,7 @@ class Emitter:
         return self._pinned
 
     def emit(self, etype: str, **fields: Any) -> Event:
-        sequence = (self.state["sequence"] if self.state is not None else 0) + 1
+        sequence = self.state.get("sequence", 0) + 1
         event: Event = {
             "type": etype,
             "run_id": self.run_id,
@@ -106,7 +108,7 @@ class Emitter:
             "sequence": sequence,
             **fields,
         }
-        new_state = evolve(self.state, event)
+        new_state = evolve(self.state or None, event)
         assert new_state is not None  # only RunRejected folds to None, and it is never emitted here
         self.state = new_state
         self.events.append(event)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 import orjson
 
@@ -39,7 +39,7 @@ REF_KEYS: Final = frozenset({"from", "pointer", "value"})
 class _Absent:
     """Marks a scope entry that does not exist here (distinct from a JSON null)."""
 
-    _instance: _Absent | None = None
+    _instance: ClassVar[_Absent | None] = None
 
     def __new__(cls) -> _Absent:
         if cls._instance is None:

@@ -138,16 +138,16 @@ def commit_superstep(em: Emitter) -> None:
         fail_run(em, failure("UnknownReference", f"writes: {exc.message}"), "run failed")
         return
     depth = em.ctx.ceilings.max_json_depth
-    for key, writer, lineage, value in writes:
-        where = too_deep(value, depth, f"state.{key}")
+    for key, writer, lineage, written in writes:
+        where = too_deep(written, depth, f"state.{key}")
         if where is not None:
             name = f"{writer}[{lineage}]" if lineage else writer
             fail_run(
                 em, failure("State", nesting_reason(f"the value {name} writes", where, depth)), "run failed"
             )
             return
-    for _op, target, value in mutations:
-        where = too_deep(value, depth, f"state.{target}")
+    for _op, target, mutated in mutations:
+        where = too_deep(mutated, depth, f"state.{target}")
         if where is not None:
             fail_run(
                 em, failure("State", nesting_reason("a state node's mutation", where, depth)), "run failed"

@@ -23,6 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from processors import native_engine
 from processors.engine import Catalog, Ceilings, EngineContext
 from processors.kafka.exits import (
     FENCED_CODES,
@@ -172,7 +173,12 @@ class Processor:
     def _start(self) -> None:
         s = self.settings
         self.log.info(
-            "processor starting", extra={"settings": s.redacted(), "transactional_id": s.transactional_id}
+            "processor starting",
+            extra={
+                "settings": s.redacted(),
+                "transactional_id": s.transactional_id,
+                "engine": native_engine.running(),  # compiled or interpreted (`runfold engine status`)
+            },
         )
         check_state_dir(s)
         # The ports first: one in use stops this instance before it fences its predecessor.

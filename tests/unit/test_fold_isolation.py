@@ -19,10 +19,7 @@ import orjson
 import pytest
 from fold_rig import CODEC, TOPICS, TS, Rig, completed, contents, restore, start, state, stopped
 
-from processors.engine import commands as commands_module
-from processors.engine import receipts as receipts_module
-from processors.engine import start as start_module
-from processors.engine import superstep as superstep_module
+from processors.engine import Ceilings
 from processors.runtime import fold as fold_module
 from processors.runtime.fold import TxnCounters
 from processors.runtime.overlay import PartitionOverlay
@@ -58,9 +55,21 @@ SLOW = {
 @pytest.fixture
 def no_engine_depth_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine refuses JSON nested past `max_json_depth` at every ingress (nesting.py); the
-    runtime must be safe even when such a check is missing, so these tests switch it off."""
-    for module in (start_module, receipts_module, commands_module, superstep_module):
-        monkeypatch.setattr(module, "too_deep", lambda value, limit, path: None)
+    runtime must be safe even when such a check is missing, so these tests lift the ceiling far
+    past its bound (`Ceilings` refuses that, hence the frozen instance is bypassed): the check
+    then passes every value and only the runtime's serializer stands. A ceiling, not a patched
+    function: the compiled engine's calls are bound at build time and never see a patch."""
+    lift_depth_ceiling(monkeypatch)
+
+
+def lift_depth_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Ceilings.__post_init__
+
+    def unbounded(self: Ceilings) -> None:
+        real(self)
+        object.__setattr__(self, "max_json_depth", 100_000)
+
+    monkeypatch.setattr(Ceilings, "__post_init__", unbounded)
 
 
 def deep(n: int) -> Any:
@@ -295,6 +304,51 @@ def test_with_the_engines_check_in_place_deep_json_is_refused_before_the_runtime
     assert txn.dead() == []
     [rejected] = txn.events("deep")
     assert rejected["code"] == "InvalidInput" and "nests deeper than max_json_depth" in rejected["reason"]
+
+
+def deep_start(run_id: str, levels: int) -> bytes:
+    """A StartRun whose input nests `levels` deep: past what orjson writes (254), so the bytes
+    are spliced in where a string of the same JSON length was encoded."""
+    kind, msg = start(run_id)
+    deep_json = ('{"a":' * levels + "0" + "}" * levels).encode()
+    msg["input"] = "x" * (len(deep_json) - 2)  # '"xx…x"' is as long as the deep value's text
+    data = CODEC.encode(kind, msg)
+    placeholder = orjson.dumps(msg["input"])
+    assert data.count(placeholder) == 1
+    return data.replace(placeholder, deep_json)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["engine check", "no engine check"])
+def test_a_start_input_as_deep_as_the_codec_reads_is_refused_and_the_batch_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """1,000 levels, just under the 1,024 the codec decodes. Every recursive walk of a value in
+    the engine is bounded before it runs: compiled code raises no RecursionError, so a walk past
+    the C stack would crash the process instead of charging the record. With the check, the run
+    is rejected with the path and the limit; without it (the ceiling lifted), the record is
+    charged and the partition goes on, with either engine."""
+    if not checked:
+        lift_depth_ceiling(monkeypatch)
+    r = rig(tmp_path)
+    ov, counters = PartitionOverlay(r.store), TxnCounters()
+    records = [CODEC.encode(*start("ok-1")), deep_start("deep", 1_000), CODEC.encode(*start("ok-2"))]
+    for offset, (run_id, value) in enumerate(zip(("ok-1", "deep", "ok-2"), records, strict=True)):
+        r.folder.fold_input(ov, counters, TOPICS.commands, 0, offset, run_id.encode(), value)
+    r.folder.snapshots(ov, 0, counters)
+    ov.write(None)
+    txn = Txn.__new__(Txn)
+    txn.out = r.out
+    [rejected] = txn.events("deep")
+    assert rejected["type"] == "RunRejected"
+    if checked:
+        assert rejected["code"] == "InvalidInput"
+        assert "nests deeper than max_json_depth 64 at input" in rejected["reason"]
+        assert txn.dead() == []
+    else:
+        assert_charged(txn, 1, "")
+    assert r.store.state_bytes("deep") is None
+    for ok in ("ok-1", "ok-2"):
+        assert [e["type"] for e in txn.events(ok)] == ["RunAccepted", "RunStarted", "StepScheduled"]
 
 
 @pytest.mark.usefixtures("no_engine_depth_check")
