@@ -165,8 +165,10 @@ def build(*, force: bool = False, root: Path | None = None, echo: bool = False) 
         out = scratch / "lib" / "processors" / "engine"
         manifest = {"key": key, "modules": list(COMPILED), "ext_suffix": EXT_SUFFIX, "built_at": time.time()}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
+        if finished(target, key) and not force:  # another build of the same sources won the race
+            return Build(key, target, False, time.monotonic() - start)
+        if target.exists():  # forced: set aside (an import this instant runs the same sources interpreted)
+            target.rename(scratch / "replaced")
         out.rename(target)
         _prune(root, keep=target)
         return Build(key, target, True, time.monotonic() - start)

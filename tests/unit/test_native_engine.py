@@ -136,6 +136,20 @@ def test_an_unknown_mode_is_an_error_that_names_the_modes(monkeypatch: pytest.Mo
         native_engine.mode()
 
 
+def test_a_build_that_fails_says_why_and_leaves_nothing_that_loads(
+    sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evolve = sources / "evolve.py"
+    evolve.write_text(evolve.read_text() + "\n_BROKEN: int = 'not an int'\n")
+    monkeypatch.setattr(native_engine, "ENGINE_DIR", sources)
+    root = tmp_path / "builds"
+    with pytest.raises(NativeEngineError, match=r"mypyc failed \(exit 1\):[\s\S]*evolve\.py"):
+        native_engine.build(root=root)
+    assert list(root.iterdir()) == []  # the scratch went with it
+    monkeypatch.setenv("RUNFOLD_ENGINE", "auto")
+    assert compiled_dir(sources, root) is None
+
+
 def _child_env(mode: str) -> dict[str, str]:
     return {**os.environ, "RUNFOLD_ENGINE": mode, "PYTHONPATH": str(ROOT)}
 
