@@ -340,14 +340,17 @@ class PartitionStore:
             if entry is not None:
                 runs.append((xkey, run_id, self._purge_status(run_id, entry)))
         stats: dict[str, int] = {}
+        owed = list(self.owed_tombstones)
         for _, run_id, status in runs:
             if status is not None:
                 stats[f"status.{status}"] = stats.get(f"status.{status}", 0) - 1
-                self.owed_tombstones.append(run_id)
+                owed.append(run_id)
         batch = WriteBatch(raw_mode=True)
-        batch.put(OWED_KEY, orjson.dumps(self.owed_tombstones))
+        batch.put(OWED_KEY, orjson.dumps(owed))
         batch.delete(PURGING_KEY)  # also when nothing of it is due any more
         self.apply(ChangeSet(batch=batch, stats=stats, purged=runs), None)
+        # only once written: a failed write must not leave tombstones owed for runs still stored
+        self.owed_tombstones = owed
 
     def _cache_states(self, states: dict[str, Any]) -> None:
         """Keep the states just written, most recent last; past `cache_runs`, drop the least

@@ -502,3 +502,26 @@ def test_with_retention_off_a_recorded_purge_page_keeps_its_runs(tmp_path: Path)
     store.redo_interrupted_purge()  # the record is gone: nothing happens
     assert store.state_bytes("kept") is not None and store.purged_status("kept") is None
     store.close()
+
+
+def test_a_redo_whose_write_fails_owes_nothing_and_keeps_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redo's write raising (a full disk): the run is still stored, so no tombstone may be
+    owed for it (a pass would delete a live snapshot from the compacted run-state topic), and the
+    record stays for the next start to redo."""
+    store = PartitionStore(tmp_path / "p0", 0)
+    _finished_run(store, "gone", 1_000, 2_000)
+    store.mark_purging(store.due_purges(5_000))
+
+    def full_disk(*_: object, **__: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(store, "apply", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        store.redo_interrupted_purge()
+    assert store.owed_tombstones == [] and store.state_bytes("gone") is not None
+    monkeypatch.undo()
+    store.redo_interrupted_purge()
+    assert store.owed_tombstones == ["gone"] and store.state_bytes("gone") is None
+    store.close()
