@@ -35,7 +35,7 @@ import orjson
 from processors.engine import budgets
 from processors.engine.definition import Node
 from processors.engine.emitter import Emitter, failure
-from processors.engine.errors import schema_error
+from processors.engine.errors import schema_problem
 from processors.engine.ids import (
     call_lineage,
     instance_key,
@@ -140,9 +140,9 @@ def _answer(em: Emitter, step: Step, output: dict[str, Any]) -> None:
     answer = output["answer"] if "answer" in output else output.get("content")
     validator = em.pinned.node_output_validator(name)
     if validator is not None:
-        error = next(iter(validator.iter_errors(answer)), None)
-        if error is not None:
-            _fail(em, step, _problem(step, "InvalidOutput", f"output of {name} {schema_error(error)}"))
+        problem = schema_problem(validator, answer)
+        if problem is not None:
+            _fail(em, step, _problem(step, "InvalidOutput", f"output of {name} {problem}"))
             return
     # usage: the turns' own events carried it into the run's ledger; the step adds none
     em.emit_step("StepSucceeded", step, output=answer, usage=dict(ZERO_USAGE))
@@ -289,9 +289,9 @@ def _refusal(em: Emitter, name: str, node: Node, call: dict[str, Any]) -> tuple[
     if not isinstance(arguments, dict):
         return "InvalidInput", f"the arguments of {tool_name} must be a JSON object"
     validator = em.pinned.tool_input_validator(name, tool_name)
-    error = next(iter(validator.iter_errors(arguments)), None) if validator is not None else None
-    if error is not None:
-        return "InvalidInput", f"the arguments of {tool_name} {schema_error(error)}"
+    problem = schema_problem(validator, arguments) if validator is not None else None
+    if problem is not None:
+        return "InvalidInput", f"the arguments of {tool_name} {problem}"
     return None
 
 

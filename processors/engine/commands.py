@@ -10,7 +10,7 @@ from processors.engine import budgets
 from processors.engine.agent_loop import answer_approval
 from processors.engine.context import Decision, rejected, unchanged
 from processors.engine.emitter import Emitter, failure, rejection, text
-from processors.engine.errors import schema_error
+from processors.engine.errors import schema_problem
 from processors.engine.ids import instance_key, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
@@ -111,9 +111,9 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     )
     validator = em.pinned.payload_validator(taker)
     if validator is not None:
-        error = next(iter(validator.iter_errors(payload)), None)
-        if error is not None:  # refused before it reaches the run: the wait goes on waiting
-            reason = f"signal {name[:100]!r}: payload {schema_error(error)} (the payload_schema of {taker})"
+        problem = schema_problem(validator, payload)
+        if problem is not None:  # refused before it reaches the run: the wait goes on waiting
+            reason = f"signal {name[:100]!r}: payload {problem} (the payload_schema of {taker})"
             return rejected(state, rejection(msg, "InvalidInput", reason), "signal payload refused")
     if not waits or status != "running":
         if not em.pinned.node(taker).accept_early:

@@ -6,7 +6,9 @@ Every error says what was wrong and where; none of them carries a user value
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
@@ -101,3 +103,32 @@ def schema_error(error: Any) -> str:
     elif rule == "type":
         detail = f": expected {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
     return f"at {path} fails {rule!r}{detail} (schema {'/'.join(str(p) for p in error.schema_path)})"
+
+
+# The frames a schema check may use, counted from where it starts: Python's default limit, so
+# that while a check runs the interpreter's limit only ever rises above the default.
+SCHEMA_CHECK_FRAMES = 1_000
+
+
+def schema_problem(validator: Any, value: Any) -> str | None:
+    """How `value` fails `validator` first (`schema_error`'s words), or None if it conforms.
+
+    jsonschema recurses in Python, a few frames per level of the value and more for a schema
+    whose `$ref`s nest (16+ a level for a contrived one), so a value within `max_json_depth`
+    can still exhaust the stack. How many frames the caller left differs between callers, and
+    between the interpreted and the compiled engine (compiled functions take no frame), so the
+    check gets the same budget whoever calls it, and a value that exhausts it fails the check:
+    the same answer everywhere, and never an exception out of `decide`."""
+    depth = 0
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:  # the Python frames under this one: what the recursion limit counts
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + SCHEMA_CHECK_FRAMES)
+    try:
+        error = next(iter(validator.iter_errors(value)), None)
+    except RecursionError:
+        return f"cannot be checked: the schema's checks nest past {SCHEMA_CHECK_FRAMES} frames on this value"
+    finally:
+        sys.setrecursionlimit(limit)
+    return None if error is None else schema_error(error)

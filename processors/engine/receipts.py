@@ -15,7 +15,7 @@ import orjson
 from processors.engine import budgets
 from processors.engine.context import Decision, unchanged
 from processors.engine.emitter import Emitter, failure, text
-from processors.engine.errors import schema_error
+from processors.engine.errors import schema_problem
 from processors.engine.ids import instance_key, is_loop_lineage
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
@@ -154,13 +154,11 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
     # an agent loop's turn and tool call outputs are not the step's: agent_loop.py checks its answer
     validator = None if is_loop_lineage(lineage) else em.pinned.node_output_validator(name)
     if validator is not None:
-        error = next(iter(validator.iter_errors(output)), None)
-        if error is not None:
+        problem = schema_problem(validator, output)
+        if problem is not None:
             return (
                 "failed",
-                failure(
-                    "InvalidOutput", f"output of {name} {schema_error(error)}", node=name, lineage=lineage
-                ),
+                failure("InvalidOutput", f"output of {name} {problem}", node=name, lineage=lineage),
                 usage,
             )
     return "succeeded", output, usage

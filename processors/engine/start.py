@@ -16,7 +16,7 @@ from processors.engine import budgets
 from processors.engine.catalog import Bundle
 from processors.engine.context import Decision, EngineContext, rejected, unchanged
 from processors.engine.emitter import Emitter, rejection
-from processors.engine.errors import DefinitionError, schema_error
+from processors.engine.errors import DefinitionError, schema_problem
 from processors.engine.ids import control_character
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.pinned import Pinned, remember
@@ -86,9 +86,9 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
         )
     validator = pinned.input_validator()
     if validator is not None:
-        error = next(iter(validator.iter_errors(run_input)), None)
-        if error is not None:
-            return reject("InvalidInput", f"input {schema_error(error)}")
+        problem = schema_problem(validator, run_input)
+        if problem is not None:
+            return reject("InvalidInput", f"input {problem}")
     limits, reason = budgets.effective_budgets(
         definition.budgets, ctx.ceilings, msg.get("budgets"), may_raise=False
     )

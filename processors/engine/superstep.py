@@ -17,7 +17,13 @@ from processors.engine.agent_loop import advance
 from processors.engine.conditions import select_routes
 from processors.engine.definition import END
 from processors.engine.emitter import Emitter, failure
-from processors.engine.errors import ConditionError, ReducerConflict, ReducerTypeError, RefError, schema_error
+from processors.engine.errors import (
+    ConditionError,
+    ReducerConflict,
+    ReducerTypeError,
+    RefError,
+    schema_problem,
+)
 from processors.engine.ids import order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
@@ -238,11 +244,11 @@ def finish_run(em: Emitter) -> None:
         return
     validator = pinned.output_validator()
     if validator is not None:
-        error = next(iter(validator.iter_errors(output)), None)
-        if error is not None:
+        invalid = schema_problem(validator, output)
+        if invalid is not None:
             em.emit(
                 "RunFailed",
-                failure=failure("InvalidOutput", f"run output {schema_error(error)}"),
+                failure=failure("InvalidOutput", f"run output {invalid}"),
                 usage=em.usage(),
             )
             return

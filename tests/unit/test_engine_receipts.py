@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
+import pytest
 from engine_harness import RunHarness, definition
 
+from processors.engine import Ceilings
 from processors.engine.ids import dispatch_id
 
 
@@ -258,3 +263,50 @@ def test_unresolvable_input_or_prompt_fails_unknown_reference() -> None:
     )
     h2 = RunHarness(d2).start({})
     assert h2.state["failure"]["code"] == "UnknownReference" and h2.messages == []
+
+
+# A recursive schema that spends many interpreted frames per level of the value it checks.
+_FRAME_HUNGRY_SCHEMA = {
+    "$defs": {
+        "t": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/u"}]}}]},
+        "u": {"oneOf": [{"allOf": [{"anyOf": [{"$ref": "#/$defs/t"}]}]}]},
+    },
+    "$ref": "#/$defs/t",
+}
+
+
+def _nested_list(levels: int) -> Any:
+    value: Any = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _complete_at_stack_depth(levels: int, extra_frames: int) -> RunHarness:
+    h = RunHarness(
+        definition({"a": act(output_schema=_FRAME_HUNGRY_SCHEMA)}), ceilings=Ceilings(max_json_depth=100)
+    ).start({})
+
+    def down(n: int) -> RunHarness:
+        return h.complete("a", _nested_list(levels)) if n == 0 else down(n - 1)
+
+    return down(extra_frames)
+
+
+@pytest.mark.parametrize("levels", [20, 58, 64, 90])
+def test_a_schema_check_answers_the_same_whatever_the_callers_stack_depth(levels: int) -> None:
+    """jsonschema recurses in Python: a frame-hungry schema on a value within max_json_depth can
+    exhaust the stack, and how much stack is left depends on the caller (and on whether the
+    engine is compiled: its functions take no frame). The check gets a fixed budget of frames,
+    so `decide` answers alike at every depth of its caller, and never raises."""
+    outcomes = set()
+    for extra_frames in (0, 50, 200, 600):
+        h = _complete_at_stack_depth(levels, extra_frames)
+        outcomes.add((tuple(h.types), orjson.dumps(h.last.events[0].get("failure"))))
+    assert len(outcomes) == 1, outcomes
+    [(types, failure)] = outcomes
+    if levels <= 58:
+        assert types[0] == "StepSucceeded"
+    else:  # 16 frames a level: past the budget of SCHEMA_CHECK_FRAMES, the output fails its check
+        assert types[0] == "StepFailed"
+        assert b"InvalidOutput" in failure and b"cannot be checked" in failure
