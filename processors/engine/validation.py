@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import jsonschema
+import orjson
 
 from processors.engine.condition_limits import ConditionLimit
 from processors.engine.conditions import compile_condition
@@ -431,6 +432,12 @@ def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | No
     where = too_deep(raw, limit, "")
     if where is not None:  # before pydantic walks it: a run's state and events nest it deeper still
         raise DefinitionError([Issue(where, f"nests deeper than max_json_depth {limit}", rule="json_depth")])
+    try:  # what the catalog hashes and the definitions topic carries: orjson's JSON
+        orjson.dumps(raw)
+    except TypeError as e:  # an integer beyond 64 bits, a lone surrogate, a value JSON has no form for
+        raise DefinitionError(
+            [Issue("", f"is not JSON the processor can store ({e})", rule="not_json")]
+        ) from e
     definition = parse_definition(raw)
     errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
     if errors:

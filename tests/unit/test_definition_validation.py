@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from processors.engine import Catalog
 from processors.engine.definition import Ceilings, parse_definition
 from processors.engine.errors import DefinitionError, Issue
 from processors.engine.validation import load_definition, validate_definition
@@ -242,3 +243,24 @@ def test_load_definition_reports_all_errors_at_once() -> None:
         load_definition(raw)
     assert {i.rule for i in info.value.errors} >= {"unknown_node", "undeclared_state_key"}
     assert all(i.severity == "error" for i in info.value.errors)
+
+
+@pytest.mark.parametrize(
+    "value", [2**64, -(2**63) - 1, "\ud800"], ids=["2**64", "-2**63-1", "lone surrogate"]
+)
+def test_a_definition_the_processor_could_not_store_is_a_definition_error(value: object) -> None:
+    """From the SDK (a dict: a file's reader already turns such integers into floats): the
+    catalog hashes the definition's JSON and the definitions topic carries it, so a value orjson
+    cannot write is an issue of the definition, not a TypeError out of `register`."""
+    raw = {
+        "schema": "runfold.workflow/v1",
+        "id": "big",
+        "revision": 1,
+        "entry": ["a"],
+        "nodes": {"a": {"kind": "action", "action": "a"}},
+        "state": {"x": value},
+    }
+    with pytest.raises(DefinitionError) as caught:
+        Catalog().register(raw)
+    [issue] = caught.value.errors
+    assert issue.rule == "not_json" and "is not JSON the processor can store" in issue.message
