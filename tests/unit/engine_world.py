@@ -68,6 +68,15 @@ WRITES = [
     ("flag", {"from": "output", "pointer": "/v"}),
     ("out", {"from": "state"}),
 ]
+# What an executor may report as a receipt's usage: none, a whole one, a part, a negative, a string.
+USAGES: list[dict[str, Any]] = [
+    {},
+    {"prompt_tokens": 5, "completion_tokens": 3, "cost_micros": 7},
+    {"prompt_tokens": 40, "cost_micros": 90},
+    {"prompt_tokens": -3},
+    {"cost_micros": "many"},
+]
+
 OUTPUTS: list[Any] = [
     {"v": 1},
     {"v": True},
@@ -742,15 +751,7 @@ class World:
     def receipt(self, verb: str, act: dict[str, Any], data: Any) -> dict[str, Any]:
         ident = {name: act[name] for name in ("node", "lineage", "attempt", "dispatch_id")}
         usage = data.draw(
-            st.sampled_from(
-                [
-                    {},
-                    {"prompt_tokens": 5, "completion_tokens": 3, "cost_micros": 7},
-                    {"prompt_tokens": 40, "cost_micros": 90},
-                    {"prompt_tokens": -3},
-                    {"cost_micros": "many"},
-                ]
-            ),
+            st.sampled_from(USAGES),
             label="usage",
         )
         if verb in ("accept", "accept-other", "heartbeat"):

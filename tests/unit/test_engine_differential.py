@@ -464,7 +464,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
 
 # ================================================================================ the parent
 
-from engine_world import CHILD, OUTPUTS, PAYLOADS, TURN_OUTPUTS, definitions, run_inputs  # noqa: E402
+from engine_world import CHILD, OUTPUTS, PAYLOADS, TURN_OUTPUTS, USAGES, definitions, run_inputs  # noqa: E402
 
 from processors import native_engine  # noqa: E402
 
@@ -551,16 +551,7 @@ ints = st.one_of(st.integers(-2, 3), st.sampled_from(HUGE), st.integers(0, 100_0
 wrong_types = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=False), st.sampled_from([[], {}, "1"]))
 
 usages = st.one_of(
-    st.sampled_from(
-        [
-            {},
-            {"prompt_tokens": 5, "completion_tokens": 3, "cost_micros": 7},
-            {"prompt_tokens": 40, "cost_micros": 90},
-            {"prompt_tokens": -3},
-            {"cost_micros": "many"},
-            None,
-        ]
-    ),
+    st.sampled_from([*USAGES, None]),
     st.dictionaries(
         st.sampled_from(["prompt_tokens", "completion_tokens", "cost_micros", "x"]),
         st.one_of(ints, hostile, st.just(True), st.just(2.0)),
