@@ -25,8 +25,10 @@ ensure_venv() {
     fi
     # The compiled engine (processors/native_engine.py): ~20 s once per set of engine sources,
     # a hash of them otherwise. If it cannot build, the engine runs interpreted, said here.
-    if [ "${RUNFOLD_ENGINE:-auto}" != "interpreted" ] && ! .venv/bin/runfold engine build >&2; then
-      echo "warning: the compiled engine did not build (above); the engine runs interpreted" >&2
+    local engine="${RUNFOLD_ENGINE:-auto}"
+    if [ "${engine,,}" != "interpreted" ] && ! .venv/bin/runfold engine build >&2; then
+      echo "warning: the compiled engine did not build (above): the engine runs interpreted;" \
+        "a processor with RUNFOLD_ENGINE=compiled refuses to start" >&2
     fi
   fi
 }

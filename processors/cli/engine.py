@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from processors import native_engine
-from processors.cli.common import EXIT_USAGE, JsonOpt, console, echo_json, fail
+from processors.cli.common import EXIT_USAGE, JsonOpt, console, echo_json, err_console, fail
 
 engine_app = typer.Typer(
     no_args_is_help=True,
@@ -50,20 +51,20 @@ def build(
 
 @engine_app.command("status")
 def status(as_json: JsonOpt = False) -> None:
-    """Which engine a processor started now would run, and whether a build of these sources exists."""
-    try:
-        info = native_engine.status()
-    except native_engine.NativeEngineError as e:  # RUNFOLD_ENGINE has a value it does not know
-        raise fail(as_json, str(e), EXIT_USAGE) from None
-    runs = "interpreted"
-    if info["mode"] != "interpreted" and info["built"]:
-        runs = "compiled"
-    info["runs"] = runs
+    """Which engine a process started now would run, and whether a build of these sources exists (exit 2: RUNFOLD_ENGINE cannot be honoured)."""
+    info = native_engine.status()
+    problem = info["problem"]
     if as_json:
-        echo_json({"ok": True, **info})
-        return
-    built = "built" if info["built"] else "not built (runfold engine build)"
-    console.print(
-        f"engine: {runs} (RUNFOLD_ENGINE={info['mode']}); build of these sources: {built}", highlight=False
-    )
-    console.print(f"  key {str(info['key'])[:12]}  {info['directory']}", highlight=False)
+        echo_json({"ok": problem is None, **info})
+    else:
+        built = "built" if info["built"] else "not built (runfold engine build)"
+        console.print(
+            f"engine: {info['runs']} (RUNFOLD_ENGINE={info['mode']}); build of these sources: {built}",
+            highlight=False,
+        )
+        console.print(f"  sources {info['sources']}  key {str(info['key'])[:12]}", highlight=False)
+        console.print(f"  build   {info['directory']}", highlight=False)
+        if problem is not None:
+            err_console.print(f"[bold red]error:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
+    if problem is not None:
+        raise typer.Exit(EXIT_USAGE)

@@ -21,7 +21,8 @@ from typing import Annotated
 
 import typer
 
-from processors import service_logs
+from processors import native_engine, service_logs
+from processors.kafka.exits import ExitCode
 from processors.runtime import logs
 
 
@@ -64,6 +65,10 @@ def processor(
     # First thing: a SIGTERM during start-up must also stop cleanly.
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    problem = native_engine.choice_problem()  # RUNFOLD_ENGINE=compiled with no build, or a typo
+    if problem is not None:
+        typer.echo(f"runfold processor: {problem}", err=True)
+        raise typer.Exit(ExitCode.CONFIG)
     from processors.runtime.loop import Processor
     from processors.runtime.settings import load_processor_settings
 

@@ -13,18 +13,20 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from processors import native_engine
 from processors.native_engine import (
-    COMPILED,
     ENGINE_DIR,
     EXT_SUFFIX,
     MANIFEST,
     NativeEngineError,
     build_dir,
+    choice_problem,
     compiled_dir,
     engine_key,
 )
@@ -57,14 +59,25 @@ def sources(tmp_path: Path) -> Path:
 
 
 def fake_build(root: Path, key: str, *, manifest_key: str | None = None, skip: str | None = None) -> Path:
-    """A build directory as `build()` leaves it (the modules are empty files: never imported here)."""
-    d = build_dir(key, root)
+    """A build as `build()` leaves it: a directory of its own and the key's link to it (the
+    modules are empty files: never imported here)."""
+    d = root / f"{key[:32]}-fake"
     d.mkdir(parents=True)
-    for name in COMPILED:
+    for name in native_engine._FILES:
         if name != skip:
             (d / f"{name}{EXT_SUFFIX}").write_bytes(b"")
     (d / MANIFEST).write_text(json.dumps({"key": manifest_key or key}))
+    build_dir(key, root).symlink_to(d.name)
     return d
+
+
+def fake_compile(src: Path, lib: Path, tmp: Path, *, echo: bool) -> None:
+    """What mypyc leaves in `lib`, without mypyc (empty module files), a little slowly."""
+    time.sleep(0.05)
+    out = lib / "processors" / "engine"
+    out.mkdir(parents=True)
+    for name in native_engine._FILES:
+        (out / f"{name}{EXT_SUFFIX}").write_bytes(b"")
 
 
 def other_mode() -> str:
@@ -108,7 +121,9 @@ def test_only_a_finished_build_of_these_sources_loads(
     assert compiled_dir(sources, root) is None, "a build of the sources before the edit must not load"
 
 
-@pytest.mark.parametrize("defect", ["no manifest", "manifest of another key", "a module missing"])
+@pytest.mark.parametrize(
+    "defect", ["no manifest", "manifest of another key", "a module missing", "no group library"]
+)
 def test_an_unfinished_or_foreign_build_never_loads(
     sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defect: str
 ) -> None:
@@ -118,23 +133,103 @@ def test_an_unfinished_or_foreign_build_never_loads(
         (fake_build(root, key) / MANIFEST).unlink()
     elif defect == "manifest of another key":
         fake_build(root, key, manifest_key="0" * 64)
-    else:
+    elif defect == "a module missing":
         fake_build(root, key, skip="superstep")
+    else:
+        fake_build(root, key, skip="compiled__mypyc")
     assert compiled_dir(sources, root) is None
 
 
 def test_asking_for_the_compiled_engine_without_a_build_says_what_to_run(
     sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Never at import (then `runfold engine build` could not run either): the processor asks."""
     monkeypatch.setenv("RUNFOLD_ENGINE", "compiled")
-    with pytest.raises(NativeEngineError, match="runfold engine build"):
-        compiled_dir(sources, tmp_path / "builds")
+    root = tmp_path / "builds"
+    assert compiled_dir(sources, root) is None
+    problem = choice_problem(sources, root)
+    assert problem is not None and "runfold engine build" in problem and str(sources) in problem
+    fake_build(root, engine_key(sources))
+    assert choice_problem(sources, root) is None and compiled_dir(sources, root) is not None
 
 
 def test_an_unknown_mode_is_an_error_that_names_the_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNFOLD_ENGINE", "compild")
     with pytest.raises(NativeEngineError, match="auto, interpreted, compiled, not 'compild'"):
         native_engine.mode()
+    assert "not 'compild'" in (choice_problem() or "")
+    assert compiled_dir() is None
+    monkeypatch.setenv("RUNFOLD_ENGINE", "Interpreted")
+    assert native_engine.mode() == "interpreted" and choice_problem() is None
+
+
+def test_the_processor_and_engine_status_refuse_an_engine_they_cannot_run_in_a_line_not_a_traceback() -> None:
+    env = {**os.environ, "RUNFOLD_ENGINE": "compild", "PYTHONPATH": str(ROOT)}
+    runfold = [sys.executable, "-m", "processors.cli"]
+    proc = subprocess.run([*runfold, "processor"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "RUNFOLD_ENGINE must be one of auto, interpreted, compiled, not 'compild'" in proc.stderr
+    proc = subprocess.run(
+        [*runfold, "engine", "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["ok"] is False and "not 'compild'" in answer["problem"]
+
+
+def test_a_forced_build_swaps_the_link_and_deletes_the_old_build_only_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that resolved the link a moment before it moved is still importing from the
+    old directory: it must stay until nobody can be (an hour)."""
+    monkeypatch.setattr(native_engine, "_compile", fake_compile)
+    root = tmp_path / "builds"
+    first = native_engine.build(root=root)
+    assert first.built and build_dir(first.key, root).resolve() == first.directory
+    assert not native_engine.build(root=root).built  # built: nothing to do
+    second = native_engine.build(root=root, force=True)
+    assert second.directory != first.directory and build_dir(first.key, root).resolve() == second.directory
+    assert first.directory.is_dir()  # left, not deleted
+    native_engine._prune(root)
+    assert first.directory.is_dir()
+    monkeypatch.setattr(native_engine, "_GRACE_S", -1)
+    native_engine._prune(root)
+    assert not first.directory.exists() and second.directory.is_dir()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".build-")] == []
+
+
+def test_concurrent_builds_all_succeed_and_leave_one_finished_build_linked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(native_engine, "_compile", fake_compile)
+    monkeypatch.setattr(native_engine, "_KEEP", 1)  # prunes on every build, as with many keys
+    root = tmp_path / "builds"
+    errors: list[BaseException] = []
+
+    def builder(force: bool) -> None:
+        try:
+            for _ in range(5):
+                native_engine.build(root=root, force=force)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=builder, args=(force,)) for force in (True, True, False, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    key = engine_key()
+    assert native_engine._build_of(key, root) is not None
+
+
+def test_a_build_without_a_c_compiler_says_so_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(NativeEngineError, match="no C compiler: '/nonexistent/cc' is not on PATH"):
+        native_engine.build(root=tmp_path / "builds")
+    assert not (tmp_path / "builds").exists()
 
 
 def test_a_build_that_fails_says_why_and_leaves_nothing_that_loads(
@@ -158,7 +253,11 @@ def _child_env(mode: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def built() -> native_engine.Build:
     """The build of the sources as they are (about 20 s when there is none yet; scripts/test.sh
-    built it already). A failure here is a failure: the other engine would go untested."""
+    built it already). A failed build is a failure: the other engine would go untested. Only an
+    environment without what a build needs (a C compiler, mypy) skips, saying which."""
+    missing = native_engine.missing_prerequisites()
+    if missing is not None:
+        pytest.skip(f"the compiled engine cannot be built here: {missing}")
     return native_engine.build()
 
 
