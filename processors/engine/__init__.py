@@ -8,15 +8,15 @@ _compiled = compiled_dir()
 if _compiled is not None:
     __path__.insert(0, _compiled)
 
-from processors.engine.catalog import Bundle, Catalog  # noqa: E402  (after the path is chosen)
-from processors.engine.context import Decision, EngineContext  # noqa: E402  (after the path is chosen)
-from processors.engine.decider import decide  # noqa: E402  (after the path is chosen)
-from processors.engine.definition import Ceilings, Definition  # noqa: E402  (after the path is chosen)
-from processors.engine.effects import Effects, effects  # noqa: E402  (after the path is chosen)
-from processors.engine.errors import DefinitionError, EventBeforeStart  # noqa: E402  (after the path is chosen)
-from processors.engine.evolve import evolve  # noqa: E402  (after the path is chosen)
-from processors.engine.state import RunState, dump_state, load_state, run_status, state_digest  # noqa: E402  (after the path is chosen)
-from processors.engine.validation import load_definition  # noqa: E402  (after the path is chosen)
+from processors.engine.catalog import Bundle, Catalog
+from processors.engine.context import Decision, EngineContext
+from processors.engine.decider import decide
+from processors.engine.definition import Ceilings, Definition
+from processors.engine.effects import Effects, effects
+from processors.engine.errors import DefinitionError, EventBeforeStart
+from processors.engine.evolve import evolve
+from processors.engine.state import RunState, dump_state, load_state, run_status, state_digest
+from processors.engine.validation import load_definition
 
 __all__ = [
     "Bundle",
