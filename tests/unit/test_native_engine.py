@@ -305,3 +305,38 @@ def test_both_engines_fold_byte_identical_outputs(built: native_engine.Build) ->
     }
     assert results["interpreted"]["succeeded"] == 400
     assert results["interpreted"]["digest"] == results["compiled"]["digest"]
+
+
+def test_a_build_killed_mid_compile_leaves_nothing_that_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of the build (and of its compiler, the whole process group) while mypyc runs."""
+    if native_engine.missing_prerequisites() is not None:
+        pytest.skip("the compiled engine cannot be built here")
+    root = tmp_path / "builds"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from processors.native_engine import build; build(root=Path(sys.argv[1]))",
+            str(root),
+        ],
+        cwd=ROOT,
+        env=_child_env("auto"),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(root.glob(".build-*/tmp")) and time.monotonic() < deadline:  # the compiler has begun
+            time.sleep(0.05)
+        assert list(root.glob(".build-*/tmp")), "the build never reached its compiler"
+        time.sleep(1)
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert proc.returncode == -9
+    assert [p for p in root.iterdir() if p.is_symlink()] == []  # nothing published
+    monkeypatch.setenv("RUNFOLD_ENGINE", "auto")
+    assert compiled_dir(root=root) is None
+    monkeypatch.setenv("RUNFOLD_ENGINE", "compiled")
+    assert "runfold engine build" in (choice_problem(root=root) or "")
