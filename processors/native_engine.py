@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -116,6 +117,33 @@ def finished(directory: Path, key: str) -> bool:
     return all((directory / f"{name}{EXT_SUFFIX}").is_file() for name in _FILES)
 
 
+def compiler_version() -> str | None:
+    """The installed mypy's version (mypyc comes with it), or None without one."""
+    try:
+        return importlib.metadata.version("mypy")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def built_by(directory: Path) -> str | None:
+    """The mypy version a build's manifest names (None: unknown, or a build from before it was recorded)."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    version = manifest.get("mypy") if isinstance(manifest, dict) else None
+    return version if isinstance(version, str) else None
+
+
+def _outdated(directory: Path) -> bool:
+    """A build made by another mypy than the installed one. It still loads (a build is correct
+    for its sources whichever mypyc made it, and the key says nothing of the compiler, so no
+    process switches engine on a mypy upgrade), but `build()` makes it again, to carry the new
+    compiler's fixes."""
+    installed = compiler_version()
+    return installed is not None and built_by(directory) != installed
+
+
 def _build_of(key: str, root: Path | None) -> Path | None:
     """The directory of the finished build of `key`, resolved once (the link may move after)."""
     try:
@@ -202,7 +230,7 @@ def build(*, force: bool = False, root: Path | None = None, echo: bool = False) 
     start = time.monotonic()
     root = root if root is not None else builds_root()
     key = engine_key()
-    existing = _build_of(key, root)
+    existing = _current_build(key, root)
     if existing is not None and not force:  # checked again on the copy below
         return Build(key, existing, False, time.monotonic() - start)
     missing = missing_prerequisites()
@@ -221,15 +249,21 @@ def build(*, force: bool = False, root: Path | None = None, echo: bool = False) 
             shutil.copy2(path, src / "processors" / "engine" / path.name)
         key = engine_key(src / "processors" / "engine")
         link = build_dir(key, root)
-        existing = _build_of(key, root)
+        existing = _current_build(key, root)
         if existing is not None and not force:
             return Build(key, existing, False, time.monotonic() - start)
         _compile(src, scratch / "lib", scratch / "tmp", echo=echo)
-        existing = _build_of(key, root)
+        existing = _current_build(key, root)
         if existing is not None and not force:  # another build of the same sources finished first
             return Build(key, existing, False, time.monotonic() - start)
         out = scratch / "lib" / "processors" / "engine"
-        manifest = {"key": key, "modules": list(COMPILED), "ext_suffix": EXT_SUFFIX, "built_at": time.time()}
+        manifest = {
+            "key": key,
+            "modules": list(COMPILED),
+            "ext_suffix": EXT_SUFFIX,
+            "mypy": compiler_version(),
+            "built_at": time.time(),
+        }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         target = root / f"{key[:32]}-{scratch.name.removeprefix('.build-')}"
         out.rename(target)
@@ -243,6 +277,12 @@ def build(*, force: bool = False, root: Path | None = None, echo: bool = False) 
         return Build(key, target, True, time.monotonic() - start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _current_build(key: str, root: Path | None) -> Path | None:
+    """The finished build of `key` made by the installed mypy: what makes a build unnecessary."""
+    directory = _build_of(key, root)
+    return None if directory is None or _outdated(directory) else directory
 
 
 def _compile(src: Path, lib: Path, tmp: Path, *, echo: bool) -> None:
@@ -338,4 +378,8 @@ def status(root: Path | None = None) -> dict[str, object]:
         "built": directory is not None,
         "directory": str(directory or build_dir(key, root)),
         "modules": list(COMPILED),
+        # the build loads whichever mypy made it; `runfold engine build` remakes an outdated one
+        "built_by_mypy": None if directory is None else built_by(directory),
+        "installed_mypy": compiler_version(),
+        "outdated": directory is not None and _outdated(directory),
     }

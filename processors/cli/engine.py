@@ -26,10 +26,12 @@ def build(
     """Compile the engine's hot modules with mypyc for the sources as they are now (about 20 s; nothing when built).
 
     The build is keyed by the sha256 of every engine source: edit one and the engine runs
-    interpreted until the next build. Needs mypy (the `compiled` extra) and a C compiler.
+    interpreted until the next build. A build made by another mypy than the installed one is
+    made again. Needs mypy (the `compiled` extra) and a C compiler.
     """
     try:
-        if not as_json and (force or not native_engine.status()["built"]):
+        before = native_engine.status()
+        if not as_json and (force or not before["built"] or before["outdated"]):
             console.print("building the compiled engine (mypyc, about 20 s) ...", highlight=False)
         done = native_engine.build(force=force)
     except native_engine.NativeEngineError as e:
@@ -58,6 +60,11 @@ def status(as_json: JsonOpt = False) -> None:
         echo_json({"ok": problem is None, **info})
     else:
         built = "built" if info["built"] else "not built (runfold engine build)"
+        if info["outdated"]:
+            built = (
+                f"built by mypy {info['built_by_mypy'] or '(unknown)'}, {info['installed_mypy']} is installed "
+                "(it runs; runfold engine build makes it again)"
+            )
         console.print(
             f"engine: {info['runs']} (RUNFOLD_ENGINE={info['mode']}); build of these sources: {built}",
             highlight=False,

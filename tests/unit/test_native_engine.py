@@ -340,3 +340,38 @@ def test_a_build_killed_mid_compile_leaves_nothing_that_loads(
     assert compiled_dir(root=root) is None
     monkeypatch.setenv("RUNFOLD_ENGINE", "compiled")
     assert "runfold engine build" in (choice_problem(root=root) or "")
+
+
+def test_a_build_made_by_another_mypy_still_loads_and_build_makes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key says nothing of the compiler, so a mypy upgrade switches no process's engine;
+    but `runfold engine build` must not answer "already built" with the old compiler's output."""
+    monkeypatch.setattr(native_engine, "_compile", fake_compile)
+    monkeypatch.setenv("RUNFOLD_ENGINE", "auto")
+    root = tmp_path / "builds"
+    first = native_engine.build(root=root)
+    assert json.loads((first.directory / MANIFEST).read_text())["mypy"] == native_engine.compiler_version()
+    assert not native_engine.build(root=root).built  # same compiler: nothing to do
+    assert native_engine.status(root=root)["outdated"] is False
+
+    monkeypatch.setattr(native_engine, "compiler_version", lambda: "99.0")  # mypy upgraded
+    assert compiled_dir(root=root) == str(first.directory)  # the old build still loads
+    info = native_engine.status(root=root)
+    assert info["outdated"] is True and info["built_by_mypy"] != "99.0" and info["installed_mypy"] == "99.0"
+    second = native_engine.build(root=root)
+    assert second.built and second.directory != first.directory
+    assert native_engine.built_by(second.directory) == "99.0"
+    assert compiled_dir(root=root) == str(second.directory)
+    assert not native_engine.build(root=root).built and native_engine.status(root=root)["outdated"] is False
+
+
+def test_a_build_from_before_the_compiler_was_recorded_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(native_engine, "_compile", fake_compile)
+    root = tmp_path / "builds"
+    old = fake_build(root, engine_key())  # its manifest names only the key
+    assert native_engine.built_by(old) is None
+    done = native_engine.build(root=root)
+    assert done.built and native_engine.built_by(done.directory) == native_engine.compiler_version()
