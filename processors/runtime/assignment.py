@@ -308,7 +308,9 @@ class Partitions:
             r = self.restoring.pop(p)
             self._reader.incremental_unassign([TopicPartition(self._events_topic, p)])
             # before any input of it is folded
-            self._stores[p].redo_interrupted_purge(self._settings.finished_retention_ms > 0)
+            redone = self._stores[p].redo_interrupted_purge(self._settings.finished_retention_ms > 0)
+            if redone:
+                self._metrics.runs_purged.inc(redone)
             resume_now(consumer, self._inputs_of(p))
             self._log.info(
                 "partition ready",

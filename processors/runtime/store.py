@@ -317,7 +317,7 @@ class PartitionStore:
         with self._lock:
             self.db.put(PURGING_KEY, orjson.dumps([[xkey.hex(), run_id] for xkey, run_id, _ in runs]))
 
-    def redo_interrupted_purge(self, retention_on: bool = True) -> None:
+    def redo_interrupted_purge(self, retention_on: bool = True) -> int:
         """A purge page recorded and never written (a crash between its commit and its store
         write, or a pass that failed): its transaction may have committed (then no run of it
         may come back: a ResumeRun would resume it) or not (its runs were due anyway). Purge
@@ -325,14 +325,15 @@ class PartitionStore:
         to the next pass. Called once the partition is restored, before its inputs resume, so
         that a run resumed by a committed event since has no entry left and stays. With
         retention off now (0 keeps finished runs forever, and no pass would send the
-        tombstones) the record only goes."""
+        tombstones) the record only goes. Returns how many runs it purged (a process that
+        stops between a pass's commit and its store write never counted them)."""
         purging = self.get(PURGING_KEY)
         if purging is None:
-            return
+            return 0
         if not retention_on:
             with self._lock:
                 self.db.delete(PURGING_KEY)
-            return
+            return 0
         runs: list[tuple[bytes, str, str | None]] = []
         for xhex, run_id in orjson.loads(purging):
             xkey = bytes.fromhex(xhex)
@@ -351,6 +352,7 @@ class PartitionStore:
         self.apply(ChangeSet(batch=batch, stats=stats, purged=runs), None)
         # only once written: a failed write must not leave tombstones owed for runs still stored
         self.owed_tombstones = owed
+        return sum(1 for _, _, status in runs if status is not None)
 
     def _cache_states(self, states: dict[str, Any]) -> None:
         """Keep the states just written, most recent last; past `cache_runs`, drop the least

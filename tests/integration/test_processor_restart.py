@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from confluent_kafka import Consumer
 from processor_support import (
@@ -369,6 +370,9 @@ def test_a_run_purged_by_a_commit_the_store_never_wrote_stays_purged(
             time.sleep(0.5)
         owed = _tombstones(settings, "purged")
         acts.drain(0.5)
+        purged_metric = _metric(
+            _metrics_port(tmp_path / "processor.log"), "runfold_processor_runs_purged_total"
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
@@ -378,4 +382,21 @@ def test_a_run_purged_by_a_commit_the_store_never_wrote_stays_purged(
     assert answer == [("RunRejected", "NotFound")]
     assert len(acts.records) == 1, "the purged run was dispatched again"
     assert owed == 2, "the restarted processor did not send the purge's tombstone again"
+    assert purged_metric == 1.0, "the redone purge is not in runfold_processor_runs_purged_total"
     assert code == 0
+
+
+def _metrics_port(log: Path) -> int:
+    """The /metrics port of the last processor that started with this log (its `processor started` line)."""
+    ports = [
+        orjson.loads(line)["metrics_port"]
+        for line in log.read_bytes().splitlines()
+        if b'"processor started"' in line
+    ]
+    return int(ports[-1])
+
+
+def _metric(port: int, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    [value] = [line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")]
+    return float(value)

@@ -454,7 +454,7 @@ def test_a_purge_page_recorded_but_never_written_is_redone_and_owes_its_tombston
     store.close()  # the commit happened, its store write did not (the marker is in the WAL)
     store = PartitionStore(tmp_path / "p0", 0)
     assert store.state_bytes("gone") is not None  # nothing before the partition is restored
-    store.redo_interrupted_purge()
+    assert store.redo_interrupted_purge() == 1  # runfold_processor_runs_purged_total counts it
     assert store.state_bytes("gone") is None and store.events("gone") == []
     assert store.purged_status("gone") == "failed"  # its id is not reused
     assert store.stats["status.failed"] == 1 and store.state_bytes("other") is not None
@@ -463,7 +463,7 @@ def test_a_purge_page_recorded_but_never_written_is_redone_and_owes_its_tombston
     store.close()
     store = PartitionStore(tmp_path / "p0", 0)
     assert store.owed_tombstones == ["gone"]  # owed until a pass commits them
-    store.redo_interrupted_purge()  # nothing recorded any more: nothing happens
+    assert store.redo_interrupted_purge() == 0  # nothing recorded any more: nothing happens
     assert store.stats["status.failed"] == 1
     ov = PartitionOverlay(store)
     ov.owed_paid = True
@@ -484,7 +484,7 @@ def test_a_recorded_purge_page_leaves_a_run_resumed_since(tmp_path: Path) -> Non
     ov.put_state("back", state, orjson.dumps(state), 3_000)
     ov.unpurge_at("back", 2_000)
     ov.write(applied_offset=8)
-    store.redo_interrupted_purge()
+    assert store.redo_interrupted_purge() == 0
     assert orjson.loads(store.state_bytes("back") or b"null")["status"] == "running"
     assert store.purged_status("back") is None and store.owed_tombstones == []
     store.redo_interrupted_purge()
