@@ -82,6 +82,8 @@ def effective_budgets(
                 return None, "budget warn_at_percent must be within 1..100"
             out[name] = value
             continue
+        if value == 0:  # a limit of 0 counts as none: above any definition's limit and any ceiling
+            return None, f"budget {name} must be positive (0 would lift the limit)"
         ceiling = getattr(ceilings, name)
         if value > ceiling:
             return None, f"budget {name} {value} exceeds the server ceiling {ceiling}"
