@@ -152,12 +152,19 @@ def _run_resumed(s: RunState, ev: Event) -> None:
     s["status"] = "running"
     s["pause"] = None
     s["failure"] = None
-    # a warning stays given only for dimensions whose limit did not change
-    s["warned"] = [d for d in s["warned"] if old_budgets.get(d) == ev["budgets"].get(d)]
+    # a warning stays given only for dimensions whose limit did not change (a dimension's limit
+    # key: budgets.DIMENSIONS, "tokens" -> "max_tokens"; wall_time_ms is its own)
+    s["warned"] = [
+        d for d in s["warned"] if old_budgets.get(_limit_key(d)) == ev["budgets"].get(_limit_key(d))
+    ]
     wall = dict(s["wall"])
     wall["epoch"] += 1
     s["wall"] = wall
     _arm_wall(s, ev["ts_ms"])
+
+
+def _limit_key(dimension: str) -> str:
+    return dimension if dimension == "wall_time_ms" else f"max_{dimension}"
 
 
 def _run_cancelling(s: RunState, ev: Event) -> None:
