@@ -24,7 +24,7 @@ from processors.engine.errors import (
     RefError,
     schema_problem,
 )
-from processors.engine.ids import order_key
+from processors.engine.ids import is_loop_lineage, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.reducers import apply_mutations, apply_writes
 from processors.engine.refs import ABSENT, Scope, resolve
@@ -212,7 +212,9 @@ def finish_run(em: Emitter) -> None:
         (
             step
             for step in state["steps"].values()
-            if step["status"] == "failed" and pinned.node(step["node"]).on_failure == "skip_dependents"
+            if step["status"] == "failed"
+            and pinned.node(step["node"]).on_failure == "skip_dependents"
+            and not is_loop_lineage(step["lineage"])  # a failed tool call is an error result for the model
         ),
         key=lambda step: order_key(step["node"], step["lineage"]),
     )
