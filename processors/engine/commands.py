@@ -11,7 +11,7 @@ from processors.engine.agent_loop import answer_approval
 from processors.engine.context import Decision, rejected, unchanged
 from processors.engine.emitter import Emitter, failure, rejection, text
 from processors.engine.errors import schema_problem
-from processors.engine.ids import instance_key, order_key
+from processors.engine.ids import instance_key, is_loop_lineage, order_key
 from processors.engine.nesting import nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
@@ -151,10 +151,21 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
             "nothing to resume",
         )
     superstep = state["superstep"]
+    # A failed run resumes only when a step failed it (fail_fast) or its steps were cancelled
+    # (FailRun): a failed `continue` / `skip_dependents` instance did not, the barrier did.
     resumable = bool(state["frontier"]) and (
         status == "paused"
         or any(
-            step["superstep"] == superstep and step["status"] in NOT_SCHEDULED_STATUSES
+            step["superstep"] == superstep
+            and step["status"] in NOT_SCHEDULED_STATUSES
+            and (
+                step["status"] == "cancelled"
+                or (
+                    step["status"] == "failed"
+                    and not is_loop_lineage(step["lineage"])
+                    and em.pinned.node(step["node"]).on_failure == "fail_fast"
+                )
+            )
             for step in state["steps"].values()
         )
     )
