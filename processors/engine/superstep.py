@@ -186,9 +186,13 @@ def commit_superstep(em: Emitter) -> None:
             fail_run(em, problem, "run failed")
             return
     next_frontier = sorted(targets)
+    # A target that ran in this superstep (a self-loop, a sibling) keeps its record: a StepSkipped
+    # would overwrite its outcome (a skip_dependents failure, then lost to finish_run). Once each.
+    skipped: set[str] = set(state["frontier"])
     for name in sorted(blocked):
         for route in definition.routes.get(name, ()):
-            if route.to != END and route.to not in targets:
+            if route.to != END and route.to not in targets and route.to not in skipped:
+                skipped.add(route.to)
                 em.emit(
                     "StepSkipped",
                     node=route.to,
