@@ -205,8 +205,15 @@ def _step_receipt(em: Emitter, msg: Message) -> str | None:
             em, step, _stopped_how(msg), _usage(msg) if rtype in TERMINAL_RECEIPTS else ZERO_USAGE
         )
         return None
-    if status != "stopping" and "cause" in step.get("stop", ()) and rtype != "ActivationHeartbeat":
-        return "attempt already stopped"  # settled from stopping: its evidence came already
+    stop = step.get("stop") or {}
+    if (
+        status != "stopping"
+        and ("cause" in stop or stop.get("how") == STOP_LEASE_EXPIRED)
+        and rtype != "ActivationHeartbeat"
+    ):
+        # settled from stopping (its evidence came already), or presumed dead when its lease
+        # expired: a frozen worker's late receipts are dropped (semantics.md, Stopping)
+        return "attempt already stopped"
     if rtype in TERMINAL_RECEIPTS:
         outcome, value, usage = _outcome(em, step, msg)
         if status in ("scheduled", "running"):
