@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from processors.client import (
     BrokerUnavailable,
+    InvalidArgument,
     RunClient,
     RunfoldError,
     RunfoldTimeout,
@@ -30,6 +31,7 @@ from processors.client import (
     TopicMissing,
     UnknownDefinition,
 )
+from schemas.errors import EncodeError
 from topology.settings import KafkaSettings, load_settings
 
 # Not a terminal (CI logs, pipes): rich would assume 80 columns and cut tables; logs take wider lines.
@@ -90,6 +92,8 @@ def echo_json(data: Any) -> None:
 def exit_code_for(err: Exception) -> int:
     if isinstance(err, RunRejected):
         return EXIT_REJECTED
+    if isinstance(err, InvalidArgument):
+        return EXIT_USAGE
     if isinstance(err, BrokerUnavailable):
         return EXIT_BROKER
     if isinstance(err, UnknownDefinition | RunNotFound | TopicMissing):
@@ -129,6 +133,10 @@ def cli_errors(as_json: bool) -> Iterator[None]:
         raise fail(False, str(e), EXIT_REJECTED) from None
     except RunfoldError as e:
         raise fail(as_json, str(e), exit_code_for(e), error_type=type(e).__name__) from None
+    except typer.BadParameter as e:  # a bad argument: one line (JSON with --json), not a wrapped box
+        raise fail(as_json, e.format_message(), EXIT_USAGE, error_type="UsageError") from None
+    except EncodeError as e:  # a value the command's schema cannot carry (JSON nested too deep to write)
+        raise fail(as_json, str(e), EXIT_USAGE, error_type="UsageError") from None
     except KeyboardInterrupt:
         raise fail(as_json, "interrupted", 130) from None
 

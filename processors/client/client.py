@@ -32,6 +32,7 @@ from processors.client.answers import CommandAnswer, ProcessedOffsets, Sent, awa
 from processors.client.definitions import DefinitionRegistry
 from processors.client.errors import (
     BrokerUnavailable,
+    InvalidArgument,
     RunfoldError,
     RunfoldTimeout,
     RunNotFound,
@@ -66,9 +67,9 @@ def _answer_timeout_from_env() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"RUNFOLD_ANSWER_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+        raise InvalidArgument(f"RUNFOLD_ANSWER_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
     if not value >= 0:
-        raise ValueError(f"RUNFOLD_ANSWER_TIMEOUT_S must be >= 0, got {raw!r}")
+        raise InvalidArgument(f"RUNFOLD_ANSWER_TIMEOUT_S must be >= 0, got {raw!r}")
     return value
 
 
@@ -229,10 +230,10 @@ class RunClient:
     ) -> CommandAnswer | None:
         """Send one command; unless the wait is 0, wait for the processor's answer to it."""
         if not run_id:
-            raise ValueError("run_id must be a non-empty string")
+            raise InvalidArgument("run_id must be a non-empty string")
         bad = control_character(run_id)
         if bad is not None:
-            raise ValueError(f"run_id must be printable text; it contains the control character {bad!r}")
+            raise InvalidArgument(f"run_id must be printable text; it contains the control character {bad!r}")
         wait = self.answer_timeout_s if answer_timeout is None else answer_timeout
         self.last_answer = None
         events_partition = self.partition_of(run_id)
@@ -313,7 +314,7 @@ class RunClient:
     ) -> CommandAnswer | None:
         """Deliver a named signal (e.g. an approval) to the run's wait nodes; answered like `cancel`."""
         if not name:
-            raise ValueError("signal name must be a non-empty string")
+            raise InvalidArgument("signal name must be a non-empty string")
         return self._command(
             run_id, {"type": "SignalRun", "signal": name, "payload": payload}, answer_timeout
         )

@@ -12,6 +12,11 @@ class RunfoldError(Exception):
     """Base class of every error the client raises."""
 
 
+class InvalidArgument(RunfoldError, ValueError):
+    """An argument the client refuses before sending anything: an empty or unprintable run id,
+    an empty signal name, a bad RUNFOLD_ANSWER_TIMEOUT_S. A ValueError too, as it always was."""
+
+
 class BrokerUnavailable(RunfoldError):
     """The Kafka cluster cannot serve the call now: no broker answered at the configured
     bootstrap servers, or it is failing over (a broker down, a leader or coordinator moving)
