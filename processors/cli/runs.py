@@ -123,8 +123,8 @@ def start(
     def_id, sep, rev = definition.rpartition("@")
     if sep and rev.isdigit():
         definition, revision = def_id, int(rev)
-    payload = parse_json_arg(input, "--input")
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        payload = parse_json_arg(input, "--input")
         rid = client.start(
             definition,
             payload,
@@ -215,8 +215,8 @@ def signal(
 
     Example: `runfold runs signal run-1 approval --payload '{"approved": true}'`
     """
-    value = parse_json_arg(payload, "--payload")
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        value = parse_json_arg(payload, "--payload")
         answer = client.signal(run_id, name, value, answer_timeout=0 if no_wait else answer_timeout)
     _answered(as_json, answer, "SignalRun", run_id)
 
@@ -240,8 +240,8 @@ def resume(
 
     Example: `runfold runs resume run-1 --budget max_cost_micros=9000000`
     """
-    budgets = parse_pairs(budget, "--budget", as_int=True) or None
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
+        budgets = parse_pairs(budget, "--budget", as_int=True) or None
         answer = client.resume(run_id, budgets, reason, answer_timeout=0 if no_wait else answer_timeout)
     _answered(as_json, answer, "ResumeRun", run_id)
 
@@ -453,10 +453,12 @@ def events(
 
     Example: `runfold runs events run-1 --json`
     """
+    shown = 0
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         for ev in client.events(
             run_id, follow=follow, after_sequence=since, timeout=timeout if follow else None
         ):
+            shown += 1
             if as_json:
                 echo_json(ev)
             else:
@@ -465,6 +467,8 @@ def events(
                 if isinstance(failure, dict) and "\n" in str(failure.get("message")):
                     # a traceback a worker sent: whole, below its event (the line keeps 200 chars)
                     console.print(Text(str(failure["message"]), style="red"), highlight=False)
+        if not shown and since <= 0:  # no event at all, not even a rejection: no such run (exit 4)
+            raise RunNotFound(f"run {run_id!r} has no events under prefix {client.settings.topic_prefix!r}")
 
 
 def _event_line(ev: dict[str, Any]) -> Text:
