@@ -14,6 +14,7 @@ else the cluster's own); `VerifyReport.warnings` names broker settings too weak 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -35,10 +36,26 @@ from topology.replication import (
 from topology.settings import KafkaSettings, admin_config
 
 REQUEST_TIMEOUT_S = 30.0
+# librdkafka's own lines (a refused connection, ~20 a second while no broker answers) go through
+# logging, not raw to stderr: a cluster that cannot be read is reported once, as ClusterUnreachable.
+KAFKA_LOGGER = logging.getLogger("runfold.topology.kafka")
+KAFKA_LOGGER.addHandler(logging.NullHandler())
+# what a client says when no broker answers it
+_UNREACHABLE = {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError._TIMED_OUT,
+}
 
 
 class TopologyError(RuntimeError):
     """The cluster could not be reached or refused a topic operation."""
+
+
+class ClusterUnreachable(TopologyError):
+    """No broker answered at the bootstrap servers within the request timeout (`runfold
+    topology` exits 3, as every one-shot command does for an unavailable broker)."""
 
 
 @dataclass
@@ -91,7 +108,9 @@ class VerifyReport:
 
 
 def _admin(settings: KafkaSettings) -> AdminClient:
-    return AdminClient(admin_config(settings))
+    cfg = admin_config(settings)
+    cfg["logger"] = KAFKA_LOGGER
+    return AdminClient(cfg)
 
 
 def _partition_counts(admin: AdminClient, settings: KafkaSettings) -> dict[str, int]:
@@ -99,7 +118,9 @@ def _partition_counts(admin: AdminClient, settings: KafkaSettings) -> dict[str, 
     try:
         md = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
     except KafkaException as e:
-        raise TopologyError(f"cannot list topics on {settings.bootstrap_servers}: {e.args[0]}") from e
+        unreachable = isinstance(e.args[0], KafkaError) and e.args[0].code() in _UNREACHABLE
+        error = ClusterUnreachable if unreachable else TopologyError
+        raise error(f"cannot list topics on {settings.bootstrap_servers}: {e.args[0]}") from e
     return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
 
 
@@ -127,8 +148,8 @@ def _wait_visible(admin: AdminClient, names: Iterable[str], timeout: float = REQ
 def _wanted(admin: AdminClient, settings: KafkaSettings) -> tuple[Replication, list[str]]:
     try:
         facts = describe_cluster(admin, REQUEST_TIMEOUT_S)
-    except ClusterUnreadable as e:
-        raise TopologyError(f"{settings.bootstrap_servers}: {e}") from e
+    except ClusterUnreadable as e:  # no broker named itself: none answered
+        raise ClusterUnreachable(f"{settings.bootstrap_servers}: {e}") from e
     try:
         want = wanted_replication(settings, facts)
     except ReplicationUnworkable as e:

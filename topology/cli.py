@@ -17,6 +17,8 @@ from rich.markup import escape
 
 from topology import broker, local_cluster, local_kafka
 
+EXIT_BROKER = 3  # docs/client.md's exit codes: the broker is unavailable (as in every one-shot command)
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -39,7 +41,9 @@ def fail(as_json: bool, message: str, code: int = 1, **data: Any) -> typer.Exit:
     if as_json:
         typer.echo(orjson.dumps({"ok": False, "error": message, **data}, default=str).decode())
     else:  # the message is text, not markup: a path or name with brackets must print as it is
-        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True
+        )
     return typer.Exit(code)
 
 
@@ -199,13 +203,15 @@ def topology_create(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
 
     Example: `runfold topology create --prefix dev`
     """
-    from topology.admin import TopologyError, create_topology
+    from topology.admin import ClusterUnreachable, TopologyError, create_topology
 
     s = _settings(as_json, prefix)
     try:
         report = create_topology(s)
+    except ClusterUnreachable as e:
+        raise fail(as_json, str(e), EXIT_BROKER, error_type="BrokerUnavailable") from e
     except TopologyError as e:
-        raise fail(as_json, str(e)) from e
+        raise fail(as_json, str(e), error_type=type(e).__name__) from e
 
     def human() -> None:
         for name in report.created:
@@ -227,13 +233,15 @@ def topology_verify(prefix: PrefixOpt = None, as_json: JsonOpt = False) -> None:
 
     Example: `runfold topology verify --json`
     """
-    from topology.admin import TopologyError, verify_topology
+    from topology.admin import ClusterUnreachable, TopologyError, verify_topology
 
     s = _settings(as_json, prefix)
     try:
         report = verify_topology(s)
+    except ClusterUnreachable as e:
+        raise fail(as_json, str(e), EXIT_BROKER, error_type="BrokerUnavailable") from e
     except TopologyError as e:
-        raise fail(as_json, str(e)) from e
+        raise fail(as_json, str(e), error_type=type(e).__name__) from e
 
     def human() -> None:
         _print_replication(report.replication, report.warnings)
