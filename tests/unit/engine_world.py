@@ -558,6 +558,17 @@ class World:
             cap = int(limits.get("max_concurrency") or 0)
             if cap and event["kind"] in DISPATCHED and _in_flight(state) > cap:
                 raise Violation(f"{_in_flight(state)} in flight over max_concurrency {cap}")
+        if etype == "StepSkipped" and before is not None:
+            # a skip marks a node that did not run: it must never overwrite an outcome of the
+            # superstep that ran it (a failed skip_dependents self-loop became "skipped", and its
+            # run succeeded: the RunSucceeded check below reads only the state)
+            old = before["steps"].get(_key(event))
+            if (
+                old is not None
+                and old["superstep"] == before["superstep"]
+                and old["status"] in ("succeeded", "failed")
+            ):
+                raise Violation(f"StepSkipped overwrote {_key(event)}, {old['status']} in this superstep")
         if etype == "StepRetryScheduled" and 0 < limits.get("max_retries", 0) < usage["retries"]:
             raise Violation(f"retries {usage['retries']} past max_retries {limits['max_retries']}")
         if etype == "RunSucceeded":
