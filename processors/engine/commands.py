@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from processors.engine import budgets
 from processors.engine.agent_loop import answer_approval
 from processors.engine.context import Decision, rejected, unchanged
 from processors.engine.emitter import Emitter, failure, rejection, text
 from processors.engine.errors import schema_problem
 from processors.engine.ids import instance_key, is_loop_lineage, order_key
-from processors.engine.nesting import nesting_reason, too_deep
+from processors.engine.nesting import json_size, nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import plan_superstep
@@ -85,7 +83,11 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
             rejection(msg, "InvalidInput", nesting_reason("signal payload", where, limit)),
             "signal payload too deep",
         )
-    size = len(orjson.dumps(payload))
+    size, unwritable = json_size(payload)
+    if unwritable:
+        return rejected(
+            state, rejection(msg, "InvalidInput", f"signal payload {unwritable}"), "signal payload not JSON"
+        )
     if size > em.ctx.ceilings.max_payload_bytes:
         reason = (
             f"signal payload of {size} bytes exceeds max_payload_bytes {em.ctx.ceilings.max_payload_bytes}"

@@ -15,7 +15,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 _CONTAINERS = (dict, list)
+
+
+def json_size(value: Any) -> tuple[int, str]:
+    """The bytes of `value` as JSON, and "" -- or 0 and why it is no JSON value at all. Off the
+    wire every value is one (the codec decoded it), but `decide` is also called in process,
+    where an integer beyond 64 bits, bytes, a set or a key that is not a string can arrive:
+    it must refuse them as it refuses any bad message, never raise (semantics.md, Shape)."""
+    try:
+        return len(orjson.dumps(value)), ""
+    except TypeError as e:  # orjson: "Integer exceeds 64-bit range", "Dict key must be str", ...
+        return 0, f"is not a JSON value ({e})"
 
 
 def too_deep(value: Any, limit: int, path: str) -> str | None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from processors.engine import budgets
 from processors.engine.context import Decision, unchanged
 from processors.engine.emitter import Emitter, failure, text
 from processors.engine.errors import schema_problem
 from processors.engine.ids import instance_key, is_loop_lineage
-from processors.engine.nesting import nesting_reason, too_deep
+from processors.engine.nesting import json_size, nesting_reason, too_deep
 from processors.engine.secrets import find_secret_literals
 from processors.engine.state import RunState
 from processors.engine.steps import fail_attempt, loop_tool, pause_for, retry_attempt, retry_exhausted
@@ -127,7 +125,13 @@ def _outcome(em: Emitter, step: dict[str, Any], msg: Message) -> tuple[str, Any,
             ),
             usage,
         )
-    size = len(orjson.dumps(output))
+    size, unwritable = json_size(output)
+    if unwritable:
+        return (
+            "failed",
+            failure("InvalidOutput", f"output of {name} {unwritable}", node=name, lineage=lineage),
+            usage,
+        )
     if size > em.ctx.ceilings.max_payload_bytes:
         return (
             "failed",

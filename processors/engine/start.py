@@ -10,15 +10,13 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import orjson
-
 from processors.engine import budgets
 from processors.engine.catalog import Bundle
 from processors.engine.context import Decision, EngineContext, rejected, unchanged
 from processors.engine.emitter import Emitter, rejection
 from processors.engine.errors import DefinitionError, schema_problem
 from processors.engine.ids import control_character
-from processors.engine.nesting import nesting_reason, too_deep
+from processors.engine.nesting import json_size, nesting_reason, too_deep
 from processors.engine.pinned import Pinned, remember
 from processors.engine.refs import input_hash
 from processors.engine.secrets import find_secret_literals
@@ -71,7 +69,9 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
             "InvalidInput",
             f'secret material in input at {", ".join(secrets[:5])}; pass a {{"$secret": name}} handle',
         )
-    input_bytes = len(orjson.dumps(run_input))
+    input_bytes, unwritable = json_size(run_input)
+    if unwritable:
+        return reject("InvalidInput", f"input {unwritable}")
     if input_bytes > ctx.ceilings.max_input_bytes:
         return reject(
             "Limit", f"input is {input_bytes} bytes; the server ceiling is {ctx.ceilings.max_input_bytes}"
@@ -79,7 +79,9 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     labels = msg.get("labels")
     if labels is not None and not isinstance(labels, dict):
         return reject("InvalidInput", "labels must be an object of strings")
-    labels_bytes = len(orjson.dumps(labels or {}))
+    labels_bytes, unwritable = json_size(labels or {})
+    if unwritable:
+        return reject("InvalidInput", f"labels {unwritable}")
     if labels_bytes > ctx.ceilings.max_payload_bytes:
         return reject(
             "Limit", f"labels are {labels_bytes} bytes; max_payload_bytes is {ctx.ceilings.max_payload_bytes}"

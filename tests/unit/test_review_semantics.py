@@ -440,3 +440,34 @@ def test_a_signal_during_a_pause_is_buffered_and_taken_after_the_resume() -> Non
     assert h.step("w")["status"] == "succeeded" and h.step("w")["output"] == {"n": 1}
     assert h.status == "succeeded" and [s["payload"] for s in h.state["signals"]] == [{"n": 2}]
     assert h.refold() == dump_state(h.state)
+
+
+# Python values a caller in process can pass that have no JSON form (off the wire every value
+# is decoded JSON, so only an in-process caller of `decide` can send them)
+NOT_JSON = [2**70, -(2**64), b"raw bytes", {1, 2}, {1: "an int key"}, {"nested": [{"deep": b"x"}]}]
+
+
+@pytest.mark.parametrize("bad", NOT_JSON, ids=repr)
+def test_decide_refuses_a_value_with_no_json_form_at_every_ingress_without_raising(bad: Any) -> None:
+    """semantics.md, Shape: "`decide` never raises, whatever the message". A start input or
+    labels, a signal payload and an action's output that orjson cannot write were a TypeError
+    out of `decide`; each is now refused like any bad value: RunRejected InvalidInput, a
+    rejected signal, StepFailed InvalidOutput."""
+    flow = definition({"w": {"kind": "wait", "signal": "go"}, "a": act()}, entry=["w"], routes={"w": ["a"]})
+    h = RunHarness(flow).start({"x": bad} if not isinstance(bad, dict) else bad)
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "InvalidInput"
+    assert "is not a JSON value" in h.last.events[0]["reason"]
+    h = RunHarness(flow).start({}, labels={"k": bad})
+    assert h.types == ["RunRejected"] and "labels is not a JSON value" in h.last.events[0]["reason"]
+
+    h = RunHarness(flow).start({})
+    h.signal("go", {"v": bad})
+    assert [e["type"] for e in h.last.events] == ["RunRejected"]
+    assert h.last.events[0]["code"] == "InvalidInput" and h.state is not None
+    assert h.step("w")["status"] == "waiting"  # the wait still waits for a good signal
+    h.signal("go", {"v": 1})
+    h.complete("a", {"v": bad})
+    failed = [e for e in h.last.events if e["type"] == "StepFailed"]
+    assert failed and failed[0]["failure"]["code"] == "InvalidOutput"
+    assert "is not a JSON value" in failed[0]["failure"]["message"]
+    dump_state(h.state)  # the run's state stays serializable
