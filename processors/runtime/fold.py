@@ -34,6 +34,8 @@ Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
 _LONG_END = 1 << 63
+_MAX_ID_BYTES = 0xFFFF  # a run id's bytes in the store's event keys (a 2-byte length)
+_SAFE_ID_CHARS = _MAX_ID_BYTES // 4  # at most 4 UTF-8 bytes a character: shorter ids always fit
 
 
 @dataclass
@@ -488,6 +490,12 @@ class Folder:
                     raise Unserializable(f"its {body.get('timer_kind')} timer cannot be stored: {e}") from e
         raw = None
         if state is not None:
+            # the store's event keys hold a run id's length in 2 bytes (store.event_prefix)
+            if len(run_id) > _SAFE_ID_CHARS and len(run_id.encode()) > _MAX_ID_BYTES:
+                raise Unserializable(
+                    f"its run id is {len(run_id.encode())} bytes, longer than the {_MAX_ID_BYTES} "
+                    "the processor's store keys hold"
+                )
             try:
                 raw = dump_state(state)
             except TypeError as e:  # orjson: "Recursion limit reached", "Integer exceeds 64-bit range"

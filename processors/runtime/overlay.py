@@ -107,10 +107,12 @@ class PartitionOverlay:
     def add_events(self, run_id: str, events: list[tuple[int, bytes]]) -> None:
         """One record's (sequence, value) events for the run's log, keyed as `event_key`
         (its prefix computed once)."""
-        prefix = event_prefix(run_id)
+        prefix = None  # not made for a RunRejected alone: its run id may not fit a key
         append = self.events.append
         for sequence, value in events:
             if sequence > 0:  # a RunRejected (sequence 0) belongs to no run's log
+                if prefix is None:
+                    prefix = event_prefix(run_id)
                 append((prefix + sequence.to_bytes(8, "big"), value))
 
     def apply(self, run_id: str, outcome: Outcome) -> None:
