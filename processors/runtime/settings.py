@@ -77,7 +77,8 @@ class ProcessorSettings(KafkaSettings):
     # first (both are still initialised, so a zombie's second one is fenced too).
     alternate_producers: bool = True
     # Bound on records per restore chunk and on timers fired per transaction.
-    restore_chunk: int = Field(default=2_000, ge=1)
+    # At most what librdkafka's consume() takes in one call (1,000,000).
+    restore_chunk: int = Field(default=2_000, ge=1, le=1_000_000)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
     # Decoded run states kept in memory per partition (the least recently written leave
