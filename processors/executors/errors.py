@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from processors.engine.vocabulary import FAILURE_CODES
 from processors.executors.redaction import Redactor, redactor_for
-from processors.executors.tracebacks import failure_message
+from processors.executors.tracebacks import failure_message, head_of
 
 MAX_MESSAGE_CHARS = 2000
 
@@ -25,6 +25,7 @@ class ActionError(Exception):
     def __init__(self, code: str, message: str, retryable: bool = False) -> None:
         if code not in FAILURE_CODES:
             raise ValueError(f"unknown failure code {code!r}; expected one of {sorted(FAILURE_CODES)}")
+        message = message if isinstance(message, str) else str(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -62,7 +63,8 @@ def redact(text: str, secrets: Iterable[str] | Redactor) -> str:
 def classify(exc: BaseException, secrets: Iterable[str] | Redactor = ()) -> tuple[str, str, bool]:
     """(code, message, retryable) for an exception a handler raised."""
     if isinstance(exc, ActionError):
-        return exc.code, redact(exc.message, secrets), exc.retryable
+        message = exc.message if isinstance(exc.message, str) else head_of(exc)
+        return exc.code, redact(message, secrets), exc.retryable
     if isinstance(exc, Cancelled):
         return "Cancelled", "activation cancelled", False
     # unexpected: the type, message and traceback, redacted and bounded (tracebacks.py)

@@ -550,10 +550,23 @@ class WorkerRunner:
                 ctx, error=ActionError("Cancelled", "handler task cancelled", True)
             )
         except Exception as exc:
-            receipt = receipts.terminal_receipt(ctx, error=exc)
-            log_handler_failure(
-                log, entry.label, entry.activation, exc, isinstance(exc, ActionError | Cancelled)
-            )
+            try:
+                receipt = receipts.terminal_receipt(ctx, error=exc)
+                log_handler_failure(
+                    log, entry.label, entry.activation, exc, isinstance(exc, ActionError | Cancelled)
+                )
+            except Exception as broken:  # never leave a step without its receipt and its slot held
+                log.error(
+                    "action %s: its failure could not be described: %s", entry.label, type(broken).__name__
+                )
+                receipt = receipts.failed(
+                    entry.activation,
+                    self.worker_id,
+                    "ExecutionFailed",
+                    f"{type(exc).__name__} (its message could not be rendered)",
+                    True,
+                    ctx.usage_record(),
+                )
         self.metrics.observe_handler(entry.label, time.perf_counter() - started)
         # The execution slot frees now; the admission slot (self.running) only once the broker has the receipt.
         self.executing -= 1

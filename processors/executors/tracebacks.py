@@ -28,7 +28,10 @@ _CUT = "…(outer frames cut)\n"
 
 
 def head_of(exc: BaseException) -> str:
-    detail = str(exc)
+    try:
+        detail = str(exc)
+    except Exception:  # an exception whose __str__ raises still fails its step, as traceback prints it
+        detail = "<exception str() failed>"
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
