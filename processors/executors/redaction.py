@@ -27,7 +27,7 @@ import html
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -65,26 +65,53 @@ def _base64_cores(raw: bytes) -> list[str]:
     return cores
 
 
-def _text_forms(secret: str) -> list[str]:
-    forms = [
-        secret,
-        secret.upper(),
-        secret.lower(),
-        quote(secret, safe=""),
-        quote(secret),
-        quote_plus(secret, safe=""),
-        quote(quote(secret, safe=""), safe=""),
-        json.dumps(secret)[1:-1],
-        json.dumps(secret, ensure_ascii=False)[1:-1],
-        json.dumps(secret)[1:-1].replace("/", "\\/"),
-        json.dumps(json.dumps(secret)[1:-1])[1:-1],  # JSON text inside a JSON string
-        repr(secret)[1:-1],
-        repr(secret.encode())[2:-1],
-        secret.encode("unicode_escape").decode("ascii"),
-        html.escape(secret),
-        secret.encode().hex(),
-    ]
-    return [_lower(f) for f in forms]
+_ENCODINGS: tuple[Callable[[str], str], ...] = (
+    lambda s: s,
+    str.upper,
+    str.lower,
+    lambda s: quote(s, safe=""),
+    quote,
+    lambda s: quote_plus(s, safe=""),
+    lambda s: quote(quote(s, safe=""), safe=""),
+    lambda s: json.dumps(s)[1:-1],
+    lambda s: json.dumps(s, ensure_ascii=False)[1:-1],
+    lambda s: json.dumps(s)[1:-1].replace("/", "\\/"),
+    lambda s: json.dumps(json.dumps(s)[1:-1])[1:-1],  # JSON text inside a JSON string
+    lambda s: repr(s)[1:-1],
+    lambda s: repr(s.encode())[2:-1],
+    lambda s: s.encode("unicode_escape").decode("ascii"),
+    html.escape,
+    lambda s: s.encode().hex(),
+)
+
+
+def _text_forms(secret: str) -> list[tuple[str, int]]:
+    """Each text form of `secret` and the fewest characters a run of PARTIAL_CHARS characters
+    of it takes in that form (the encodings work character by character: a run's encoding is a
+    run of the form, as long as the sum of its characters' encodings)."""
+    n = len(secret)
+    window = min(PARTIAL_CHARS, n)
+    out = []
+    for encode in _ENCODINGS:
+        form = encode(secret)
+        widths = [len(encode(c)) for c in secret]
+        run = sum(widths[:window])
+        shortest = run
+        for i in range(window, n):
+            run += widths[i] - widths[i - window]
+            shortest = min(shortest, run)
+        # never more than the average-based bound this used before (an encoding not quite
+        # character-wise, e.g. repr's choice of quotes, must not make a run harder to find)
+        out.append((_lower(form), max(1, min(shortest, math.ceil(PARTIAL_CHARS * len(form) / n)))))
+    return out
+
+
+def _base64_run(secret: str) -> int:
+    """The fewest base64 characters fully determined by the UTF-8 bytes of a run of
+    PARTIAL_CHARS characters of `secret`, at the worst of the three byte alignments."""
+    window = min(PARTIAL_CHARS, len(secret))
+    nbytes = min(len(secret[i : i + window].encode()) for i in range(len(secret) - window + 1))
+    return max(1, min((8 * (k + nbytes)) // 6 - math.ceil(8 * k / 6) for k in range(3)))
 
 
 class _Form:
@@ -131,13 +158,13 @@ class Redactor:
         seen: set[tuple[str, bool]] = set()
         self._forms: list[_Form] = []
         for secret in self.secrets:
-            n = len(secret)
-            candidates = [(f, True) for f in _text_forms(secret)]
-            candidates += [(f, False) for f in _base64_cores(secret.encode())]
-            for text, fold in candidates:
+            b64_run = _base64_run(secret)
+            candidates = [(f, True, run) for f, run in _text_forms(secret)]
+            candidates += [(f, False, b64_run) for f in _base64_cores(secret.encode())]
+            for text, fold, min_run in candidates:
                 if text and (text, fold) not in seen:
                     seen.add((text, fold))
-                    self._forms.append(_Form(text, fold, math.ceil(PARTIAL_CHARS * len(text) / n)))
+                    self._forms.append(_Form(text, fold, min_run))
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
