@@ -3,8 +3,9 @@
 `install()` wraps the logging module's record factory (once per process), so every record, of
 any logger (`ctx.log`, a handler's own `logging.getLogger(...)`, asyncio's "exception never
 retrieved"), is redacted when it is created: its formatted message, a formatted exception and
-stack, and string `extra` fields. Known values are those of the worker's secret store and
-every value resolved (`redaction.remember`). Text written to stdout/stderr without logging
+stack, and its `extra` fields (set by `Logger.makeRecord` after the factory, so that is wrapped
+too; a non-text value holding a secret is replaced by its redacted repr). Known values are those
+of the worker's secret store and every value resolved (`redaction.remember`). Text written to stdout/stderr without logging
 (print, a C library) is not covered (docs/security.md).
 """
 
@@ -38,9 +39,22 @@ def _redact_record(record: logging.LogRecord) -> None:
         record.exc_info = None  # formatters would format it again, unredacted
     if record.stack_info:
         record.stack_info = redactor.redact(record.stack_info)
+    _redact_extras(record)
+
+
+def _redact_extras(record: logging.LogRecord) -> None:
+    """The record's `extra` fields (logging adds them after the record factory has run)."""
+    redactor = known_redactor()
+    if not redactor:
+        return
     for key, value in list(record.__dict__.items()):
-        if key not in _STANDARD and isinstance(value, str):
+        if key in _STANDARD:
+            continue
+        if isinstance(value, str):
             setattr(record, key, redactor.redact(value))
+        elif value is not None and not isinstance(value, bool) and redactor.find(repr(value)):
+            # a dict, list, bytes or number in `extra`: the formatters print it (JSON or repr)
+            setattr(record, key, redactor.redact(repr(value)))
 
 
 def install() -> None:
@@ -57,4 +71,12 @@ def install() -> None:
             return record
 
         logging.setLogRecordFactory(factory)
+        make_record = logging.Logger.makeRecord
+
+        def make_redacted_record(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = make_record(self, *args, **kwargs)
+            _redact_extras(record)  # `extra` is set on the record after the factory made it
+            return record
+
+        logging.Logger.makeRecord = make_redacted_record  # type: ignore[method-assign]
         _installed = True
