@@ -45,6 +45,16 @@ class ProviderRouter:
         self.config = config
         self._secrets = secrets
         self._built: dict[str, AgentProvider] = {}
+        # The providers' API keys are secrets this process knows from the start, not from the
+        # first agent step: redacted from every message, log record and output before any is built.
+        for cfg in config.providers.values():
+            key = None
+            if cfg.api_key_env:
+                key = os.environ.get(cfg.api_key_env)
+            elif cfg.api_key_secret:
+                key = secrets.lookup(cfg.api_key_secret)
+            if key:
+                remember([key])
 
     def add(self, name: str, provider: AgentProvider, route: str | None = None) -> None:
         """Register a provider object directly (programmatic use, tests)."""
