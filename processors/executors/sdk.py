@@ -56,7 +56,9 @@ class Worker:
             updates["name"] = name
         if queues is not None:
             updates["queues"] = list(queues)
-        self.settings = base.model_copy(update=updates) if updates else base
+        # validated like any settings (model_copy would take `queues=["a b"]` or `agents={...}`
+        # unchecked and unconverted, to fail later inside the runner)
+        self.settings = WorkerSettings.model_validate({**base.model_dump(), **updates}) if updates else base
         self.secrets = secrets or SecretStore()
         self.registry = ActionRegistry()
         if builtins:

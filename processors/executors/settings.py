@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from processors.engine.definition import QUEUE_PATTERN
 from processors.executors.destinations import parse_entry
 from topology.settings import build_settings, read_config_file
 
@@ -137,6 +139,19 @@ class WorkerSettings(BaseSettings):
     secrets_policy: dict[str, SecretRule] = Field(default_factory=dict)
 
     _hosts = field_validator("http_allowed_hosts")(_check_entries)
+
+    @field_validator("queues")
+    @classmethod
+    def _queues(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("name at least one queue to serve")
+        for queue in v:
+            if not re.fullmatch(QUEUE_PATTERN, queue):
+                raise ValueError(
+                    f"queue {queue!r} is not a queue name (lower-case letters, digits, '_' and '-', "
+                    "starting with a letter or digit, at most 64)"
+                )
+        return v
 
     @field_validator("http_allowed_networks")
     @classmethod
