@@ -569,6 +569,18 @@ class World:
                 and old["status"] in ("succeeded", "failed")
             ):
                 raise Violation(f"StepSkipped overwrote {_key(event)}, {old['status']} in this superstep")
+        if etype == "ReceiptConflict" and before is not None:
+            # an attempt stopped (settled from stopping, or presumed dead when its lease expired)
+            # takes no conflict: its late receipts are dropped (semantics.md, Stopping)
+            old = before["steps"].get(_key(event))
+            stop = (old or {}).get("stop") or {}
+            if (
+                old is not None
+                and old["attempt"] == event["attempt"]
+                and old["status"] != "stopping"  # still stopping: another worker's acceptance conflicts
+                and ("cause" in stop or stop.get("how") == "lease_expired")
+            ):
+                raise Violation(f"ReceiptConflict for {_key(event)}, an attempt stopped ({stop.get('how')})")
         if etype == "StepRetryScheduled" and 0 < limits.get("max_retries", 0) < usage["retries"]:
             raise Violation(f"retries {usage['retries']} past max_retries {limits['max_retries']}")
         if etype == "RunSucceeded":
