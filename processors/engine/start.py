@@ -79,6 +79,10 @@ def start_run(state: RunState | None, msg: Message, ctx: EngineContext) -> Decis
     labels = msg.get("labels")
     if labels is not None and not isinstance(labels, dict):
         return reject("InvalidInput", "labels must be an object of strings")
+    if labels:  # shown by `runfold runs list`, the index and the UI: no place for a secret either
+        secrets = find_secret_literals(labels, "labels")
+        if secrets:
+            return reject("InvalidInput", f"secret material in labels at {', '.join(secrets[:5])}")
     labels_bytes, unwritable = json_size(labels or {})
     if unwritable:
         return reject("InvalidInput", f"labels {unwritable}")

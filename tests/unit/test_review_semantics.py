@@ -471,3 +471,15 @@ def test_decide_refuses_a_value_with_no_json_form_at_every_ingress_without_raisi
     assert failed and failed[0]["failure"]["code"] == "InvalidOutput"
     assert "is not a JSON value" in failed[0]["failure"]["message"]
     dump_state(h.state)  # the run's state stays serializable
+
+
+def test_a_secret_literal_in_the_labels_is_refused_like_one_in_the_input() -> None:
+    """docs/semantics.md, Start: secret literals are refused (`InvalidInput`, the reason names
+    paths only). Labels are shown by `runs list`, the index and the UI (a reviewer found an
+    `api_key` label shown raw there), so they are checked as the input is."""
+    secret = "sk-" + "a1b2c3d4e5f6g7h8i9j0k1l2"
+    h = RunHarness(definition({"a": act()})).start({}, labels={"team": "x", "api_key": secret})
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "InvalidInput"
+    reason = h.last.events[0]["reason"]
+    assert "secret material in labels at labels.api_key" in reason and secret not in reason
+    assert RunHarness(definition({"a": act()})).start({}, labels={"team": "x"}).types[0] == "RunAccepted"
