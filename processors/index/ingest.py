@@ -221,7 +221,8 @@ class Indexer:
                         e,
                     )
             decoded.append((msg, ev))
-            if ev is not None and ev["type"] not in ("RunAccepted", "RunRejected"):
+            if ev is not None and ev["type"] != "RunRejected":
+                # a RunAccepted too: a duplicate of one the database holds must be seen as one
                 rid = ev["run_id"]
                 if rid not in self._cache and rid not in missing:
                     missing.add(rid)
