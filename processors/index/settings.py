@@ -47,10 +47,10 @@ def parse_time(text: str, *, now_ms: int | None = None) -> int:
     duration before now (`90s`, `15m`, `2h`, `7d`) or epoch milliseconds (`1764400000000`)."""
     text = text.strip()
     now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-    if text[-1:] in _UNITS and text[:-1].isdigit():
-        return now - int(text[:-1]) * _UNITS[text[-1]]
-    if text.isdigit():
-        return int(text)
+    if text[-1:] in _UNITS and text[:-1].isascii() and text[:-1].isdigit():
+        return _in_range(text, now - int(text[:-1]) * _UNITS[text[-1]])
+    if text.isascii() and text.isdigit():
+        return _in_range(text, int(text))
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -61,3 +61,10 @@ def parse_time(text: str, *, now_ms: int | None = None) -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)
+
+
+def _in_range(text: str, ms: int) -> int:
+    """`ms` if the database can hold it (a signed 64-bit integer), else a ValueError saying so."""
+    if not -(2**63) <= ms < 2**63:
+        raise ValueError(f"not a time: {text!r} is out of range")
+    return ms
