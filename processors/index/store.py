@@ -14,6 +14,7 @@ offsets*, so the ingest re-reads them: still exact.
 from __future__ import annotations
 
 import base64
+import re
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -149,6 +150,9 @@ class Batch:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> next
 
 
+MAX_LABEL_FILTERS = 32  # each is a condition of the query: SQLite refuses a tree of ~1,000
+
+
 @dataclass(frozen=True)
 class RunFilter:
     """What `search` and `counts` select. Every field narrows; None / empty: no condition."""
@@ -167,6 +171,9 @@ class RunFilter:
         bad = [s for s in self.status if s not in RUN_STATUSES]
         if bad:
             raise ValueError(f"unknown run status {bad[0]!r}: expected one of {', '.join(RUN_STATUSES)}")
+        if len(self.labels) > MAX_LABEL_FILTERS:
+            raise ValueError(f"{len(self.labels)} label filters: at most {MAX_LABEL_FILTERS}")
+        object.__setattr__(self, "status", tuple(dict.fromkeys(self.status)))  # each once
 
 
 @dataclass
@@ -206,6 +213,8 @@ def describe(target: str | Path) -> str:
         userinfo, at, host = rest.rpartition("@")
         if at and ":" in userinfo:
             text = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+        # libpq takes the password as a query parameter too: ...?password=...
+        text = re.sub(r"([?&]password=)[^&#]*", r"\1***", text, flags=re.IGNORECASE)
     return text
 
 
