@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import anyio
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -55,6 +58,16 @@ BUDGET_BARS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # the event that shows the processor took each command
 ACKS = {"SignalRun": ("SignalReceived",), "CancelRun": ("RunCancelled",), "ResumeRun": ("RunResumed",)}
+
+
+class _RunIdConvertor(PathConvertor):
+    """A run id in a path: any printable text, so quoted in the URLs the UI makes (`?`, `#`, `%`)."""
+
+    def to_string(self, value: str) -> str:
+        return quote(str(value), safe="/")
+
+
+register_url_convertor("run_id", _RunIdConvertor())
 
 
 @dataclass
@@ -98,6 +111,7 @@ def _templates() -> Environment:
     env.filters["ms"] = _fmt_ms
     env.filters["duration"] = _duration
     env.filters["pretty"] = _json
+    env.filters["masked"] = mask
     env.globals["statuses"] = RUN_STATUSES
     return env
 
@@ -166,7 +180,7 @@ class Ui:
             return self.render("error.html", request, 400, message=str(e))
         except IndexError_ as e:
             return self.render("error.html", request, 503, message=str(e))
-        query = "&".join(f"{k}={v}" for k, v in request.query_params.multi_items() if k != "cursor" and v)
+        query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "cursor" and v])
         return self.render(
             template, request, page=page, counts=counts, total=sum(counts.values()), shown=shown, query=query
         )
@@ -423,11 +437,27 @@ class Ui:
             )
         except (ValueError, CursorError) as e:
             return JSONResponse({"ok": False, "error": str(e)}, status_code=400)
-        return JSONResponse({"runs": page.runs, "next_cursor": page.next_cursor, "counts": counts})
+        except IndexError_ as e:
+            return JSONResponse({"ok": False, "error": str(e)}, status_code=503)
+        return JSONResponse({"runs": mask(page.runs), "next_cursor": page.next_cursor, "counts": counts})
+
+
+def _loopback_name(host_header: str) -> bool:
+    """Whether a Host header (`name[:port]`, `[v6]:port`) names this machine's loopback."""
+    host = host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+    if host.startswith("["):
+        host = host[1 : host.find("]")]
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _guard(config: UiConfig, app: Any) -> Callable[..., Awaitable[None]]:
-    """ASGI middleware: the token, and no form posts from another origin."""
+    """ASGI middleware: the token; without one, loopback host names only; and no form posts from
+    another origin."""
     token = config.token.encode() if config.token else None
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -435,6 +465,13 @@ def _guard(config: UiConfig, app: Any) -> Callable[..., Awaitable[None]]:
             await app(scope, receive, send)
             return
         request = Request(scope)
+        if token is None and not _loopback_name(request.headers.get("host", "")):
+            # DNS rebinding: a page elsewhere whose name now resolves to 127.0.0.1 sends its own
+            # name as Host (and Origin), so the origin check passes; only loopback names may ask
+            return await PlainTextResponse(
+                "refused: without a token the UI answers only loopback host names (docs/ui.md)",
+                status_code=403,
+            )(scope, receive, send)
         if token is not None:
             given = request.headers.get("authorization", "")
             offered = given[7:] if given.lower().startswith("bearer ") else None
@@ -471,9 +508,9 @@ def create_app(config: UiConfig) -> Any:
     routes = [
         Route("/", ui.runs_page, name="runs"),
         Route("/fragments/runs", ui.runs_fragment, name="runs_fragment"),
-        Route("/runs/{run_id:path}/fragment", ui.run_fragment, name="run_fragment"),
-        Route("/runs/{run_id:path}/actions/{verb}", ui.action, methods=["POST"], name="action"),
-        Route("/runs/{run_id:path}", ui.run_page, name="run"),
+        Route("/runs/{run_id:run_id}/fragment", ui.run_fragment, name="run_fragment"),
+        Route("/runs/{run_id:run_id}/actions/{verb}", ui.action, methods=["POST"], name="action"),
+        Route("/runs/{run_id:run_id}", ui.run_page, name="run"),
         Route("/definitions", ui.definitions_page, name="definitions"),
         Route("/dead-letters", ui.dead_letters_page, name="dead_letters"),
         Route("/sse", ui.sse, name="sse"),
