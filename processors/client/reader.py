@@ -140,12 +140,19 @@ class PartitionReader:
                 time.sleep(0.1)
 
     def end_offset(self, topic: str, partition: int) -> int:
+        return self._watermarks(topic, partition)[1]
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        """The first offset the partition still holds (above 0 once retention deleted records)."""
+        return self._watermarks(topic, partition)[0]
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         tp = TopicPartition(topic, partition)
-        _, high = self._retrying(
+        low, high = self._retrying(
             f"reading offsets of {topic}[{partition}]",
             lambda: self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False),
         )
-        return int(high)
+        return int(low), int(high)
 
     def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:
         """The first offset with a record timestamp >= ts_ms (the end offset if there is none)."""

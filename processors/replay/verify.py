@@ -94,6 +94,7 @@ class _Snap:
     digest: str
     status: str
     own_digest: str
+    partition: int = -1  # of <p>.run-state, the same as the run's <p>.run-events partition (same key)
 
 
 def _end_total(reader: PartitionReader, topic: str) -> int:
@@ -134,7 +135,9 @@ def read_snapshots(
             report.undecodable += 1
             continue
         own = hashlib.sha256(dump_state(snap["state"])).hexdigest() if isinstance(snap["state"], dict) else ""
-        latest[snap["run_id"]] = _Snap(snap["sequence"], snap["state_digest"], snap["status"], own)
+        latest[snap["run_id"]] = _Snap(
+            snap["sequence"], snap["state_digest"], snap["status"], own, msg.partition() or 0
+        )
         if tombstoned is not None:
             tombstoned.discard(snap["run_id"])
         if progress is not None and n % 500 == 0:
@@ -250,6 +253,13 @@ def verify(
                     )
         if progress is not None:
             progress(n, max(total, n))
+        # A run with a snapshot but no event left at all, on a partition whose beginning retention
+        # deleted: its whole history is gone (not a missing event), judged like any lost run.
+        starts = {p: reader.start_offset(topic, p) for p in range(parts)}
+        for run_id, snap in snaps.items():
+            if run_id not in last_seq and run_id not in states and starts.get(snap.partition, 0) > 0:
+                failed.add(run_id)
+                lost[run_id] = "none (retention deleted all its events)"
         for run_id, first in lost.items():
             snap = snaps.get(run_id)
             if snap is None or snap.status in TERMINAL_STATUSES:
@@ -276,8 +286,15 @@ def verify(
                 folded_sequence=last_seq.get(run_id, 0),
                 detail="the snapshot is beyond the run's last committed event",
             )
+        # A run started after the snapshots were read has events but no snapshot in `snaps`: only
+        # a run that still has none after a second read of run-state (its events were read before
+        # it; they commit in one transaction) lacks one.
+        unsnapped = [r for r in states if r not in snaps and r not in failed and r not in tombstoned]
+        later: dict[str, _Snap] = {}
+        if unsnapped:
+            later = read_snapshots(reader, codec, topics.run_state, VerifyReport(), None, deadline)
         for run_id in states:
-            if run_id not in snaps and run_id not in failed:
+            if run_id not in snaps and run_id not in failed and run_id not in later:
                 if run_id in tombstoned and run_status(states[run_id]) in TERMINAL_STATUSES:
                     report.purged += 1  # retention ended: the table forgot it, the events remain
                     continue
