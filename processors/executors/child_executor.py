@@ -78,7 +78,10 @@ CALL_TIMEOUT_S = 10.0
 ABANDON_AFTER_S = 5.0
 # Abandoned calls still running (each holds a thread and a client): past this many, exit 4.
 MAX_STUCK_CALLS = 3
-CHILD_ID = re.compile(r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>\d+)\])?(?:#(?P<attempt>\d+))?$")
+# lineage: a map index ("3"), or an agent tool call's "~t.i" / "3~t.i" (docs/messages.md)
+CHILD_ID = re.compile(
+    r"^(?P<parent>.+)/(?P<node>[^/\[\]#]+)(?:\[(?P<lineage>[0-9~.]+)\])?(?:#(?P<attempt>\d+))?$"
+)
 
 
 class Stuck(Exception):
@@ -593,11 +596,9 @@ class ChildExecutor:
                 children[record["run_id"]] = parent_step_from_ref(record["run_id"], record["parent"])
         elif (
             rtype in TERMINAL_EVENTS
-            or (
-                rtype == "RunRejected"
-                and record.get("command_type") == "StartRun"
-                and record.get("code") != "Conflict"
-            )
+            # every rejection, Conflict too (a run already holds the child's id): the parent's step
+            # fails rather than waiting for good; one for a step already settled is dropped as stale
+            or (rtype == "RunRejected" and record.get("command_type") == "StartRun")
             or (  # a cancel of a child never started (its deadline passed): stopped without work
                 rtype == "RunRejected"
                 and record.get("command_type") == "CancelRun"
