@@ -42,6 +42,7 @@ STATUS_AFTER = {
     "SignalReceived": "running",
     "RunPaused": "paused",
     "RunResumed": "running",
+    "RunCancelling": "cancelling",  # waits for its stopping attempts, then RunCancelled/RunFailed
     **TERMINAL,
 }
 
