@@ -10,6 +10,7 @@ plain JSON: they are resolved in the hot loop by `refs.resolve`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -324,13 +325,27 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
             text = source.read_text(encoding="utf-8")
         except OSError as exc:
             raise DefinitionError([Issue(str(source), f"cannot read: {exc.strerror}", rule="io")]) from None
+        except UnicodeDecodeError as exc:
+            raise DefinitionError(
+                [
+                    Issue(
+                        "",
+                        f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                        rule="encoding",
+                    )
+                ]
+            ) from None
     else:
         text = source
     try:
-        data = orjson.loads(text) if text.lstrip().startswith("{") else yaml.load(text, Loader=_YamlLoader)
+        if text.lstrip().startswith("{"):
+            data = orjson.loads(text)
+            _json_duplicate_keys(text)
+        else:
+            data = yaml.load(text, Loader=_YamlLoader)
     except RecursionError:
         raise DefinitionError([Issue("", "nests too deeply to read", rule="json_depth")]) from None
-    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+    except (orjson.JSONDecodeError, yaml.YAMLError, ValueError) as exc:
         raise DefinitionError(
             [Issue("", f"not valid YAML or JSON: {_first_line(exc)}", rule="syntax")]
         ) from None
@@ -340,7 +355,25 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
 
 
 def _first_line(exc: Exception) -> str:
+    mark = exc.problem_mark or exc.context_mark if isinstance(exc, yaml.MarkedYAMLError) else None
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+        what = exc.problem or exc.context or type(exc).__name__
+        return f"{what} (line {mark.line + 1}, column {mark.column + 1})"
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _json_duplicate_keys(text: str) -> None:
+    """JSON's parser keeps the last of duplicate keys silently; refuse them, as YAML's loader does."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
+        return dict(items)
+
+    json.loads(text, object_pairs_hook=pairs)
 
 
 class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
