@@ -215,6 +215,16 @@ def _check_node(defn: Definition, node_id: str, node: Node, issues: list[Issue])
         _check_pointer(node.map.pointer, f"{base}.map.pointer", issues)
     _check_ref_template(node.input, f"{base}.input", _INPUT_SOURCES | item, issues)
     _check_ref_template(node.prompt, f"{base}.prompt", _INPUT_SOURCES | item, issues)
+    if isinstance(node.prompt, dict) and ("system" in node.prompt or "user" in node.prompt):
+        # the executor sends `system` and `user` only: any other key of this form would be lost
+        for key in sorted(set(node.prompt) - {"system", "user"}):
+            issues.append(
+                Issue(
+                    f"{base}.prompt.{key}",
+                    "a prompt with system/user takes no other key (put the values under user)",
+                    rule="prompt_key",
+                )
+            )
     for path in _secret_handles(node.prompt, f"{base}.prompt"):
         issues.append(Issue(path, "secret handles are not allowed in a prompt", rule="secret_in_prompt"))
     for key, template in node.writes.items():
@@ -440,6 +450,15 @@ def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | No
         ) from e
     definition = parse_definition(raw)
     errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
+    state_bytes, state_limit = len(orjson.dumps(definition.state)), (ceilings or Ceilings()).max_state_bytes
+    if state_bytes > state_limit:  # every start would fail: its snapshots could not be produced
+        errors.append(
+            Issue(
+                "state",
+                f"the initial state is {state_bytes} bytes, over max_state_bytes {state_limit}",
+                rule="state_size",
+            )
+        )
     if errors:
         raise DefinitionError(errors)
     return definition

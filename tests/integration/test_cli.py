@@ -89,7 +89,7 @@ def system(settings: ProcessorSettings, cli: Cli, tmp_path: Path) -> Iterator[No
     # `search` node is on queue tools, which this topology does not serve: refused, with how
     # to add it (the other files are registered all the same)
     out = cli("defs", "register", "examples/definitions/", str(tmp_path / "defs"), code=1)
-    assert "research-brief@3" not in out.stdout and "unknown queue 'tools'" in out.stderr
+    assert "research-brief@4" not in out.stdout and "unknown queue 'tools'" in out.stderr
     assert "RUNFOLD_ACTIVATION_QUEUES=agents,default,tools" in out.stderr
     with running(settings), WorkerThread(Worker(name="cli-test"), settings):
         yield

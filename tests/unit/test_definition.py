@@ -194,11 +194,11 @@ def test_research_brief_example_has_every_capability() -> None:
     for path in sorted(EXAMPLES.glob("*.yaml")):
         catalog.register(load_definition(path))
     defn = catalog.get("research-brief")
-    assert defn is not None and defn.revision == 3
+    assert defn is not None and defn.revision == 4
     kinds = {node.kind for node in defn.nodes.values()}
     assert kinds == {"action", "agent", "workflow", "state", "wait", "sleep"}
     assert defn.nodes["search"].map is not None  # fan-out
     targets = {route.to for routes in defn.routes.values() for route in routes}
     assert "plan" in targets  # a loop back to the entry
-    bundle = catalog.pin_bundle("research-brief", 3)
-    assert set(bundle.definitions) == {"research-brief@3", "summarize@2"}
+    bundle = catalog.pin_bundle("research-brief", 4)
+    assert set(bundle.definitions) == {"research-brief@4", "summarize@3"}

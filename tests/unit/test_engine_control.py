@@ -242,7 +242,7 @@ def test_research_brief_example_end_to_end() -> None:
     for i in range(4):
         h.accept("search", lineage=str(i)).complete("search", f"note {i}", lineage=str(i))
     assert (
-        h.messages[-1]["type"] == "ChildRunActivation" and h.messages[-1]["bundle"]["root"] == "summarize@2"
+        h.messages[-1]["type"] == "ChildRunActivation" and h.messages[-1]["bundle"]["root"] == "summarize@3"
     )
     h.child_finished("write", output={"text": "brief"})
     assert h.status == "waiting"

@@ -14,6 +14,6 @@ def test_readme_definition_example_is_valid() -> None:
     blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "README has no yaml example"
     defn = load_definition(blocks[0])
-    assert (defn.id, defn.revision) == ("research-brief", 3)
+    assert (defn.id, defn.revision) == ("research-brief", 4)
     assert set(defn.nodes) == {"plan", "search", "write", "review"}
     assert defn.nodes["search"].map is not None
