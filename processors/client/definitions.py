@@ -80,10 +80,11 @@ class SourceCheck:
     source: str
     definition: Definition | None
     issues: list[Issue] = field(default_factory=list)
+    named: str | None = None  # id@revision as the source gives them, when it does not validate
 
     @property
     def key(self) -> str | None:
-        return None if self.definition is None else self.definition.key
+        return self.named if self.definition is None else self.definition.key
 
     @property
     def errors(self) -> list[Issue]:
@@ -107,10 +108,10 @@ def check_sources(
     for source in sources:
         try:
             name, raw = load_source(source)
-        except InvalidDefinition as e:
-            checks.append(SourceCheck(e.source, None, [Issue("", e.detail, rule="syntax")]))
+        except InvalidDefinition as e:  # its own findings (syntax, shape, encoding, io) once each
+            checks.append(SourceCheck(e.source, None, e.issues or [Issue("", e.detail, rule="syntax")]))
             continue
-        check = SourceCheck(name, None)
+        check = SourceCheck(name, None, named=_named(raw))
         checks.append(check)
         try:
             check.definition = catalog.register(raw)
@@ -129,6 +130,12 @@ def warnings_of(defn: Definition) -> list[Issue]:
     return [issue for issue in validate_definition(defn) if issue.severity == "warning"]
 
 
+def _named(raw: Mapping[str, Any]) -> str | None:
+    """`id@revision` of a source that does not validate, when both read as what they must be."""
+    ident, revision = raw.get("id"), raw.get("revision")
+    return f"{ident}@{revision}" if isinstance(ident, str) and type(revision) is int else None
+
+
 def load_source(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(a name for messages, the raw definition dict) from a path, a YAML/JSON text or a dict."""
     if isinstance(source, Mapping):
@@ -142,7 +149,7 @@ def load_source(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
     try:
         return name, read_source(path if is_path else str(source))
     except DefinitionError as e:
-        raise InvalidDefinition(name, _describe(e)) from None
+        raise InvalidDefinition(name, _describe(e), e.errors) from None
 
 
 class DefinitionRegistry:
