@@ -44,9 +44,13 @@ def _when(ms: int) -> str:
 def _files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
-        files += (
+        found = (
             sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml", ".json")) if p.is_dir() else [p]
         )
+        if not found:  # else nothing is checked and the command says nothing, exit 0
+            typer.echo(f"✗ {p}: no definition files (*.yaml, *.yml, *.json) in this folder", err=True)
+            raise typer.Exit(EXIT_FAILED)
+        files += found
     return files
 
 

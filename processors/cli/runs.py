@@ -393,6 +393,8 @@ def _board_table(board: StepBoard) -> Group:
             Text(row.detail),
         )
     notes = Text("\n".join(board.notes[-6:]), style="dim")
+    if board.status == "succeeded":  # what the run gave, as `runs get` shows it
+        return Group(head, table, notes, Text(f"output: {dumps(board.output)}"))
     return Group(head, table, notes)
 
 
