@@ -8,6 +8,7 @@ cycle, nested budgets within the root's) belong to `catalog.pin_bundle`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from pathlib import Path
@@ -432,6 +433,25 @@ def _check_schemas(defn: Definition, issues: list[Issue]) -> None:
             )
 
 
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in `value` (depth already bounded), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path or "(top level)")
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(
+            item, f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+        )
+        if found is not None:
+            return found
+    return None
+
+
 def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | None = None) -> Definition:
     """Parse and fully validate a definition from a dict, YAML/JSON text (`str`), or a file
     (`Path` — the only I/O here). Raises `DefinitionError` listing every error; warnings
@@ -448,6 +468,9 @@ def load_definition(source: str | Path | dict[str, Any], ceilings: Ceilings | No
         raise DefinitionError(
             [Issue("", f"is not JSON the processor can store ({e})", rule="not_json")]
         ) from e
+    bad = _non_finite(raw, "")
+    if bad is not None:  # YAML's .nan / .inf: orjson would write null, a value nobody wrote
+        raise DefinitionError([Issue(bad, "NaN and infinity have no JSON form", rule="not_json")])
     definition = parse_definition(raw)
     errors = [issue for issue in validate_definition(definition, ceilings) if issue.severity == "error"]
     state_bytes, state_limit = len(orjson.dumps(definition.state)), (ceilings or Ceilings()).max_state_bytes

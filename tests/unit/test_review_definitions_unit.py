@@ -167,3 +167,15 @@ def test_a_file_level_error_is_said_once_with_its_own_rule(tmp_path: Path, text:
     assert line.count("(top level)") <= 1 and line.endswith(f"[{rule}]"), line
     [error] = orjson.loads(validate(str(f), "--json").stdout)["errors"]
     assert error["rule"] == rule and "[" not in error["message"], error
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_nan_and_infinity_in_a_yaml_definition_are_refused_with_their_path(
+    tmp_path: Path, value: str
+) -> None:
+    """docs/definitions.md: an error names the path and the rule. YAML's `.nan` / `.inf` have no
+    JSON form: orjson wrote them as null, so `state.x` silently became null."""
+    f = tmp_path / "nan.yaml"
+    f.write_text(HEAD + f"state: {{x: {value}}}\nnodes: {{a: {{kind: action, action: do}}}}\n")
+    line = one_error(validate(str(f)))
+    assert "state.x: NaN and infinity have no JSON form [not_json]" in line, line
