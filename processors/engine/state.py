@@ -49,7 +49,7 @@ def state_digest(state: RunState) -> str:
 
 
 def run_status(state: RunState) -> str:
-    """queued|running|waiting|paused|succeeded|failed|cancelled. `waiting` is derived: the
+    """queued|running|waiting|cancelling|paused|succeeded|failed|cancelled. `waiting` is derived: the
     run is running but every open step of its superstep is a wait node waiting for a signal."""
     status: str = state["status"]
     if status != "running" or not state["waits"]:
