@@ -24,8 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from processors.client.definitions import load_source
-from processors.client.errors import CommandRejected
-from processors.engine import Catalog, Ceilings, Definition, EngineContext, decide, effects, run_status
+from processors.client.errors import CommandRejected, InvalidDefinition
+from processors.engine import (
+    Catalog,
+    Ceilings,
+    Definition,
+    DefinitionError,
+    EngineContext,
+    decide,
+    effects,
+    run_status,
+)
+from processors.engine.errors import Issue
+from processors.engine.registration import registration_issues
 from processors.engine.vocabulary import TERMINAL_EVENTS, TERMINAL_STATUSES, start_run_body
 from processors.executors.child_executor import (
     cancel_command,
@@ -58,9 +69,22 @@ def definition_sources(
     for source in paths:
         if isinstance(source, str | Path) and Path(source).is_dir():
             out.extend(sorted(p for p in Path(source).iterdir() if p.suffix in (".yaml", ".yml", ".json")))
+        elif _names_no_file(source):
+            raise DefinitionError([Issue(str(source), "no such file or folder", rule="io")])
         else:
             out.append(source)
     return out
+
+
+def _names_no_file(source: str | Path | Mapping[str, Any]) -> bool:
+    """A path (not a definition's own text) where there is nothing to read."""
+    if isinstance(source, Mapping):
+        return False
+    text = str(source)
+    looks_like_path = isinstance(source, Path) or (
+        len(text) < 4096 and "\n" not in text and not text.lstrip().startswith("{")
+    )
+    return looks_like_path and not Path(text).exists()
 
 
 class WorkflowEnvironment:
@@ -117,9 +141,21 @@ class WorkflowEnvironment:
         self.close()
 
     def register(self, source: str | Path | Mapping[str, Any]) -> Definition:
-        """Validate and add one definition (raises `DefinitionError` with path and rule)."""
-        _, raw = load_source(source)
-        return self.catalog.register(raw)
+        """Validate and add one definition as `runfold defs register` does: on its own, then
+        `registration_issues` against the definitions given so far (the served queues are
+        checked when a run starts, as the processor does). Raises `DefinitionError` with path
+        and rule."""
+        try:
+            _, raw = load_source(source)
+        except InvalidDefinition as e:  # an unreadable or unparsable file: its own findings
+            error = DefinitionError(e.issues or [Issue("", e.detail, rule="syntax")])
+            error.add_note(f"in {e.source}")
+            raise error from None
+        definition = self.catalog.register(raw)
+        errors = [i for i in registration_issues(definition, self.catalog, None) if i.severity == "error"]
+        if errors:
+            raise DefinitionError(errors)
+        return definition
 
     # ---- commands ----------------------------------------------------------------------------
     def start(
@@ -135,6 +171,7 @@ class WorkflowEnvironment:
         """Start a run and process until nothing is left to do at the current time (no time is
         skipped). Raises `CommandRejected` when the engine rejects the start, as the client does."""
         run_id = run_id or f"test-{len(self.events) + 1}"
+        self.inputs = 0  # `max_inputs` counts the inputs of one run, not of the whole environment
         self.command(run_id, dict(start_run_body(definition_id, input, revision, labels, budgets)))
         return TestRun(self, run_id)
 
@@ -189,6 +226,8 @@ class WorkflowEnvironment:
 
     def advance(self, ms: int) -> None:
         """Let `ms` of virtual time pass: the timers due within fire in due order."""
+        if ms < 0:
+            raise ValueError(f"advance({ms}): virtual time cannot go backwards")
         self.advance_to(self.now_ms + ms)
 
     def advance_to(self, t_ms: int) -> None:
@@ -335,24 +374,31 @@ class TestRun:
         it to test that). `signals` are sent one by one, each when the run waits for a signal,
         before its wait's timeout is skipped to."""
         pending = deque(signals.items() if isinstance(signals, Mapping) else signals)
+        self.env.inputs = 0
         while True:
             self.env.drain()
             status = self.status
             if status in TERMINAL_STATUSES or status in ("paused", "rejected"):
                 break
-            if status == "waiting":
-                if pending:
-                    self.signal(*pending.popleft())
-                    continue
-                if not self._timed_wait():  # it would wait for good: only its wall time would end it
-                    break
+            if status == "waiting" and pending:
+                self.signal(*pending.popleft())
+                continue
+            if not self._timed_wait():  # it would wait for good: only a wall time would end it
+                break
             if not self.env.fire_next():
                 break
         return self.result()
 
     def _timed_wait(self) -> bool:
-        """Whether a timer of this run other than its wall-time budget is armed."""
+        """Whether a timer other than a wall-time budget is armed for this run or a run it
+        started (at any depth): nothing else can move it on."""
+        tree, todo = set(), [self.run_id]
+        while todo:
+            run_id = todo.pop()
+            if run_id not in tree:
+                tree.add(run_id)
+                todo.extend(self.env.children.get(run_id, []))
         return any(
-            run_id == self.run_id and body["timer_kind"] != "wall_time"
+            run_id in tree and body["timer_kind"] != "wall_time"
             for (run_id, _), body in self.env.timers.items()
         )

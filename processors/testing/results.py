@@ -82,7 +82,9 @@ class RunResult:
         prefix = f"{self.run_id}/{instance_key(node, lineage)}"
         found = [r for cid, r in self.children.items() if cid == prefix or cid.startswith(prefix + "#")]
         if not found:
-            raise AssertionError(f"node {node!r} started no child run; children: {sorted(self.children)}")
+            raise AssertionError(
+                f"node {node!r} started no child run; children: {sorted(self.children)}; {self._story()}"
+            )
         return found[-1]
 
     # ---- assertions --------------------------------------------------------------------------
@@ -98,7 +100,9 @@ class RunResult:
         self.assert_status("failed")
         failure = self.failure or {}
         if code is not None and failure.get("code") != code:
-            raise AssertionError(f"run {self.run_id} failed with {failure}, expected code {code}")
+            raise AssertionError(
+                f"run {self.run_id} failed with {failure}, expected code {code}; {self._story()}"
+            )
         return self
 
     def assert_step_succeeded(self, node: str, lineage: str = "") -> dict[str, Any]:
@@ -109,7 +113,9 @@ class RunResult:
         step = self._assert_step(node, lineage, "failed")
         failure = step.get("failure") or {}
         if code is not None and failure.get("code") != code:
-            raise AssertionError(f"node {node!r} failed with {failure}, expected code {code}")
+            raise AssertionError(
+                f"node {node!r} failed with {failure}, expected code {code}; {self._story()}"
+            )
         return step
 
     def assert_step_skipped(self, node: str, lineage: str = "") -> dict[str, Any]:
