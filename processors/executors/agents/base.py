@@ -86,6 +86,12 @@ def cost_micros(
     return math.ceil((prompt_tokens * price[0] + completion_tokens * price[1]) / 1000)
 
 
+def priced_model(prices: dict[str, tuple[int, int]], *models: Any) -> str:
+    """The first of `models` the price table names (the model the server reports, then the one
+    asked for: a server may answer "gpt-4o" as "gpt-4o-2024-08-06"), else "*"."""
+    return next((m for m in models if isinstance(m, str) and m in prices), "*")
+
+
 def json_text(value: Any) -> str:
     """`value` as a string: itself when it is one, else compact JSON with sorted keys."""
     return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

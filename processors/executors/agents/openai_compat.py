@@ -21,6 +21,7 @@ from processors.executors.agents.base import (
     Message,
     ToolCall,
     cost_micros,
+    priced_model,
 )
 from processors.executors.agents.http_json import malformed, post_json, timeout_for
 
@@ -142,7 +143,7 @@ class OpenAICompatProvider:
             completion_tokens = int(raw_usage.get("completion_tokens") or 0)
         except (KeyError, IndexError, TypeError, AttributeError, ValueError):
             raise malformed(httpx.URL(url).host) from None
-        model = str(data.get("model") or self.model or request.model)
+        model = priced_model(self.prices, data.get("model"), self.model, request.model)
         usage = AgentUsage(
             prompt_tokens,
             completion_tokens,
