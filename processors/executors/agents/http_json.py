@@ -47,4 +47,5 @@ async def post_json(
 
 def timeout_for(default_s: float, request_timeout_s: float | None) -> float:
     """The provider's own timeout, shortened to what is left of the activation's deadline."""
-    return min(default_s, request_timeout_s) if request_timeout_s else default_s
+    # `is not None`: 0.0 (no time left) is a deadline, not the absence of one
+    return min(default_s, request_timeout_s) if request_timeout_s is not None else default_s
