@@ -57,7 +57,8 @@ def _port_from_env(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None:
         return default
-    if not raw.strip().isdigit() or not 0 < int(raw) < 65_536:
+    # isdecimal, not isdigit: "²" is a digit int() refuses
+    if not raw.strip().isdecimal() or not 0 < int(raw) < 65_536:
         raise LocalKafkaError(f"{name}={raw!r} is not a port number (1-65535)")
     return int(raw)
 

@@ -10,6 +10,7 @@ import typer
 from processors.cli.common import EXIT_FAILED, console, fail
 from processors.dev.session import DevError, DevOptions, run_dev
 from processors.service_logs import log_format as checked_log_format
+from topology.settings import log_level_name
 
 
 def dev(
@@ -45,6 +46,10 @@ def dev(
         fmt = checked_log_format(log_format)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--log-format") from None
+    try:  # before anything starts: each service would refuse it only once running
+        log_level = log_level_name(log_level)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--log-level") from None
     options = DevOptions(
         definitions=definitions,
         modules=list(module),

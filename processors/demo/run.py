@@ -106,7 +106,10 @@ def _free_port() -> int:
 
 def ensure_broker(console: Console, keep_broker: bool) -> tuple[str, Any]:
     """Start (or find) the broker. Returns its bootstrap servers and a stop callback (or None)."""
-    choice = broker.choose_broker()
+    try:
+        choice = broker.choose_broker()
+    except broker.BrokerError as e:  # RUNFOLD_BROKER refused: one line, no traceback
+        raise DemoError(str(e)) from e
     console.print(f"[bold]1. broker[/]  {choice.kind}: {choice.reason}", highlight=False)
     if choice.kind == "local":
         try:
@@ -122,7 +125,10 @@ def ensure_broker(console: Console, keep_broker: bool) -> tuple[str, Any]:
         )
         stop = (lambda: broker.stop_broker(choice, cfg)) if started_here and not keep_broker else None
         return status.bootstrap, stop
-    bootstrap = broker.start_broker(choice)
+    try:
+        bootstrap = broker.start_broker(choice)
+    except broker.BrokerError as e:  # no broker answering at KAFKA_BOOTSTRAP_SERVERS, Docker's not up
+        raise DemoError(str(e)) from e
     console.print(f"   {bootstrap} answers", highlight=False)
     return bootstrap, None
 

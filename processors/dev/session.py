@@ -36,7 +36,7 @@ from processors.dev.services import Service, say
 from processors.dev.watch import FileWatch, definition_files
 from processors.engine import Catalog
 from processors.engine.definition import DEFAULT_QUEUES
-from topology.admin import create_topology
+from topology.admin import TopologyError, create_topology
 from topology.settings import KafkaSettings, load_settings
 
 EXIT_OK, EXIT_SERVICE_ENDED = 0, 1
@@ -73,10 +73,11 @@ def _bootstrap(console: Console) -> str:
     # The demo's broker path (kept running), imported only when no broker is configured: it
     # brings the local broker launcher, which every other `runfold` command would load for nothing.
     from processors.demo.run import DemoError, ensure_broker
+    from topology.broker import BrokerError
 
     try:
         bootstrap, _ = ensure_broker(console, keep_broker=True)
-    except DemoError as e:
+    except (DemoError, BrokerError) as e:  # BrokerError: RUNFOLD_BROKER refused, Docker's broker not up
         raise DevError(str(e)) from None
     return bootstrap
 
@@ -147,7 +148,10 @@ def run_dev(opts: DevOptions, console: Console) -> int:
         if opts.topic_prefix:
             overrides["topic_prefix"] = opts.topic_prefix
         settings = load_settings(**overrides)
-        report = create_topology(settings)
+        try:
+            report = create_topology(settings)
+        except TopologyError as e:  # no cluster answering, a topic refused: one line, no traceback
+            raise DevError(f"the topics of {settings.topic_prefix!r} could not be created: {e}") from None
         say(
             ME,
             f"broker {bootstrap}, prefix {settings.topic_prefix!r}: {len(report.created)} topics created, "
