@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import os
 import threading
@@ -34,6 +35,16 @@ from aiohttp import web, web_protocol
 
 log = logging.getLogger("runfold.http")
 JSON = "application/json"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host (a name or an address, no port) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class CannotServe(Exception):

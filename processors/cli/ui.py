@@ -8,7 +8,6 @@ is waited out by the ingest."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ import uvicorn
 
 from processors.cli.common import BootstrapOpt, PrefixOpt, err_console, fail, settings_for
 from processors.cli.index import ConnectTimeoutOpt, DbOpt
-from processors.http_endpoint import CannotServe
+from processors.http_endpoint import CannotServe, is_loopback
 from processors.index.ingest import Indexer, IngestCannotStart
 from processors.index.settings import index_path, open_index
 from processors.index.store import IndexError_, describe, is_dsn
@@ -42,15 +41,6 @@ def ui_token() -> str | None:
         except (OSError, IndexError) as e:
             raise ValueError(f"RUNFOLD_UI_TOKEN_FILE {path}: cannot read a token ({e})") from None
     return token or None
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def ui(
@@ -76,7 +66,7 @@ def ui(
         token = ui_token()
     except ValueError as e:
         raise fail(False, str(e), ExitCode.CONFIG) from None
-    if not _loopback(host) and token is None:
+    if not is_loopback(host) and token is None:
         raise fail(
             False,
             f"refusing to listen on {host} without a token: set RUNFOLD_UI_TOKEN or RUNFOLD_UI_TOKEN_FILE",

@@ -29,7 +29,6 @@ listen beyond loopback without one.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import stat
@@ -43,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 
 from processors.engine import run_status
 from processors.engine.ids import control_character
-from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, error_body
+from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, error_body, is_loopback
 from processors.kafka.partitioning import partition_for
 from processors.kafka.watchdog import Watchdog
 from processors.runtime.assignment import Partitions
@@ -73,15 +72,6 @@ _PARAMS = {"run": frozenset({"view"}), "events": frozenset({"since", "limit"})}
 
 class BadRequest(ValueError):
     """A request this endpoint cannot answer as asked: 400 with this message."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def load_token(settings: Any) -> bytes | None:

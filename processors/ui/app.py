@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from processors.client import RunClient, RunfoldError
 from processors.engine.vocabulary import RUN_STATUSES
+from processors.http_endpoint import is_loopback
 from processors.index.settings import open_reader, parse_time
 from processors.index.store import CursorError, IndexError_, RunFilter, SQLiteIndex
 from processors.ui.graph import definition_of_bundle, graph
@@ -447,12 +447,7 @@ def _loopback_name(host_header: str) -> bool:
     host = host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
     if host.startswith("["):
         host = host[1 : host.find("]")]
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host.endswith(".localhost") or is_loopback(host)
 
 
 def _guard(config: UiConfig, app: Any) -> Callable[..., Awaitable[None]]:
