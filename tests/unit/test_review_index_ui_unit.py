@@ -5,8 +5,11 @@ Starlette's TestClient. Each test quotes the promise it checks."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import uvicorn
 from starlette.testclient import TestClient
@@ -379,3 +383,29 @@ def test_the_token_guards_every_path_but_health(tmp_path: Path) -> None:
     cookie = first.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
     assert token not in ui.get("/", headers={"Authorization": f"Bearer {token}"}).text
+
+
+def test_runs_list_refuses_more_than_32_label_filters_in_one_line(tmp_path: Path) -> None:
+    """docs/index.md: `runs list` with `RUNFOLD_INDEX_DB` takes `--label key=value` (repeatable,
+    at most 32): a 33rd is a usage error (exit 2), one line, or one JSON object with --json."""
+    db = _index(tmp_path / "i.sqlite", [_run("r1", 1000, {f"k{i}": "1" for i in range(32)})])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNFOLD_", "KAFKA_"))}
+    env |= {"RUNFOLD_INDEX_DB": str(db), "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    runfold = [sys.executable, "-m", "processors.cli", "runs", "list"]
+
+    def labels(n: int) -> list[str]:
+        return [arg for i in range(n) for arg in ("--label", f"k{i}=1")]
+
+    done = subprocess.run(
+        [*runfold, *labels(32), "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0 and orjson.loads(done.stdout.splitlines()[0])["run_id"] == "r1", done.stderr
+    done = subprocess.run(
+        [*runfold, *labels(33), "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2 and orjson.loads(done.stdout) == {
+        "ok": False,
+        "error": "33 label filters: at most 32",
+    }
+    done = subprocess.run([*runfold, *labels(33)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "error: 33 label filters: at most 32", done.stderr
