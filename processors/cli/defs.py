@@ -163,7 +163,14 @@ def register(
                 }
             except (InvalidDefinition, DefinitionConflict) as e:
                 failed += 1
-                row = {"file": str(f), "ok": False, "error": str(e), "error_type": type(e).__name__}
+                named = e.definition if isinstance(e, InvalidDefinition) else None
+                row = {
+                    "file": str(f),
+                    "ok": False,
+                    "definition": named,
+                    "error": str(e),
+                    "error_type": type(e).__name__,
+                }
                 issues = e.issues if isinstance(e, InvalidDefinition) else []
             rows.append(row)
             if as_json:
@@ -181,7 +188,7 @@ def register(
                     )
             elif issues:  # one line per problem, never wrapped
                 for issue in issues:
-                    typer.echo(f"✗ {f}: error: {describe_issue(issue)}", err=True)
+                    typer.echo(f"✗ {f}: {named or '?'}: error: {describe_issue(issue)}", err=True)
             else:
                 typer.echo(f"✗ {row['error']}", err=True)
     if failed:

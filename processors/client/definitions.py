@@ -226,7 +226,7 @@ class DefinitionRegistry:
         try:
             Catalog().register(raw)  # on its own first: a bad file needs no broker
         except DefinitionError as e:
-            raise InvalidDefinition(name, _describe(e), e.errors) from None
+            raise InvalidDefinition(name, _describe(e), e.errors, _named(raw)) from None
         self.all(refresh=True)
         registered = self.catalog()
         queues = frozenset(self._client.settings.activation_queues)
@@ -241,7 +241,8 @@ class DefinitionRegistry:
                 f"{max(self._records.get(key, {0: None})) + 1} instead"
             )
         if check.errors or defn is None:
-            raise InvalidDefinition(name, "; ".join(describe_issue(i) for i in check.errors), check.errors)
+            detail = "; ".join(describe_issue(i) for i in check.errors)
+            raise InvalidDefinition(name, detail, check.errors, check.key)
         digest = content_hash(defn)
         existing = self.all(refresh=False).get(defn.id, {}).get(defn.revision)
         if existing is not None:

@@ -46,10 +46,13 @@ class UnknownDefinition(RunfoldError):
 class InvalidDefinition(RunfoldError):
     """A definition file or dict failed validation; the message names the source, path and rule."""
 
-    def __init__(self, source: str, detail: str, issues: list[Issue] | None = None) -> None:
+    def __init__(
+        self, source: str, detail: str, issues: list[Issue] | None = None, definition: str | None = None
+    ) -> None:
         self.source = source
         self.detail = detail
         self.issues = list(issues or [])  # each finding (path, message, rule), when known
+        self.definition = definition  # id@revision as the source gives them, when it does
         super().__init__(f"{source}: {detail}")
 
 

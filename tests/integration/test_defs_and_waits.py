@@ -88,9 +88,22 @@ def test_register_refuses_a_queue_the_topology_does_not_serve(cli: Cli, tmp_path
     )
     out = cli("defs", "register", str(f), code=1)
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"✗ {f}: error: nodes.s.queue: unknown queue 'tools'")
+    assert line.startswith(f"✗ {f}: tools@1: error: nodes.s.queue: unknown queue 'tools'")
     assert "RUNFOLD_ACTIVATION_QUEUES=agents,default,tools" in line and line.endswith("[unknown_queue]")
     assert cli.json("defs", "show", "tools", code=4)["error_type"] == "UnknownDefinition"
+    refused = cli.json("defs", "register", str(f), code=1)
+    assert refused["definition"] == "tools@1" and refused["ok"] is False, refused
+    # a file that fails on its own (before the registry is read) is named the same way; one
+    # that names no readable id@revision gets "?"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "schema: runfold.workflow/v1\nid: shop\nrevision: 2\nentry: [a]\nnodes: {a: {kind: nope}}\n"
+    )
+    (line,) = cli("defs", "register", str(bad), code=1).stderr.strip().splitlines()
+    assert line.startswith(f"✗ {bad}: shop@2: error: nodes.a"), line
+    bad.write_text("schema: runfold.workflow/v1\nid: 7\nentry: [a]\nnodes: {a: {kind: action, action: x}}\n")
+    lines = cli("defs", "register", str(bad), code=1).stderr.strip().splitlines()
+    assert lines and all(x.startswith(f"✗ {bad}: ?: error: ") for x in lines), lines
     # the same file, once the topology serves the queue: the check reads RUNFOLD_ACTIVATION_QUEUES
     assert cli.json("defs", "register", str(f), env={"RUNFOLD_ACTIVATION_QUEUES": "default,agents,tools"})[
         "ok"
