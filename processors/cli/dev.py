@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from processors.cli.common import EXIT_FAILED, console, fail
-from processors.dev.session import DevError, DevOptions, run_dev
+from processors.cli.common import EXIT_BROKER, EXIT_FAILED, console, fail
+from processors.dev.session import DevBrokerUnavailable, DevError, DevOptions, run_dev
 from processors.service_logs import log_format as checked_log_format
 from topology.settings import log_level_name
 
@@ -38,7 +38,7 @@ def dev(
 ) -> None:
     """Develop your own workflows with one command: the broker (started if none runs, and left running), the topics, your definitions registered, then the processor, a worker for your modules and the child executor in this terminal, in one log format.
 
-    Every queue your definitions name is created and served. A change to a module's files restarts the worker; a change in the folder registers the changed definitions (new content needs a new revision). Ctrl-C stops every process it started and exits 0; exit 1 if the processor or the child executor ended by itself.
+    Every queue your definitions name is created and served. A change to a module's files restarts the worker; a change in the folder registers the changed definitions (new content needs a new revision). Ctrl-C stops every process it started and exits 0; exit 1 if the processor or the child executor ended by itself (or the session could not start), 3 if no broker answers at KAFKA_BOOTSTRAP_SERVERS.
 
     Example: `runfold dev definitions/ --module myapp.actions`
     """
@@ -62,5 +62,6 @@ def dev(
     try:
         code = run_dev(options, console)
     except DevError as e:
-        raise fail(False, f"runfold dev: {e}", EXIT_FAILED) from None
+        code = EXIT_BROKER if isinstance(e, DevBrokerUnavailable) else EXIT_FAILED
+        raise fail(False, f"runfold dev: {e}", code) from None
     raise typer.Exit(code)

@@ -36,7 +36,7 @@ from processors.dev.services import Service, say
 from processors.dev.watch import FileWatch, definition_files
 from processors.engine import Catalog
 from processors.engine.definition import DEFAULT_QUEUES
-from topology.admin import TopologyError, create_topology
+from topology.admin import ClusterUnreachable, TopologyError, create_topology
 from topology.settings import KafkaSettings, load_settings
 
 EXIT_OK, EXIT_SERVICE_ENDED = 0, 1
@@ -45,6 +45,11 @@ ME = "dev"
 
 class DevError(RuntimeError):
     """The session could not start; the message says why."""
+
+
+class DevBrokerUnavailable(DevError):
+    """No broker answered at the configured bootstrap servers: `runfold dev` exits 3, as the
+    one-shot commands do (a local broker that could not be started is exit 1: its message says why)."""
 
 
 @dataclass
@@ -151,7 +156,8 @@ def run_dev(opts: DevOptions, console: Console) -> int:
         try:
             report = create_topology(settings)
         except TopologyError as e:  # no cluster answering, a topic refused: one line, no traceback
-            raise DevError(f"the topics of {settings.topic_prefix!r} could not be created: {e}") from None
+            why = DevBrokerUnavailable if isinstance(e, ClusterUnreachable) else DevError
+            raise why(f"the topics of {settings.topic_prefix!r} could not be created: {e}") from None
         say(
             ME,
             f"broker {bootstrap}, prefix {settings.topic_prefix!r}: {len(report.created)} topics created, "
