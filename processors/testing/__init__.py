@@ -9,8 +9,8 @@ def test_greets() -> None:
         assert result.output == {"hi": "Ada"}
 """
 
-from processors.testing.environment import Stuck, TestRun, WorkflowEnvironment
+from processors.testing.environment import SignalsNotSent, Stuck, TestRun, WorkflowEnvironment
 from processors.testing.results import RunResult
 from processors.testing.workers import NO_ANSWER
 
-__all__ = ["NO_ANSWER", "RunResult", "Stuck", "TestRun", "WorkflowEnvironment"]
+__all__ = ["NO_ANSWER", "RunResult", "SignalsNotSent", "Stuck", "TestRun", "WorkflowEnvironment"]

@@ -61,6 +61,20 @@ class Stuck(AssertionError):
     """The environment folded `max_inputs` inputs without the run settling."""
 
 
+class SignalsNotSent(AssertionError):
+    """`settle(signals)` / `run(signals=...)` ended with signals never sent: the run settled
+    without waiting for them (a test that believes it exercised them would pass untested)."""
+
+    def __init__(self, result: RunResult, names: list[str]) -> None:
+        self.result = result
+        self.names = names
+        super().__init__(
+            f"run {result.run_id} settled {result.status} and {len(names)} signal(s) were never sent: "
+            f"{', '.join(map(repr, names))} (a signal is sent only while the run waits for one; "
+            f"use start() and signal() to send one at another time); {result._story()}"
+        )
+
+
 def definition_sources(
     paths: Iterable[str | Path | Mapping[str, Any]],
 ) -> list[str | Path | Mapping[str, Any]]:
@@ -387,7 +401,10 @@ class TestRun:
                 break
             if not self.env.fire_next():
                 break
-        return self.result()
+        result = self.result()
+        if pending:
+            raise SignalsNotSent(result, [name for name, _ in pending])
+        return result
 
     def _timed_wait(self) -> bool:
         """Whether a timer other than a wall-time budget is armed for this run or a run it
