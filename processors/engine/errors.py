@@ -7,6 +7,7 @@ Every error says what was wrong and where; none of them carries a user value
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal
@@ -108,6 +109,10 @@ def schema_error(error: Any) -> str:
 # The frames a schema check may use, counted from where it starts: Python's default limit, so
 # that while a check runs the interpreter's limit only ever rises above the default.
 SCHEMA_CHECK_FRAMES = 1_000
+# The recursion limit is the interpreter's, shared by every thread: checks in the worker's
+# threads (an agent's structured output) take turns, so that one never restores a limit another
+# had set for itself.
+_LIMIT_LOCK = threading.Lock()
 
 
 def schema_problem(validator: Any, value: Any) -> str | None:
@@ -118,17 +123,23 @@ def schema_problem(validator: Any, value: Any) -> str | None:
     can still exhaust the stack. How many frames the caller left differs between callers, and
     between the interpreted and the compiled engine (compiled functions take no frame), so the
     check gets the same budget whoever calls it, and a value that exhausts it fails the check:
-    the same answer everywhere, and never an exception out of `decide`."""
+    the same answer everywhere, and never an exception out of `decide`. The limit is only ever
+    raised for the check, never lowered: other threads may be recursing under a limit their
+    code raised (the budget is then that limit's, more than the default's; the processor keeps
+    the default)."""
     depth = 0
     frame: FrameType | None = sys._getframe()
     while frame is not None:  # the Python frames under this one: what the recursion limit counts
         depth, frame = depth + 1, frame.f_back
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(depth + SCHEMA_CHECK_FRAMES)
-    try:
-        error = next(iter(validator.iter_errors(value)), None)
-    except RecursionError:
-        return f"cannot be checked: the schema's checks nest past {SCHEMA_CHECK_FRAMES} frames on this value"
-    finally:
-        sys.setrecursionlimit(limit)
+    with _LIMIT_LOCK:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, depth + SCHEMA_CHECK_FRAMES))
+        try:
+            error = next(iter(validator.iter_errors(value)), None)
+        except RecursionError:
+            return (
+                f"cannot be checked: the schema's checks nest past {SCHEMA_CHECK_FRAMES} frames on this value"
+            )
+        finally:
+            sys.setrecursionlimit(limit)
     return None if error is None else schema_error(error)
