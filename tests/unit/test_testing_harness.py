@@ -13,7 +13,7 @@ import pytest
 from processors.client.errors import CommandRejected
 from processors.engine import DefinitionError, dump_state, evolve
 from processors.executors import ActionContext, NonRetryableError, RetryableError
-from processors.testing import NO_ANSWER, RunResult, Stuck, WorkflowEnvironment
+from processors.testing import NO_ANSWER, RunResult, SignalsNotSent, Stuck, WorkflowEnvironment
 from processors.testing.environment import DEFAULT_START_MS
 
 
@@ -59,8 +59,9 @@ def test_a_two_minute_wait_timeout_fires_in_milliseconds() -> None:
     assert replayed(result) == dump_state(result.record)
 
 
-def test_a_signal_before_the_timeout_wins_and_settle_stops_at_a_wait_without_timeout() -> None:
-    definition = wf(
+def approval_wait() -> dict[str, Any]:
+    """One wait for `approval` without a timeout; the signal's `ok` is the output."""
+    return wf(
         {
             "review": {
                 "kind": "wait",
@@ -71,7 +72,10 @@ def test_a_signal_before_the_timeout_wins_and_settle_stops_at_a_wait_without_tim
         state={"ok": None},
         output={"from": "state", "pointer": "/ok"},
     )
-    with WorkflowEnvironment(definition) as env:
+
+
+def test_a_signal_before_the_timeout_wins_and_settle_stops_at_a_wait_without_timeout() -> None:
+    with WorkflowEnvironment(approval_wait()) as env:
         handle = env.start("wf")
         waiting = handle.settle()  # no timeout on the wait: it stops there, no week skipped
         assert waiting.status == "waiting" and waiting.now_ms == DEFAULT_START_MS
@@ -86,6 +90,22 @@ def test_a_signal_before_the_timeout_wins_and_settle_stops_at_a_wait_without_tim
         # signals given to run() are sent when the run waits
         again = env.run("wf", signals=[("approval", {"ok": False})])
         assert again.output is False
+
+
+def test_signals_the_run_never_waited_for_fail_the_settle_naming_them() -> None:
+    """docs/testing.md, "Running": `signals` "are sent one by one, each when the run is waiting
+    for a signal". One the run never waits for is not sent; before, `run()` returned as if it had
+    been, so a test of a signal path passed without the signal ever reaching the engine."""
+    with WorkflowEnvironment(approval_wait()) as env:
+        with pytest.raises(SignalsNotSent) as unsent:
+            env.run("wf", signals=[("approval", {"ok": True}), ("late", 1), ("later", 2)])
+        assert unsent.value.names == ["late", "later"]
+        assert unsent.value.result.status == "succeeded" and unsent.value.result.output is True
+        message = str(unsent.value)
+        assert "'late', 'later'" in message and "succeeded" in message and "SignalReceived" in message
+        # every signal used: no error; none given: no error
+        assert env.run("wf", signals={"approval": {"ok": False}}).output is False
+        assert env.run("wf").status == "waiting"
 
 
 def test_a_flaky_action_retries_through_its_backoffs_in_virtual_time() -> None:
