@@ -4,14 +4,21 @@ const fs = require('fs');
 const path = require('path');
 const avro = require('avsc');
 // json fields carry 64-bit integers: JSON.parse would round those above 2^53, json-bigint does not.
-const JSONbig = require('json-bigint')({useNativeBigInt: true});
+// Its objects have no prototype, so keys such as "constructor" and "__proto__" are plain data:
+// keep them (its default throws on them, and one run's output would stop the consumer).
+const JSONbig = require('json-bigint')({useNativeBigInt: true, protoAction: 'preserve',
+                                         constructorAction: 'preserve'});
 
 // avsc ignores unknown logical types; this one turns runfold's `json` strings into values and back.
-// JSON null is not written as text: in an optional json field (["null", json]) it goes to the
-// null branch, which runfold reads as null too (absent and JSON null are one for ?json fields).
+// JSON null is the text "null" in a json field (SignalRun.payload, StartRun.input); in an optional
+// one (["null", json]) it takes the null branch instead, which runfold reads as null too (absent
+// and JSON null are one for ?json fields): _check refuses null so the union never sees two branches.
 class JsonType extends avro.types.LogicalType {
   _fromValue(text) { return JSONbig.parse(text); }
-  _toValue(value) { return value === undefined || value === null ? undefined : JSONbig.stringify(value); }
+  _toValue(value) { return value === undefined ? undefined : JSONbig.stringify(value); }
+  _check(value, flags, hook, path) {
+    return value !== null && value !== undefined && super._check(value, flags, hook, path);
+  }
   _resolve(type) {
     if (avro.Type.isType(type, 'string', 'logical:json')) {
       return this._fromValue;

@@ -145,14 +145,15 @@ def parse_json_arg(text: str | None, what: str) -> Any:
     """A JSON value from the command line; `@file.json` reads a file."""
     if text is None:
         return None
+    data: str | bytes = text
     if text.startswith("@"):
         try:
             with open(text[1:], "rb") as f:
-                text = f.read().decode()
+                data = f.read()  # orjson refuses bytes that are not UTF-8 as JSON, in one line
         except OSError as e:
             raise typer.BadParameter(f"{what}: cannot read {text[1:]}: {e.strerror}") from None
     try:
-        return orjson.loads(text)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise typer.BadParameter(f"{what} is not valid JSON: {e}") from None
 

@@ -135,7 +135,7 @@ def start(
             answer_timeout=0 if no_wait else answer_timeout,
         )
         if not wait:
-            _answered(as_json, client.last_answer, "StartRun", rid)
+            _answered(as_json, client.last_answer, "StartRun", rid, client.last_record_id)
             return
         view = client.wait(rid, timeout=timeout)
     if as_json:
@@ -154,12 +154,22 @@ _DONE = {
 }
 
 
-def _answered(as_json: bool, answer: CommandAnswer | None, what: str, run_id: str) -> None:
+def _answered(
+    as_json: bool, answer: CommandAnswer | None, what: str, run_id: str, record_id: str | None
+) -> None:
     """The processor's answer to a command (None: sent with --no-wait, not waited for)."""
     if as_json:
-        echo_json(
-            answer.to_dict() if answer else {"ok": True, "run_id": run_id, "command": what, "answer": "sent"}
-        )
+        sent = {
+            "ok": True,
+            "run_id": run_id,
+            "command": what,
+            "record_id": record_id,
+            "answer": "sent",
+            "event": None,
+            "sequence": None,
+            "detail": "",
+        }
+        echo_json(answer.to_dict() if answer else sent)
     elif answer is None:
         console.print(
             f"{what} sent to [bold]{escape(run_id)}[/] (not waiting for the answer)", highlight=False
@@ -193,7 +203,7 @@ def cancel(
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         answer = client.cancel(run_id, reason, answer_timeout=0 if no_wait else answer_timeout)
-    _answered(as_json, answer, "CancelRun", run_id)
+    _answered(as_json, answer, "CancelRun", run_id, client.last_record_id)
 
 
 @runs_app.command("signal")
@@ -218,7 +228,7 @@ def signal(
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         value = parse_json_arg(payload, "--payload")
         answer = client.signal(run_id, name, value, answer_timeout=0 if no_wait else answer_timeout)
-    _answered(as_json, answer, "SignalRun", run_id)
+    _answered(as_json, answer, "SignalRun", run_id, client.last_record_id)
 
 
 @runs_app.command("resume")
@@ -243,7 +253,7 @@ def resume(
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         budgets = parse_pairs(budget, "--budget", as_int=True) or None
         answer = client.resume(run_id, budgets, reason, answer_timeout=0 if no_wait else answer_timeout)
-    _answered(as_json, answer, "ResumeRun", run_id)
+    _answered(as_json, answer, "ResumeRun", run_id, client.last_record_id)
 
 
 @runs_app.command("get")

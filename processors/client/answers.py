@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -40,6 +41,8 @@ _UNCHANGED = {
     "StartRun": "the run already exists with this definition and input (StartRun is idempotent)",
     "CancelRun": "the run is already cancelled (CancelRun is idempotent)",
 }
+# ResumeRun reasons are cut to this many characters in RunResumed (engine/commands.py)
+_REASON_CHARS = 1000
 # How often the processor group's committed offset is asked for while the events are idle,
 # and how long after it passed the command the events are still read: the transaction's
 # markers reach __consumer_offsets and run-events a few milliseconds apart.
@@ -61,6 +64,10 @@ class Sent:
     events_partition: int
     events_start: int  # end of the run's run-events partition just before the send
     signal: str | None = None
+    # what the command carries that its answering event repeats (answers a concurrent sender's
+    # event from ours): StartRun's definition_id, revision, input; SignalRun's payload;
+    # ResumeRun's reason
+    content: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,13 +96,48 @@ class CommandAnswer:
 
 
 def answers(sent: Sent, ev: dict[str, Any]) -> bool:
-    """Whether a run event (of this run, written after the send) is the answer to `sent`."""
+    """Whether a run event (of this run, written after the send) may be the answer to `sent`:
+    a `RunRejected` of its record id, or the event of its kind (`same_content` tells whether
+    that one repeats what `sent` carries)."""
     kind = ev.get("type")
     if kind == "RunRejected":
         return bool(ev.get("record_id") == rejection_record_id(sent.run_id, sent.record_id))
     if kind != ANSWER_EVENTS[sent.command]:
         return False
     return sent.command != "SignalRun" or ev.get("signal") == sent.signal
+
+
+def _canonical(value: Any) -> bytes | None:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    a, b = _canonical(ours), _canonical(theirs)
+    return a is None or b is None or a == b
+
+
+def same_content(sent: Sent, ev: dict[str, Any]) -> bool:
+    """Whether an answering event carries what `sent` carried. Another service's command for the
+    same run (a StartRun of another input, a signal of another payload) causes an event of the
+    same type that is not the answer to ours: ours may still be rejected (`Conflict`)."""
+    c = sent.content
+    if not c:
+        return True
+    if sent.command == "StartRun":
+        return (
+            ev.get("definition_id") == c.get("definition_id")
+            and (c.get("revision") is None or ev.get("revision") == c.get("revision"))
+            and _same(c.get("input"), ev.get("input"))
+        )
+    if sent.command == "SignalRun":
+        return _same(c.get("payload"), ev.get("payload"))
+    if sent.command == "ResumeRun":
+        reason = c.get("reason")
+        return not isinstance(reason, str) or ev.get("reason") == reason[:_REASON_CHARS]
+    return True
 
 
 class ProcessedOffsets:
@@ -137,6 +179,9 @@ def await_answer(
     next_poll = 0.0
     processed_at: float | None = None
     ever_committed = False
+    # an answering event whose content is not ours: another service's command for this run;
+    # ours is answered by its own RunRejected, or was folded with nothing else (then it is this)
+    other: dict[str, Any] | None = None
     start = {(sent.events_topic, sent.events_partition): sent.events_start}
     for msg in reader.read(start, follow=True, deadline=None):
         now = time.monotonic()
@@ -146,11 +191,22 @@ def await_answer(
             if answers(sent, ev):
                 if ev["type"] == "RunRejected":
                     raise CommandRejected(sent.run_id, sent.command, sent.record_id, ev["code"], ev["reason"])
-                return CommandAnswer(
-                    sent.run_id, sent.command, sent.record_id, "accepted", ev["type"], ev["sequence"]
-                )
+                if same_content(sent, ev):
+                    return CommandAnswer(
+                        sent.run_id, sent.command, sent.record_id, "accepted", ev["type"], ev["sequence"]
+                    )
+                other = other or ev
         if processed_at is not None:
             if now - processed_at >= _MARKER_GRACE_S:
+                if other is not None:  # ours after all (its content read back differently)
+                    return CommandAnswer(
+                        sent.run_id,
+                        sent.command,
+                        sent.record_id,
+                        "accepted",
+                        other["type"],
+                        other["sequence"],
+                    )
                 detail = _UNCHANGED.get(sent.command, "the processor took the command and changed nothing")
                 return CommandAnswer(sent.run_id, sent.command, sent.record_id, "unchanged", detail=detail)
             continue

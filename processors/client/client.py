@@ -89,6 +89,26 @@ def _query_token_from_env() -> str | None:
     return token.strip() if token and token.strip() else None
 
 
+def _check_run_id(run_id: str) -> None:
+    if not run_id or not isinstance(run_id, str):
+        raise InvalidArgument("run_id must be a non-empty string")
+    bad = control_character(run_id)
+    if bad is not None:
+        raise InvalidArgument(f"run_id must be printable text; it contains the control character {bad!r}")
+
+
+def _answer_content(body: CommandBody) -> dict[str, Any]:
+    """What of a command its answering event repeats (answers.same_content)."""
+    b: Any = body
+    if b["type"] == "StartRun":
+        return {"definition_id": b["definition_id"], "revision": b.get("revision"), "input": b.get("input")}
+    if b["type"] == "SignalRun":
+        return {"payload": b.get("payload")}
+    if b["type"] == "ResumeRun":
+        return {"reason": b.get("reason")}
+    return {}
+
+
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
@@ -116,6 +136,7 @@ class RunClient:
         )
         self._offsets: ProcessedOffsets | None = None
         self.last_answer: CommandAnswer | None = None  # the answer to the last command waited for
+        self.last_record_id: str | None = None  # the record id of the last command sent
         self.topics = topic_names(self.settings)
         self.timeout_s = timeout_s
         self.query_url = (query_url or os.environ.get("RUNFOLD_QUERY_URL") or "").rstrip("/") or None
@@ -229,17 +250,14 @@ class RunClient:
         events_start: int | None = None,
     ) -> CommandAnswer | None:
         """Send one command; unless the wait is 0, wait for the processor's answer to it."""
-        if not run_id:
-            raise InvalidArgument("run_id must be a non-empty string")
-        bad = control_character(run_id)
-        if bad is not None:
-            raise InvalidArgument(f"run_id must be printable text; it contains the control character {bad!r}")
+        _check_run_id(run_id)
         wait = self.answer_timeout_s if answer_timeout is None else answer_timeout
         self.last_answer = None
         events_partition = self.partition_of(run_id)
         if wait > 0 and events_start is None:
             events_start = self.reader.end_offset(self.topics.run_events, events_partition)
         record_id = uuid.uuid4().hex
+        self.last_record_id = record_id
         msg = {"run_id": run_id, "record_id": record_id, "ts_ms": int(time.time() * 1000), **body}
         partition, offset = self.produce(self.topics.commands, run_id, self._enc_command(msg))
         if wait <= 0:
@@ -256,6 +274,7 @@ class RunClient:
             events_partition=events_partition,
             events_start=events_start,
             signal=body["signal"] if body["type"] == "SignalRun" else None,
+            content=_answer_content(body),
         )
         if self._offsets is None:
             self._offsets = ProcessedOffsets(self.settings, self.processor_group, self.timeout_s)
@@ -291,8 +310,10 @@ class RunClient:
         `AnswerTimeout` when no answer came within `answer_timeout` seconds (default: the
         client's `answer_timeout_s`; 0 does not wait), `UnknownDefinition` if the definition
         (revision) is not registered, `BrokerUnavailable`, `RunfoldTimeout`."""
+        if run_id is not None:  # refused before anything is read or sent, as every command's
+            _check_run_id(run_id)
         self.definitions.require(definition_id, revision)
-        run_id = run_id or new_run_id()
+        run_id = new_run_id() if run_id is None else run_id
         partition = self.partition_of(run_id)
         # Where this run's events will start (at the latest): lets wait() skip older history.
         self._started_at[run_id] = self.reader.end_offset(self.topics.run_events, partition)
