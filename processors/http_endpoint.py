@@ -10,7 +10,9 @@ their own, with bounds that hold whatever a client does:
   metrics scrape); at most 4 x `threads` requests wait for one, more are answered 503;
 - request lines and headers are bounded (256 KiB a line, 8 KiB a header, 32 headers), only
   GET and HEAD are served, and a request body is ignored;
-- an optional bearer token (compared in constant time) guards every path but `open_paths`.
+- an optional bearer token (compared in constant time) guards every path but `open_paths`;
+- bound to loopback without a token, a request must name a loopback host in its `Host` header
+  (else 403): a page elsewhere re-pointed at 127.0.0.1 (DNS rebinding) sends its own name.
 
 A handler's exception is answered 500 with a fixed message: exception text never reaches
 the client (it is logged by type only).
@@ -45,6 +47,16 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_host(header: str) -> bool:
+    """Whether a Host header (`name[:port]`, `[v6]:port`) names this machine's loopback:
+    `localhost`, a loopback address, or a `*.localhost` name (browsers resolve those to loopback
+    themselves, RFC 6761)."""
+    host = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    if host.startswith("["):
+        host = host[1 : host.find("]")]
+    return host.endswith(".localhost") or is_loopback(host)
 
 
 class CannotServe(Exception):
@@ -117,6 +129,10 @@ class HttpEndpoint:
         self._handler = handler
         self._token = token
         self._open_paths = frozenset(open_paths)
+        # Loopback without a token: only loopback names are answered. A web page elsewhere whose
+        # name was re-pointed at 127.0.0.1 (DNS rebinding) sends its own name as Host; without
+        # this a browser on this machine could read it for that page.
+        self._loopback_names_only = token is None and is_loopback(host)
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._max_waiting = 4 * threads
@@ -189,6 +205,16 @@ class HttpEndpoint:
                 405,
                 error_body("method_not_allowed", "only GET and HEAD are served"),
                 headers={"Allow": "GET, HEAD"},
+            )
+            return await self._send(request, reply)
+        if self._loopback_names_only and not is_loopback_host(request.headers.get("Host", "")):
+            reply = Reply(
+                403,
+                error_body(
+                    "forbidden_host",
+                    "without a token this endpoint answers only loopback host names "
+                    "(localhost, 127.0.0.1, [::1]); set a token to reach it by another name",
+                ),
             )
             return await self._send(request, reply)
         parts = urlsplit(request.raw_path)

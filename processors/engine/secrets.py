@@ -17,10 +17,14 @@ word that makes it a count or a name: `max`, `min`, `count`, `limit`, `used`, `u
 So `api_key`, `apiKey`, `X-Api-Key`, `access_token`, `password` are secret keys, while
 `max_tokens`, `tokens_used`, `token_count`, `secret_name` are not.
 
+A key that is itself a secret-looking value (rule 1: `{"sk-...": 1}`) is flagged too; its
+path names it `<secret-looking key N>` (its position), never its text.
+
 `{"$secret": "<name>"}` is a handle resolved only inside an executor; it is allowed
 anywhere. Nulls, booleans and empty strings under a secret key hold no material and
-pass, and so do references (`{"from": ...}`): what they resolve to is checked where the
-value appears at run time.
+pass, and so do references (`{"from": ..., "pointer": ...}` under a secret key): what they
+resolve to is checked where the value appears at run time. The other keys of an object with
+a `from` key are checked like any object's (in run data `from` is only a key).
 """
 
 from __future__ import annotations
@@ -116,13 +120,19 @@ def _walk(value: Any, path: str, under_secret_key: bool, found: list[str]) -> No
     elif isinstance(value, dict):
         if is_secret_handle(value):
             return
-        if "from" in value:  # a reference: only a literal one carries a value here
-            if value.get("from") == "literal":
-                _walk(value.get("value"), f"{path}.value" if path else "value", under_secret_key, found)
-            return
-        for key, item in value.items():
-            key_text = str(key)
-            _walk(item, f"{path}.{key_text}" if path else key_text, is_secret_key(key_text), found)
+        # A reference's own parts (`from`, `pointer`) carry no material; a literal's `value` is
+        # checked as if it stood where the reference does. Every other key is walked as in any
+        # object: in run data (inputs, payloads, outputs) `from` means nothing, and an object
+        # must not hide `{"from": 1, "password": "..."}` behind it.
+        literal = "from" in value and value.get("from") == "literal"
+        for index, (key, item) in enumerate(value.items()):
+            key_text = shown = str(key)
+            if is_secret_value(key_text):  # material as a key: flagged, and never named in a path
+                shown = f"<secret-looking key {index}>"
+                found.append(f"{path}.{shown}" if path else shown)
+            inherit = literal and key == "value"
+            child = f"{path}.{shown}" if path else shown
+            _walk(item, child, under_secret_key if inherit else is_secret_key(key_text), found)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _walk(item, f"{path}[{index}]", under_secret_key, found)

@@ -68,7 +68,8 @@ class HttpRequestAction:
     address connected to must be public unless allowed (destinations.py, checked at connect
     time). `$secret` handles are resolved in `headers` values, `params` values and the body
     (`json`, `body`) only; `url`, `method` and `timeout_ms` are plain values (`method` one of
-    METHODS), and no error message repeats an input value. A request that carries a secret goes
+    METHODS, no `Host` header: the url names the host), and no error message repeats an input
+    value. A request that carries a secret goes
     only where the secret's policy rule lets it (`hosts`: https unless an entry says http://).
     Redirects are not followed. A response that echoes a secret, in any form the redactor finds,
     is `InvalidOutput`. 5xx, 429, network errors and timeouts are retryable; other 4xx are not."""
@@ -107,6 +108,10 @@ class HttpRequestAction:
         for key in ("headers", "params"):
             if input.get(key) is not None and (not isinstance(input[key], dict) or SECRET_KEY in input[key]):
                 raise _invalid(f"{key} must be an object of names to values (a handle goes in a value)")
+        if any(str(name).strip().lower() == "host" for name in input.get("headers") or {}):
+            # the destination is the url's: a Host of its own would ask the allowed address (a
+            # shared ingress, a CDN) for another host, one no allow-list entry or rule names
+            raise _invalid("the Host header comes from the url (no Host in headers)")
         return url, method.upper(), timeout_ms / 1000 if timeout_ms is not None else None
 
     async def call(self, ctx: ActionContext, input: Any) -> Any:

@@ -252,4 +252,6 @@ def remember(values: Iterable[str]) -> None:
 
 
 def known_redactor() -> Redactor:
-    return redactor_for(_known)
+    # frozenset(set) copies in C, under the GIL: a pool thread's remember() cannot change the
+    # set while it is read (iterating it in Python could raise "Set changed size during iteration").
+    return _cached(frozenset(_known))

@@ -14,6 +14,8 @@ offsets*, so the ingest re-reads them: still exact.
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import re
 import sqlite3
 import threading
@@ -234,6 +236,10 @@ class SQLiteIndex:
         self._local = threading.local()
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Run inputs, outputs and state, like the run-events topic: for this user only (SQLite
+            # gives its -wal and -shm files the database file's mode). An existing file keeps its own.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self._create_schema(_SCHEMA)
         elif not self.path.exists():
             raise IndexError_(f"no run index at {self.path}: start one with `runfold index run`")

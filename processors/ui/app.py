@@ -38,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from processors.client import RunClient, RunfoldError
 from processors.engine.vocabulary import RUN_STATUSES
-from processors.http_endpoint import is_loopback
+from processors.http_endpoint import is_loopback_host
 from processors.index.settings import open_reader, parse_time
 from processors.index.store import CursorError, IndexError_, RunFilter, SQLiteIndex
 from processors.ui.graph import definition_of_bundle, graph
@@ -442,14 +442,6 @@ class Ui:
         return JSONResponse({"runs": mask(page.runs), "next_cursor": page.next_cursor, "counts": counts})
 
 
-def _loopback_name(host_header: str) -> bool:
-    """Whether a Host header (`name[:port]`, `[v6]:port`) names this machine's loopback."""
-    host = host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
-    if host.startswith("["):
-        host = host[1 : host.find("]")]
-    return host.endswith(".localhost") or is_loopback(host)
-
-
 def _guard(config: UiConfig, app: Any) -> Callable[..., Awaitable[None]]:
     """ASGI middleware: the token; without one, loopback host names only; and no form posts from
     another origin."""
@@ -460,7 +452,7 @@ def _guard(config: UiConfig, app: Any) -> Callable[..., Awaitable[None]]:
             await app(scope, receive, send)
             return
         request = Request(scope)
-        if token is None and not _loopback_name(request.headers.get("host", "")):
+        if token is None and not is_loopback_host(request.headers.get("host", "")):
             # DNS rebinding: a page elsewhere whose name now resolves to 127.0.0.1 sends its own
             # name as Host (and Origin), so the origin check passes; only loopback names may ask
             return await PlainTextResponse(

@@ -286,7 +286,7 @@ def test_a_64_kib_run_id_is_a_400_not_a_500(store: PartitionStore) -> None:
         with socket.create_connection(
             ("127.0.0.1", server.port), timeout=10
         ) as sock:  # httpx refuses such a URL
-            sock.sendall(f"GET /runs/{'x' * 65536}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            sock.sendall(f"GET /runs/{'x' * 65536}/events HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
             answer = b""
             while not answer.endswith(b"}"):
                 chunk = sock.recv(65536)
