@@ -11,7 +11,7 @@ import weakref
 from typing import Any
 
 from processors.engine import budgets
-from processors.engine.catalog import Bundle
+from processors.engine.catalog import Bundle, content_hash, parse_key
 from processors.engine.context import Decision, EngineContext, rejected, unchanged
 from processors.engine.emitter import Emitter, rejection
 from processors.engine.errors import DefinitionError, schema_problem
@@ -159,6 +159,11 @@ def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
         return "InvalidInput", "revision must be an integer or null"
     try:
         if bundle_json is not None:
+            if msg.get("parent") is None:
+                return "InvalidInput", (
+                    "bundle is for child runs only (runfold's child executor sends it with their "
+                    "parent); start a registered definition by its definition_id and revision"
+                )
             bundle = Bundle.from_json(bundle_json, ctx.ceilings)
             root = bundle.definition()
             if root.id != definition_id or (revision is not None and root.revision != revision):
@@ -166,6 +171,9 @@ def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
                     "Conflict",
                     f"bundle root {bundle.root} is not the requested {definition_id}@{revision}",
                 )
+            unregistered = _unregistered(ctx.catalog, bundle)
+            if unregistered is not None:
+                return unregistered
         else:
             refused = _lifecycle_refusal(ctx.catalog, definition_id, revision)
             if refused is not None:
@@ -175,6 +183,31 @@ def _pin(msg: Message, ctx: EngineContext) -> Pinned | tuple[str, str]:
         not_found = any(issue.rule == "not_found" for issue in exc.errors)
         return ("NotFound" if not_found else "InvalidInput"), str(exc)
     return remember(bundle)
+
+
+def _unregistered(catalog: Any, bundle: Bundle) -> tuple[str, str] | None:
+    """Why a child run's bundle is not what the registry holds, or None. The bundle decides
+    what the run does and which definition id its activations claim (the secrets policy trusts
+    it), so every definition in it must be the registered content of its id@revision: else
+    whoever may write the commands topic could run content of their own under a registered id.
+    A parent pinned its bundle from the registry, and revisions are immutable, so a real child
+    always passes. A bundle found registered stays so (a catalog never changes a registered
+    id@revision), so each is checked once per catalog."""
+    try:
+        verified = _VERIFIED.setdefault(catalog, set())
+    except TypeError:  # a catalog that cannot be weakly referenced: no cache
+        verified = set()
+    if bundle.hash in verified:
+        return None
+    for key in sorted(bundle.definitions):
+        definition_id, revision = parse_key(key)
+        registered = catalog.content_hash(definition_id, revision)
+        if registered is None:
+            return "NotFound", f"bundle definition {key} is not registered"
+        if registered != content_hash(bundle.definition(key)):
+            return "Conflict", f"bundle definition {key} differs from the registered {key}"
+    verified.add(bundle.hash)
+    return None
 
 
 def _lifecycle_refusal(catalog: Any, definition_id: str, revision: int | None) -> tuple[str, str] | None:
@@ -202,6 +235,9 @@ def _lifecycle_refusal(catalog: Any, definition_id: str, revision: int | None) -
         f"runs already started continue; {instead}{hint.replace('REV', str(revision))}"
     )
 
+
+# Child-run bundles found to be the registered content, by bundle hash, per catalog.
+_VERIFIED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 # Pinned bundles per catalog: revisions are immutable, so (id, revision) pins the same
 # bundle for the catalog's lifetime. Only successes are cached (a missing child may be

@@ -359,12 +359,20 @@ class Folder:
             self._emit(overlay, counters, partition, key, run_id, outputs)
 
     def _names_unknown_definition(self, msg: dict[str, Any]) -> bool:
+        """Whether a StartRun names a definition the catalog lacks: its own, or (a child run's)
+        one in its bundle, which the engine checks against the registry too."""
         definition_id, revision = msg.get("definition_id"), msg.get("revision")
+        catalog = self.ctx.catalog
+        bundle = msg.get("bundle")
+        if isinstance(bundle, dict) and isinstance(bundle.get("definitions"), dict):
+            for key in bundle["definitions"]:
+                found_id, sep, found_rev = str(key).rpartition("@")
+                if sep and found_rev.isdigit() and catalog.content_hash(found_id, int(found_rev)) is None:
+                    return True
         return (
-            msg.get("bundle") is None
-            and isinstance(definition_id, str)
+            isinstance(definition_id, str)
             and (revision is None or type(revision) is int)
-            and self.ctx.catalog.get(definition_id, revision) is None
+            and catalog.get(definition_id, revision) is None
         )
 
     def _forward(

@@ -94,7 +94,15 @@ def test_a_run_already_started_goes_on_and_a_bundle_carrying_start_is_not_refuse
     bundle = h.catalog.pin_bundle("wf", 1).to_json()
     child = RunHarness(*revisions(1), run_id="r-2")
     child.catalog.apply(event("deprecate", 1))
-    child.start({}, revision=1, bundle=bundle)
+    parent = {
+        "parent_run_id": "r-1",
+        "parent_node": "sub",
+        "parent_lineage": "",
+        "parent_dispatch_id": "d",
+        "root_run_id": "r-1",
+        "depth": 1,
+    }
+    child.start({}, revision=1, bundle=bundle, parent=parent)
     assert child.types[0] == "RunAccepted"
 
 

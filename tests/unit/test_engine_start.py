@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import orjson
 from engine_harness import RunHarness, definition
@@ -96,17 +97,57 @@ def test_idempotent_start_and_conflict() -> None:
     assert h.state is before  # the existing run is untouched
 
 
+CHILD_OF = {
+    "parent_run_id": "p",
+    "parent_node": "sub",
+    "parent_lineage": "",
+    "parent_dispatch_id": "d",
+    "root_run_id": "p",
+    "depth": 1,
+}
+
+
+def _child_start(h: RunHarness, bundle: Any, **fields: Any) -> RunHarness:
+    msg = {"type": "StartRun", "definition_id": "child", "input": {}, "bundle": bundle, "parent": CHILD_OF}
+    return h.send({**msg, **fields})
+
+
 def test_child_start_uses_the_bundle_and_verifies_its_hash() -> None:
     cat = Catalog()
     cat.register(simple(id="child"))
     bundle = cat.pin_bundle("child", 1).to_json()
-    h = RunHarness()
-    h.send({"type": "StartRun", "definition_id": "child", "input": {}, "bundle": bundle})
+    h = _child_start(RunHarness(simple(id="child")), bundle)
     assert h.types[0] == "RunAccepted" and h.state["bundle_hash"] == bundle["hash"]
     tampered = {**bundle, "hash": "0" * 64}
-    h2 = RunHarness(run_id="r-2")
-    h2.send({"type": "StartRun", "definition_id": "child", "input": {}, "bundle": tampered})
+    h2 = _child_start(RunHarness(simple(id="child"), run_id="r-2"), tampered)
     assert h2.types == ["RunRejected"] and "hash" in h2.last.events[0]["reason"]
+
+
+def test_a_bundle_starts_only_a_child_run_of_registered_content() -> None:
+    """The bundle decides what the run does and which definition id its activations claim (the
+    secrets policy trusts it): only the registered content of each id@revision in it runs, and
+    only as a child run (docs/security.md, "Who can write what")."""
+    mine = Catalog()
+    forged_nodes = {"a": dict(ACTION), "b": dict(ACTION)}
+    mine.register(definition(forged_nodes, state={"out": None}, id="child"))  # other content, child@1
+    forged = mine.pin_bundle("child", 1).to_json()
+    h = _child_start(RunHarness(simple(id="child")), forged)
+    assert h.types == ["RunRejected"] and h.last.events[0]["code"] == "Conflict"
+    assert "child@1 differs from the registered child@1" in h.last.events[0]["reason"]
+    unknown = _child_start(RunHarness(simple()), forged)  # child@1 not registered here
+    assert unknown.types == ["RunRejected"] and unknown.last.events[0]["code"] == "NotFound"
+    registered = Catalog()
+    registered.register(simple(id="child"))
+    good = registered.pin_bundle("child", 1).to_json()
+    orphan = _child_start(RunHarness(simple(id="child")), good, parent=None)
+    assert orphan.types == ["RunRejected"] and orphan.last.events[0]["code"] == "InvalidInput"
+    assert "child runs only" in orphan.last.events[0]["reason"]
+    # the same bundle again (checked once per catalog) and a real child both start
+    catalog_once = RunHarness(simple(id="child"))
+    assert _child_start(catalog_once, good).types[0] == "RunAccepted"
+    again = RunHarness(simple(id="child"), run_id="r-3")
+    again.catalog, again.ctx = catalog_once.catalog, catalog_once.ctx
+    assert _child_start(again, good).types[0] == "RunAccepted"
 
 
 def test_commands_for_unknown_runs_are_not_found() -> None:

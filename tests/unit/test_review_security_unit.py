@@ -398,11 +398,6 @@ def test_http_request_takes_its_host_from_the_url_only(name: str) -> None:
 # ---- found, not fixed here (processors/engine/start.py is not this review's to change) -------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/start.py runs a StartRun's inline `bundle` without checking it against the "
-    "registry: a commands writer claims any definition id (see docs/security.md)",
-)
 def test_a_start_command_cannot_run_unregistered_content_under_a_registered_id() -> None:
     """docs/security.md, "Who can write what": the definitions writer is "who can claim" a
     definition id ("The secrets policy trusts definition ids"); "An id@revision already
@@ -443,11 +438,22 @@ def test_a_start_command_cannot_run_unregistered_content_under_a_registered_id()
     registry.register(registered)
     ctx = EngineContext(catalog=registry, ceilings=Ceilings(), queues=frozenset({"default"}))
     start = {"type": "StartRun", "run_id": "r", "ts_ms": 1, "record_id": "c1"}
-    decision = decide(None, {**start, "definition_id": "research-brief", "input": {}, "bundle": bundle}, ctx)
-    state: Any = None
-    activations: list[dict[str, Any]] = []
-    for event in decision.events:
-        state = evolve(state, event)
-        activations += [m for m in effects(state, event).messages if m.get("type") == "ActionActivation"]
-    assert not any("secret:github" in (a.get("capabilities") or []) for a in activations), activations
-    assert [e["type"] for e in decision.events] == ["RunRejected"]
+    parent = {
+        "parent_run_id": "p",
+        "parent_node": "n",
+        "parent_lineage": "",
+        "parent_dispatch_id": "d",
+        "root_run_id": "p",
+        "depth": 1,
+    }
+    # as a root run, and dressed as a child run (a parent ref is only more fields to write)
+    for extra in ({}, {"parent": parent}):
+        msg = {**start, "definition_id": "research-brief", "input": {}, "bundle": bundle, **extra}
+        decision = decide(None, msg, ctx)
+        state: Any = None
+        activations: list[dict[str, Any]] = []
+        for event in decision.events:
+            state = evolve(state, event)
+            activations += [m for m in effects(state, event).messages if m.get("type") == "ActionActivation"]
+        assert not any("secret:github" in (a.get("capabilities") or []) for a in activations), activations
+        assert [e["type"] for e in decision.events] == ["RunRejected"]
