@@ -41,7 +41,7 @@ from processors.engine.ids import dispatch_id
 from processors.engine.vocabulary import TERMINAL_EVENTS, CancelRunCommand, StartRunCommand, zero_usage
 from processors.executors.metrics import ChildBatchTally, ChildExecutorMetrics
 from processors.executors.settings import LOOPBACK
-from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
+from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait, cluster_whole
 from processors.kafka.exits import (
     FENCED_CODES,
     KEEP_WAITING,
@@ -409,7 +409,7 @@ class ChildExecutor:
                     "commit_transaction failed (%s), resuming it (attempt %d)", err, attempt
                 ),
                 cluster_lost=lambda: (
-                    not self._stop.is_set() and not cluster_answers(self.producer, 2.0, self.names.commands)
+                    not self._stop.is_set() and not cluster_whole(self.producer, 2.0, self.names.commands)
                 ),
             )
         except CallAbandoned as exc:
@@ -501,9 +501,10 @@ class ChildExecutor:
             producer,
             self._stop,
             TXN_TIMEOUT_S,
-            lambda: cluster_answers(producer, 2.0, self.names.commands),
+            lambda: cluster_whole(producer, 2.0, self.names.commands),
             lambda err, rounds: log.warning(
-                "no broker answers: the new transactional producer waits for the cluster (%.0f s): %s",
+                "the cluster is not whole (no broker answers, or one it names is down): the new "
+                "transactional producer waits for the cluster (%.0f s): %s",
                 rounds * TXN_TIMEOUT_S,
                 err.str(),
             ),

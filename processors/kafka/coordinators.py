@@ -28,7 +28,7 @@ import socket
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 # A healthy coordinator answers AddOffsetsToTxn / TxnOffsetCommit in milliseconds; a new one
 # loads its partition first (small on runfold's clusters). Longer than that, with both answering.
@@ -93,6 +93,22 @@ def accepts_connections(address: str, timeout_s: float = _PROBE_S) -> bool:
             return True
     except (OSError, ValueError):
         return False
+
+
+def cluster_whole(client: Any, timeout_s: float, topic: str | None = None) -> bool:
+    """True when a metadata request through `client` is answered within `timeout_s` and every
+    broker it names accepts connections. A cluster that answers is not enough to give up a wait:
+    with two of three brokers down the survivor answers metadata, but no write reaches min ISR and
+    nothing moves (the KRaft quorum is gone too, so the metadata keeps naming the lost brokers as
+    alive and as leaders) until they are back; a transactional call times out there as it does
+    with no broker at all. A broker the metadata names is a live one: a cluster with its
+    controller quorum fences a lost broker within `broker.session.timeout.ms` and stops naming it."""
+    try:
+        meta = client.list_topics(topic, timeout=timeout_s)
+    except (KafkaException, RuntimeError):  # RuntimeError: a client already closed
+        return False
+    brokers = list(meta.brokers.values())
+    return bool(brokers) and all(accepts_connections(f"{b.host}:{b.port}") for b in brokers)
 
 
 class StaleWait:

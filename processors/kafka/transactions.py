@@ -4,7 +4,8 @@ A retriable failure of `commit_transaction` (a timeout: the commit goes on in th
 must be resumed by calling `commit_transaction` again, never aborted: an abort then fails with
 "Conflicting commit_transaction API call is already in progress", and the transaction's outcome
 is unknown until a call returns it. So the call is repeated, up to `attempts` times, and while
-no broker answers at all, for up to CLUSTER_LOSS_WAIT_S more (a whole cluster lost: only its
+no broker answers at all (or one the metadata names is down: `coordinators.cluster_whole`, the
+callers' test), for up to CLUSTER_LOSS_WAIT_S more (a whole cluster lost: only its
 return can tell the outcome; a process that gave up here had to exit, since replaying the input
 could emit the outputs twice); a failure that needs an abort, a fatal one, or the last attempt's
 while the cluster answers is raised to the caller. A producer replaced while no broker answers

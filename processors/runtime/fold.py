@@ -320,12 +320,14 @@ class Folder:
             if admitted is None:
                 return
             msg = admitted
+        if self.finished_retention_ms > 0:
+            self.purge_overdue(overlay, counters, partition, key, run_id)
         try:
             # Not only while retention is on: runs purged before it was switched off keep their ids.
             if msg["type"] == "StartRun" and overlay.state(run_id, load_state) is None:
                 if self.definition_missing is not None and self._names_unknown_definition(msg):
                     self.definition_missing(timestamp)
-                status = overlay.store.purged_status(run_id)
+                status = overlay.purged_status(run_id)
                 if status is not None:  # the engine would see a new run: the id would be reused
                     why = (
                         "began before the start of the run-events log (its retention deleted the beginning), "
@@ -357,6 +359,30 @@ class Folder:
             overlay.clear_fired_timer(run_id, msg["timer_id"], msg["due_ms"])
         if outputs is not None:
             self._emit(overlay, counters, partition, key, run_id, outputs)
+
+    def purge_overdue(
+        self, overlay: PartitionOverlay, counters: TxnCounters, partition: int, key: bytes, run_id: str
+    ) -> None:
+        """An input for a finished run whose retention has ended purges it first, in this
+        transaction (its run-state tombstone, and the store deletions at commit), as the purge
+        pass would have: the run is purged at its time, not at the next pass. Without it, a
+        store that missed purges (written before them: an instance's own store of a partition
+        another owned and purged meanwhile, a backup put back, a store rebuilt from the log)
+        held the run again until its next pass, and a ResumeRun folded before that resumed a
+        purged run; a live store did the same in the second between the retention's end and
+        the pass. Restore cannot bring a store up to the purges: a purge writes no run event."""
+        state = overlay.state(run_id, load_state)
+        if state is None:
+            return
+        purge_ms = state["updated_ms"] + self.finished_retention_ms
+        if purge_ms > self._now_ms():  # first: a live run's last change is recent (one comparison)
+            return
+        status = run_status(state)
+        if status not in TERMINAL_STATUSES:
+            return
+        overlay.purge_overdue(run_id, status, purge_ms)
+        self._produce(self.run_state, None, key, partition=partition)
+        counters.purged += 1
 
     def _names_unknown_definition(self, msg: dict[str, Any]) -> bool:
         """Whether a StartRun names a definition the catalog lacks: its own, or (a child run's)

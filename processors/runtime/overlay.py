@@ -55,6 +55,7 @@ class PartitionOverlay:
         "min_new_due",
         "owed_paid",
         "purged",
+        "purged_here",
         "purges",
         "states",
         "stats",
@@ -80,6 +81,8 @@ class PartitionOverlay:
             tuple[int, str, str, int]
         ] = []  # (purge_ms, run_id, status, finished_ms) of runs finished here
         self.purged: list[tuple[bytes, str, str | None]] = []  # (x-key, run_id, status) of runs purged here
+        # run_id -> status of the runs an input found past their retention (purge_overdue)
+        self.purged_here: dict[str, str] = {}
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
         self.owed_paid = False  # the store's owed run-state tombstones are in this transaction
         self.lost: set[str] = set()  # runs whose beginning the log no longer holds: their ids stay taken
@@ -199,6 +202,20 @@ class PartitionOverlay:
         self.purged.append((xkey, run_id, status))
         if status is not None:
             self.count(f"status.{status}", -1)
+
+    def purge_overdue(self, run_id: str, status: str, purge_ms: int) -> None:
+        """Purge a finished run whose retention ended, found by an input before a purge pass
+        did: at this commit, as a pass would (Folder.purge_overdue); for the rest of this
+        transaction it has no state and its id reads as purged."""
+        self.purge(purge_key(purge_ms, run_id), run_id, status)
+        self.states[run_id] = None
+        self.dumped.pop(run_id, None)
+        self.purged_here[run_id] = status
+
+    def purged_status(self, run_id: str) -> str | None:
+        """The final status of a purged run (this transaction's purges included), or None."""
+        status = self.purged_here.get(run_id)
+        return status if status is not None else self.store.purged_status(run_id)
 
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n

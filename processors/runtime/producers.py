@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait
+from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait, cluster_whole
 from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped, until_stopped
 from processors.kafka.fetch import connect_first
 from processors.kafka.transactions import Renewals, init_transactions_waiting
@@ -102,9 +102,10 @@ class TxnProducers:
     def new(self, slot: int, stop: threading.Event | None = None) -> Producer:
         """A producer for `slot`, initialised. At start-up (`stop` given) a cluster that does not
         answer within KAFKA_TIMEOUT_S stops the processor. A replacement while running waits
-        for as long as no broker answers (a whole cluster down or restarted), as the consumer
-        does: a stop request ends the wait (StopRequested); an error from a cluster that does
-        answer stops the processor (exit 1)."""
+        for as long as the cluster is not whole (no broker answers: a whole cluster down or
+        restarted; or a broker it names does not accept connections: two of three lost, below
+        min ISR and without a controller quorum), as the consumer does: a stop request ends the
+        wait (StopRequested); an error from a whole cluster stops the processor (exit 1)."""
         s = self._settings
         producer = Producer(
             {
@@ -118,7 +119,8 @@ class TxnProducers:
 
         def waiting(err: KafkaError, rounds: int) -> None:
             self._log.warning(
-                "no broker answers: the new transactional producer waits for the cluster",
+                "the cluster is not whole (no broker answers, or one it names is down): the new "
+                "transactional producer waits for the cluster",
                 extra={
                     "transactional_id": tid,
                     "waited_s": round(rounds * KAFKA_TIMEOUT_S),
@@ -137,7 +139,7 @@ class TxnProducers:
                     producer,
                     self._stop,
                     KAFKA_TIMEOUT_S,
-                    lambda: cluster_answers(producer, 2.0, s.topics.run_events),
+                    lambda: cluster_whole(producer, 2.0, s.topics.run_events),
                     waiting,
                     lambda: self._bounded("init_transactions", KAFKA_TIMEOUT_S),
                 )
@@ -189,6 +191,12 @@ class TxnProducers:
     def cluster_answers(self) -> bool:
         assert self.current is not None
         return cluster_answers(self.current, 2.0, self._settings.topics.commands)
+
+    def cluster_whole(self) -> bool:
+        """The cluster answers and every broker it names accepts connections (`cluster_whole`):
+        a commit in doubt is resumed while it is not, as while no broker answers."""
+        assert self.current is not None
+        return cluster_whole(self.current, 2.0, self._settings.topics.commands)
 
     # ---- replacing one -----------------------------------------------------------------------
     def renew(self, err: KafkaError, stage: str) -> None:

@@ -287,10 +287,10 @@ class Transaction:
         """A retriable failure (a timeout: the commit goes on in the background) must be resumed
         by calling commit_transaction again, never aborted ("Conflicting commit_transaction API
         call"): its outcome is unknown until a call returns it (kafka/transactions.py). While no
-        broker answers it is resumed for up to 5 minutes more (not once a stop is requested);
-        after 5 attempts with a cluster
-        that answers, the error goes to `Failures.txn_failed`, whose abort then stops the
-        processor (a restart restores from the log)."""
+        broker answers, or a broker it names is down (`cluster_whole`), it is resumed for up to 5
+        minutes more (not once a stop is requested); after 5 attempts with a whole cluster, the
+        error goes to `Failures.txn_failed`, whose abort then stops the processor (a restart
+        restores from the log)."""
 
         def resuming(err: KafkaError, attempt: int) -> None:
             self._log.warning(
@@ -303,7 +303,7 @@ class Transaction:
             self.call_s,
             resuming,
             lambda: self._bounded("commit_transaction", self.call_s),
-            cluster_lost=lambda: not self._stop.is_set() and not self._producers.cluster_answers(),
+            cluster_lost=lambda: not self._stop.is_set() and not self._producers.cluster_whole(),
         )
 
     # ---- abort -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from checks import RESULTS
 from processor_support import make_settings, setup_topology
 
 from processors.runtime.settings import ProcessorSettings
-from topology import local_kafka
+from topology import local_cluster, local_kafka
 from topology.admin import delete_topology
 
 WF = "runfold.workflow/v1"
@@ -99,6 +99,27 @@ def quiet_broker_bootstrap(request: pytest.FixtureRequest) -> str:
         return given
     broker: local_kafka.LocalKafkaConfig = request.getfixturevalue("chaos_broker")
     return broker.bootstrap
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_cluster.LocalClusterConfig]:
+    """A local 3-node cluster of a module's own (RF 3, min ISR 2; free ports, a temporary data
+    dir), stopped after the module: its scenarios kill, freeze and restart its nodes."""
+    ports = local_cluster.free_ports(6)
+    cfg = local_cluster.LocalClusterConfig.from_env(
+        brokers=3,
+        ports=ports[:3],
+        controller_ports=ports[3:],
+        data_dir=tmp_path_factory.mktemp("chaos-cluster"),
+    )
+    try:
+        local_cluster.up(cfg, timeout=240)
+    except local_kafka.LocalKafkaError as e:
+        pytest.fail(f"the chaos suite's 3-node cluster did not start: {e}", pytrace=False)
+    try:
+        yield cfg
+    finally:
+        local_cluster.down(cfg)
 
 
 @pytest.fixture

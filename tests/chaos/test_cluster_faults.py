@@ -23,7 +23,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -341,25 +340,6 @@ def warm_up(load: Load, finishes: Finishes, timeout: float = 60.0) -> float:
             break
         time.sleep(0.5)
     return round(time.monotonic() - t0, 1)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_cluster.LocalClusterConfig]:
-    ports = local_cluster.free_ports(6)
-    cfg = local_cluster.LocalClusterConfig.from_env(
-        brokers=3,
-        ports=ports[:3],
-        controller_ports=ports[3:],
-        data_dir=tmp_path_factory.mktemp("chaos-cluster"),
-    )
-    try:
-        local_cluster.up(cfg, timeout=240)
-    except local_cluster.LocalKafkaError as e:
-        pytest.fail(f"the chaos suite's 3-node cluster did not start: {e}", pytrace=False)
-    try:
-        yield cfg
-    finally:
-        local_cluster.down(cfg)
 
 
 @pytest.mark.timeout(420)

@@ -242,6 +242,7 @@ def _replacing(
     monkeypatch.setattr(producers_module, "connect_first", lambda *_: None)
     monkeypatch.setattr(producers_module, "CoordinatorWatch", lambda *_: None)
     monkeypatch.setattr(producers_module, "cluster_answers", lambda *_: answers)
+    monkeypatch.setattr(producers_module, "cluster_whole", lambda *_: answers)
     monkeypatch.setattr(producers_module, "KAFKA_TIMEOUT_S", 0.05)  # a wait's round, not 30 s
     beats: list[int] = []
     monkeypatch.setattr(proc.producers, "alive", lambda: beats.append(1))
