@@ -495,8 +495,10 @@ def create_app(config: UiConfig) -> Any:
     routes = [
         Route("/", ui.runs_page, name="runs"),
         Route("/fragments/runs", ui.runs_fragment, name="runs_fragment"),
-        Route("/runs/{run_id:run_id}/fragment", ui.run_fragment, name="run_fragment"),
-        Route("/runs/{run_id:run_id}/actions/{verb}", ui.action, methods=["POST"], name="action"),
+        # A run id may hold "/" (child runs: `parent/node`), so it is always a path's tail: a
+        # run `x/fragment` must open its own page, not the fragment of run `x`.
+        Route("/fragments/run/{run_id:run_id}", ui.run_fragment, name="run_fragment"),
+        Route("/actions/{verb}/{run_id:run_id}", ui.action, methods=["POST"], name="action"),
         Route("/runs/{run_id:run_id}", ui.run_page, name="run"),
         Route("/definitions", ui.definitions_page, name="definitions"),
         Route("/dead-letters", ui.dead_letters_page, name="dead_letters"),

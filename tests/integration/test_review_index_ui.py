@@ -85,7 +85,7 @@ def test_a_secret_label_is_refused_at_start_and_never_shows_in_the_ui(
     with ui_server(settings, tmp_path / "ui.sqlite") as base, httpx.Client(base_url=base, timeout=30) as http:
         api = http.get("/api/runs", params={"label": "team=a"})
         assert api.status_code == 200 and [r["run_id"] for r in api.json()["runs"]] == [rid]
-        for path in ("/api/runs", "/", "/fragments/runs", f"/runs/{rid}", f"/runs/{rid}/fragment"):
+        for path in ("/api/runs", "/", "/fragments/runs", f"/runs/{rid}", f"/fragments/run/{rid}"):
             assert CANARY not in http.get(path).text, path
 
 

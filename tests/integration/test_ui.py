@@ -81,34 +81,32 @@ def test_pages_actions_token_and_no_secret(
             assert http.get("/", params={"cursor": "nope"}).status_code == 400
             # a form from another origin is refused
             refused = http.post(
-                f"/runs/{waiting}/actions/signal",
+                f"/actions/signal/{waiting}",
                 data={"signal": "approval", "payload": "{}"},
                 headers={"Origin": "http://evil.example"},
             )
             assert refused.status_code == 403
-            bad = http.post(
-                f"/runs/{waiting}/actions/signal", data={"signal": "approval", "payload": "{nope"}
-            )
+            bad = http.post(f"/actions/signal/{waiting}", data={"signal": "approval", "payload": "{nope"})
             assert bad.status_code == 400 and "not JSON" in bad.text
             # a secret in a payload: the processor refuses it, and the UI says so
             answer = http.post(
-                f"/runs/{waiting}/actions/signal",
+                f"/actions/signal/{waiting}",
                 data={"signal": "approval", "payload": f'{{"approved": true, "api_key": "{CANARY}"}}'},
             )
             assert 'data-ok="false"' in answer.text and "rejected: InvalidInput" in answer.text, answer.text
             # the signal, answered with the processor's acceptance
             answer = http.post(
-                f"/runs/{waiting}/actions/signal",
+                f"/actions/signal/{waiting}",
                 data={"signal": "approval", "payload": '{"approved": true}'},
             )
             assert 'data-ok="true"' in answer.text and "accepted: SignalReceived" in answer.text, answer.text
             assert client.wait(waiting, timeout=30).status == "succeeded"
             deadline = time.monotonic() + 20
-            while 'data-status="succeeded"' not in http.get(f"/runs/{waiting}/fragment").text:
+            while 'data-status="succeeded"' not in http.get(f"/fragments/run/{waiting}").text:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
             # a command the processor refuses: resuming a run that succeeded
-            answer = http.post(f"/runs/{done}/actions/resume", data={"budgets": "max_steps=5"})
+            answer = http.post(f"/actions/resume/{done}", data={"budgets": "max_steps=5"})
             assert "rejected" in answer.text or "no answer" in answer.text, answer.text
             # the canary never shows, wherever it went
             for path in (f"/runs/{waiting}", "/", "/definitions", "/dead-letters"):

@@ -113,7 +113,7 @@ def test_runs_page_and_run_page_mask_a_secret_label(tmp_path: Path) -> None:
     run's labels are shown in the runs list and on the run's page)."""
     db = _index(tmp_path / "i.sqlite", [_run("r1", 1000, {"password": CANARY, "note": "Bearer " + CANARY})])
     ui = _client(db)
-    for path in ("/", "/fragments/runs", "/runs/r1", "/runs/r1/fragment"):
+    for path in ("/", "/fragments/runs", "/runs/r1", "/fragments/run/r1"):
         page = ui.get(path)
         assert page.status_code == 200, path
         assert CANARY not in page.text, f"{path} shows a secret-looking label value"
@@ -243,7 +243,7 @@ def test_a_post_from_a_dns_rebound_page_is_refused(tmp_path: Path) -> None:
     `evil.example:8088`: still a page elsewhere, and the UI (no token, loopback) must refuse it."""
     db = _index(tmp_path / "i.sqlite", [_run("r1", 1000)])
     answer = _client(db).post(
-        "/runs/r1/actions/signal",
+        "/actions/signal/r1",
         data={"signal": ""},
         headers={"Origin": "http://evil.example:8088", "Host": "evil.example:8088"},
     )
@@ -363,8 +363,20 @@ def test_unknown_runs_answer_404(tmp_path: Path) -> None:
     """docs/ui.md, "Pages": a run's page; an unknown run is not found (404), page and fragment."""
     ui = _client(_index(tmp_path / "i.sqlite", [_run("r1", 1)]))
     assert ui.get("/runs/nope").status_code == 404
-    assert ui.get("/runs/nope/fragment").status_code == 404
+    assert ui.get("/fragments/run/nope").status_code == 404
     assert ui.get("/runs/r1").status_code == 200
+
+
+@pytest.mark.parametrize("tail", ["fragment", "actions/cancel", "x/fragment"])
+def test_a_run_id_ending_like_a_route_opens_its_own_page(tmp_path: Path, tail: str) -> None:
+    """docs/ui.md, "Pages": a run's page at /runs/<run id>. A run id may hold "/" (child runs are
+    `parent/node`), so a run named `p/fragment` must get its own page, not run `p`'s fragment."""
+    other = f"p/{tail}"
+    ui = _client(_index(tmp_path / "i.sqlite", [_run("p", 1), _run(other, 2)]))
+    page = ui.get(f"/runs/{other}")
+    assert page.status_code == 200 and other in page.text and "<html" in page.text.lower(), page.text[:300]
+    assert ui.get(f"/fragments/run/{other}").status_code == 200
+    assert ui.get("/runs/p").status_code == 200
 
 
 def test_the_token_guards_every_path_but_health(tmp_path: Path) -> None:
@@ -375,7 +387,7 @@ def test_the_token_guards_every_path_but_health(tmp_path: Path) -> None:
     ui = _client(_index(tmp_path / "i.sqlite", [_run("r1", 1)]), token=token)
     for path in ("/", "/api/runs", "/runs/r1", "/fragments/runs", "/static/ui.css", "/definitions"):
         assert ui.get(path).status_code == 401, path
-    assert ui.post("/runs/r1/actions/cancel", data={"reason": "x"}).status_code == 401
+    assert ui.post("/actions/cancel/r1", data={"reason": "x"}).status_code == 401
     assert ui.get("/api/runs", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
     assert ui.get("/health").status_code == 200
     first = ui.get("/", params={"token": token}, follow_redirects=False)
