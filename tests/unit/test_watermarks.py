@@ -46,4 +46,9 @@ def test_the_last_error_when_no_slice_is_answered_within_the_total() -> None:
     started = time.monotonic()
     with pytest.raises(KafkaException):
         log_end(client, TopicPartition("t", 0), total_s=0.6, slice_s=0.2)
-    assert time.monotonic() - started < 1.5
+    # the time asked of the client stays within the total (each slice at most slice_s, the last
+    # one at least 0.1 s); the wall clock only rules out a whole long timeout (a loaded host
+    # stretches every sleep, so a tight wall bound failed under load)
+    asked = client.timeouts
+    assert asked and max(asked) <= 0.2 and sum(asked) <= 0.7, asked
+    assert time.monotonic() - started < 5.0
