@@ -371,13 +371,16 @@ class Folder:
         held the run again until its next pass, and a ResumeRun folded before that resumed a
         purged run; a live store did the same in the second between the retention's end and
         the pass. Restore cannot bring a store up to the purges: a purge writes no run event."""
-        state = overlay.state(run_id, load_state)
-        if state is None:
+        try:
+            state = overlay.state(run_id, load_state)
+            if state is None:
+                return
+            purge_ms = state["updated_ms"] + self.finished_retention_ms
+            if purge_ms > self._now_ms():  # first: a live run's last change is recent (one comparison)
+                return
+            status = run_status(state)
+        except Exception:  # a state that cannot be read: the record's own fold meets it and charges it
             return
-        purge_ms = state["updated_ms"] + self.finished_retention_ms
-        if purge_ms > self._now_ms():  # first: a live run's last change is recent (one comparison)
-            return
-        status = run_status(state)
         if status not in TERMINAL_STATUSES:
             return
         overlay.purge_overdue(run_id, status, purge_ms)
