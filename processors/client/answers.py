@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from processors.client.errors import AnswerTimeout, CommandRejected
 from processors.client.reader import KAFKA_LOGGER, PartitionReader
 from processors.engine.ids import rejection_record_id
-from topology.settings import KafkaSettings, admin_config
+from processors.kafka.watermarks import GroupOffsets
+from topology.settings import KafkaSettings
 
 # The event each accepted command causes first (docs/messages.md).
 ANSWER_EVENTS = {
@@ -141,25 +141,22 @@ def same_content(sent: Sent, ev: dict[str, Any]) -> bool:
 
 
 class ProcessedOffsets:
-    """The processor group's committed offsets, read with the admin API (never joining the group)."""
+    """The processor group's committed offsets, read without joining the group, and never with
+    the admin client's `list_consumer_group_offsets`: it aborts the process while brokers fail
+    over (processors/kafka/watermarks.py)."""
 
     def __init__(self, settings: KafkaSettings, group: str, timeout_s: float) -> None:
         self.group = group
         self.timeout_s = timeout_s
-        cfg = admin_config(settings)
-        cfg["logger"] = KAFKA_LOGGER
-        self._admin = AdminClient(cfg)
+        self._offsets = GroupOffsets(settings, group, logger=KAFKA_LOGGER)
 
     def committed(self, topic: str, partition: int) -> int | None:
-        """The group's committed offset (the next input it will read), None if unknown/none."""
-        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(topic, partition)])
-        try:
-            futures = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
-            result = futures[self.group].result(timeout=self.timeout_s)
-        except (KafkaException, TimeoutError):  # a broker hiccup: ask again at the next idle moment
-            return None
-        [tp] = result.topic_partitions
-        return None if tp.error is not None or tp.offset < 0 else int(tp.offset)
+        """The group's committed offset (the next input it will read), None if unknown/none:
+        a broker hiccup is asked again at the next idle moment."""
+        return self._offsets.committed(TopicPartition(topic, partition), self.timeout_s)
+
+    def close(self) -> None:
+        self._offsets.close()
 
 
 def await_answer(

@@ -168,6 +168,9 @@ class RunClient:
             self._reader.close()
             self._reader = None
             self._snapshots = None
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None
 
     @property
     def codec(self) -> Codec:

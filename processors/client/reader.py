@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors.client.errors import BrokerUnavailable, RunfoldError, RunfoldTimeout
 from processors.kafka.fetch import first_then_buffered
+from processors.kafka.watermarks import Offsets
 from topology.settings import KafkaSettings, consumer_config
 
 T = TypeVar("T")
@@ -98,10 +99,14 @@ class PartitionReader:
         )
         cfg["logger"] = KAFKA_LOGGER
         self._consumer = Consumer(cfg)
+        # ends, starts and offsets for a time: never the consumer's own queries, which abort the
+        # process while brokers fail over (processors/kafka/watermarks.py)
+        self._offsets = Offsets(settings, logger=KAFKA_LOGGER)
         self._partitions: dict[str, int] = {}
 
     def close(self) -> None:
         self._consumer.close()
+        self._offsets.close()
 
     def partition_count(self, topic: str) -> int:
         """The topic's partition count (cached: partitions are never removed)."""
@@ -148,21 +153,18 @@ class PartitionReader:
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         tp = TopicPartition(topic, partition)
-        low, high = self._retrying(
-            f"reading offsets of {topic}[{partition}]",
-            lambda: self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False),
+        return self._retrying(
+            f"reading offsets of {topic}[{partition}]", lambda: self._offsets.watermarks(tp, self.timeout_s)
         )
-        return int(low), int(high)
 
     def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:
         """The first offset with a record timestamp >= ts_ms (the end offset if there is none)."""
-        [tp] = self._retrying(
+        tp = TopicPartition(topic, partition)
+        offset = self._retrying(
             f"looking up offsets of {topic}[{partition}]",
-            lambda: self._consumer.offsets_for_times(
-                [TopicPartition(topic, partition, ts_ms)], timeout=self.timeout_s
-            ),
+            lambda: self._offsets.for_time(tp, ts_ms, self.timeout_s),
         )
-        return int(tp.offset) if tp.offset >= 0 else self.end_offset(topic, partition)
+        return offset if offset >= 0 else self.end_offset(topic, partition)
 
     def read(
         self, starts: dict[tuple[str, int], int], *, follow: bool = False, deadline: float | None = None

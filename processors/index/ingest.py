@@ -33,6 +33,7 @@ from processors.index.projection import RunRow, Skip, accept, apply
 from processors.index.store import Batch, SQLiteIndex
 from processors.kafka.exits import StopRequested
 from processors.kafka.fetch import first_then_buffered
+from processors.kafka.watermarks import Offsets
 from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
 from schemas import Codec, DecodeError
 from topology.catalog import topic_names
@@ -99,6 +100,8 @@ class Indexer:
         self.commit_interval_s = commit_interval_ms / 1000
         self.cache_runs = cache_runs
         self.connect_timeout_s = connect_timeout_s
+        # never the consumer's own offset queries: they abort while brokers fail over
+        self._offsets = Offsets(settings, logger=kafka_log())
         self._decode = (codec or Codec.default()).decoder("run_events")
         self._cache: OrderedDict[str, RunRow] = OrderedDict()
         self.report = IngestReport()
@@ -137,7 +140,9 @@ class Indexer:
             starts = {p: stored.get(p, OFFSET_BEGINNING) for p in partitions}
             at_end: set[int] = set()
             for p in partitions:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                high = self._end(p, stop or threading.Event())
+                if high is None:
+                    return self.report  # stopped while the cluster did not answer
                 if (starts[p] != OFFSET_BEGINNING and starts[p] >= high) or high == 0:
                     at_end.add(p)
             consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
@@ -174,6 +179,18 @@ class Indexer:
             consumer.close()
             self.report.seconds = time.monotonic() - started
         return self.report
+
+    def _end(self, p: int, stop: threading.Event) -> int | None:
+        """Partition p's end; a cluster that does not answer is waited for (said every 10 s),
+        None when `stop` is set meanwhile."""
+        while not stop.is_set():
+            try:
+                return self._offsets.end(TopicPartition(self.topic, p), 10.0)
+            except KafkaException as e:
+                log.warning(
+                    "waiting for the cluster: the end of %s[%d] is unavailable (%s)", self.topic, p, e
+                )
+        return None
 
     def _partitions(self, consumer: Consumer, stop: threading.Event) -> list[int]:
         """The topic's partitions, once a broker answers (at most `connect_timeout_s`) and the

@@ -5,9 +5,8 @@ a new producer's first producer id (`connect_first`), and a partial batch (`firs
 its leader's broker thread, which only looks at it again when something wakes it: with
 nothing else to do, up to ~1 s later (the same in confluent-kafka-go#630's log). Every
 partition the processor restores is paused until it is ready, and the worker pauses under
-backpressure, so each resume cost that much latency. A request to the leader (ListOffsets,
-answered in ~1 ms) wakes its thread at once: a record produced 50 ms after the resume arrives
-2-6 ms later instead of 0.2-0.8 s (`benchmarks/resume_bench.py`).
+backpressure, so each resume cost that much latency. A request through the broker's thread
+wakes it at once (`resume_now`).
 """
 
 from __future__ import annotations
@@ -20,30 +19,21 @@ _WAKE_TIMEOUT_S = 0.5
 
 
 def resume_now(consumer: Any, partitions: list[TopicPartition]) -> None:
-    """`consumer.resume(partitions)`, then wake their leaders' fetchers: one request per leader
-    (a request wakes its broker's thread for all the partitions it leads), found from the
-    topics' metadata when more than two partitions resume (the worker resumes all it holds).
-    A cluster that does not answer ends the wake-ups: the fetchers then start at their own pace."""
+    """`consumer.resume(partitions)`, then wake the fetchers: a metadata request per topic, whose
+    answer makes the broker thread that sent it look at its partitions again. It used to be a
+    ListOffsets request to each leader (`get_watermark_offsets(..., cached=False)`), which woke
+    the leader's thread for sure but aborts the process while brokers fail over
+    (processors/kafka/watermarks.py); a seek to the partition's own position does not wake it
+    (a fetcher already active). On one broker the metadata request goes to the leader (4-7 ms
+    to deliver instead of 0.2-0.6 s, `benchmarks/resume_bench.py`); on a cluster it reaches a
+    broker the client picks, and a leader not woken starts at its own pace (within ~1 s). A
+    cluster that does not answer ends the wake-ups."""
     consumer.resume(partitions)
     try:
-        for tp in _one_per_leader(consumer, partitions) if len(partitions) > 2 else partitions:
-            consumer.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), timeout=_WAKE_TIMEOUT_S, cached=False
-            )
+        for topic in dict.fromkeys(tp.topic for tp in partitions):
+            consumer.list_topics(topic, timeout=_WAKE_TIMEOUT_S)
     except KafkaException:
         return
-
-
-def _one_per_leader(consumer: Any, partitions: list[TopicPartition]) -> list[TopicPartition]:
-    leaders: dict[int, TopicPartition] = {}
-    for topic in dict.fromkeys(tp.topic for tp in partitions):
-        meta = consumer.list_topics(topic, timeout=_WAKE_TIMEOUT_S).topics.get(topic)
-        known = meta.partitions if meta is not None else {}
-        for tp in partitions:
-            if tp.topic == topic:
-                leader = known[tp.partition].leader if tp.partition in known else -1
-                leaders.setdefault(leader, tp)
-    return list(leaders.values())
 
 
 def first_then_buffered(consumer: Any, n: int, timeout_s: float) -> list[Any]:

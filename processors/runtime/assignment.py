@@ -99,12 +99,10 @@ class Partitions:
         self.restoring: dict[int, _Restore] = {}
         self._progress_at = 0.0  # monotonic time of the next restore progress log
 
-    def _new_readers(self) -> tuple[Consumer, Consumer]:
+    def _new_readers(self) -> tuple[Consumer, watermarks.Offsets]:
         reader = Consumer(self._settings.side_consumer_config("restore"))
-        # read_uncommitted watermark = log end; compared with the committed end (LSO)
-        log_end = Consumer(
-            {**self._settings.side_consumer_config("watermarks"), "isolation.level": "read_uncommitted"}
-        )
+        # the committed end (LSO) and the log end (high watermark), never asked of a consumer
+        log_end = watermarks.Offsets.like(self._settings.side_consumer_config("watermarks"))
         return reader, log_end
 
     def _renew_readers(self) -> None:
@@ -182,7 +180,9 @@ class Partitions:
         if store.applied_offset == NO_OFFSET:
             return store
         try:
-            log_end = watermarks.log_end(self._log_end, TopicPartition(self._events_topic, p), 10.0)
+            log_end = watermarks.log_end(
+                self._log_end, TopicPartition(self._events_topic, p), 10.0, committed=False
+            )
         except KafkaException as e:  # inside on_assign: raising would stop the processor
             self._log.warning(
                 "could not compare the store with run-events (broker unavailable); keeping it",
@@ -338,8 +338,8 @@ class Partitions:
     def _at_stable_end(self, p: int, r: _Restore) -> bool:
         tp = TopicPartition(self._events_topic, p)
         try:
-            committed_end = watermarks.log_end(self._reader, tp, 5.0)
-            log_end = watermarks.log_end(self._log_end, tp, 5.0)
+            committed_end = watermarks.log_end(self._log_end, tp, 5.0, committed=True)
+            log_end = watermarks.log_end(self._log_end, tp, 5.0, committed=False)
         except KafkaException as e:
             # Broker unreachable or the partition leaderless for a moment (restart, a broker that
             # fenced itself): not known to be at the end yet; ask again on the next recheck. A

@@ -20,6 +20,7 @@ from processors.engine import Catalog
 from processors.engine.lifecycle import is_lifecycle, parse_lifecycle
 from processors.kafka.exits import StopRequested, until_stopped
 from processors.kafka.fetch import first_then_buffered
+from processors.kafka.watermarks import Offsets
 from processors.runtime.metrics import ProcessorMetrics
 from schemas import Codec, DecodeError
 
@@ -49,6 +50,8 @@ class DefinitionsReader:
         self._metrics = metrics
         self._log = log
         self._consumer = Consumer(consumer_config)
+        # never the consumer's own offset queries: they abort while brokers fail over (kafka/watermarks.py)
+        self._offsets = Offsets.like(consumer_config)
         self.registered = 0
         self.errors = 0
 
@@ -94,12 +97,9 @@ class DefinitionsReader:
             if stop.is_set():
                 raise StopRequested
             try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition),
-                    timeout=max(0.1, min(1.0, deadline - time.monotonic())),
-                    cached=False,
+                return self._offsets.watermarks(
+                    TopicPartition(self.topic, partition), max(0.1, min(1.0, deadline - time.monotonic()))
                 )
-                return int(low), int(high)
             except KafkaException as e:
                 err = e.args[0]
                 if (not err.retriable() and err.code() not in _LEADERLESS) or time.monotonic() > deadline:
@@ -126,9 +126,10 @@ class DefinitionsReader:
         parts = self._consumer.assignment()
         ends: dict[int, int] = {}
         for tp in parts:
-            low, high = self._consumer.get_watermark_offsets(
-                tp, timeout=max(0.05, deadline - time.monotonic()), cached=False
-            )
+            try:
+                low, high = self._offsets.watermarks(tp, max(0.05, deadline - time.monotonic()))
+            except KafkaException:
+                return False
             if high > low:  # an empty partition has no position to reach
                 ends[tp.partition] = int(high)
         n = 0
@@ -170,3 +171,4 @@ class DefinitionsReader:
 
     def close(self) -> None:
         self._consumer.close()
+        self._offsets.close()

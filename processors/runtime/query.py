@@ -38,7 +38,6 @@ from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import orjson
-from confluent_kafka.admin import AdminClient
 
 from processors.engine import run_status
 from processors.engine.ids import control_character
@@ -48,7 +47,7 @@ from processors.kafka.watchdog import Watchdog
 from processors.runtime.assignment import Partitions
 from processors.runtime.store import StoreClosed
 from schemas import Codec
-from topology.settings import admin_config
+from topology.consumers import group_members
 
 log = logging.getLogger("runfold.query")
 _OWNER_TTL_S = 5.0
@@ -128,7 +127,6 @@ class QueryServer:
         self._owners: dict[int, dict[str, str]] = {}
         self._owners_at = 0.0
         self._owners_lock = threading.Lock()
-        self._admin: AdminClient | None = None
         token = load_token(settings)
         if token is None and not is_loopback(host):
             raise CannotServe(
@@ -315,24 +313,22 @@ class QueryServer:
 
     def _describe_owners(self) -> dict[int, dict[str, str]]:
         settings = self.processor.settings
-        try:
-            if self._admin is None:
-                self._admin = AdminClient(admin_config(settings))
-            group = self._admin.describe_consumer_groups([settings.group])[settings.group].result(timeout=5)
+        try:  # in a child process: DescribeGroups aborts the process that sends it (topology/isolated.py)
+            members = group_members(settings, settings.group, timeout_s=5)
         except Exception:
             return {}
         prefix = f"{settings.topic_prefix}-processor-"
         out: dict[int, dict[str, str]] = {}
-        for member in group.members:
-            client_id = member.client_id or ""
+        for member in members:
+            client_id = member["client_id"]
             info = {
                 "client_id": client_id,
-                "host": (member.host or "").lstrip("/"),
+                "host": member["host"].lstrip("/"),
                 "instance_id": client_id[len(prefix) :] if client_id.startswith(prefix) else "",
             }
-            for tp in member.assignment.topic_partitions if member.assignment else []:
-                if tp.topic == settings.topics.commands:
-                    out[tp.partition] = info
+            for topic, partition in member["partitions"]:
+                if topic == settings.topics.commands:
+                    out[partition] = info
         return out
 
 
