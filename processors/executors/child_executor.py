@@ -44,14 +44,12 @@ from processors.executors.settings import LOOPBACK
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait, cluster_whole
 from processors.kafka.exits import (
     FENCED_CODES,
-    KEEP_WAITING,
     ExitCode,
     StopRequested,
-    until_stopped,
 )
 from processors.kafka.fetch import connect_first, first_then_buffered
 from processors.kafka.records import coordinates
-from processors.kafka.transactions import Renewals, commit_resuming, init_transactions_waiting
+from processors.kafka.transactions import WAIT_ROUND_S, Renewals, commit_resuming, init_transactions_waiting
 from processors.kafka.watchdog import CallAbandoned, CallThread, send_offsets_flushing
 from processors.metrics_endpoint import CannotServe
 from processors.service_logs import ClusterUnreachable, await_cluster, kafka_log
@@ -59,8 +57,6 @@ from schemas import Codec, DecodeError
 from topology.catalog import TopicNames
 from topology.settings import (
     KafkaSettings,
-    cannot_reach,
-    cluster_answers,
     consumer_config,
     load_settings,
     transactional_producer_config,
@@ -286,23 +282,11 @@ class ChildExecutor:
                 log.error("child executor stopped: %s", exc)
                 return ExitCode.CONFIG
             connect_first(self.producer, self.names.commands)
-            try:
-                until_stopped(self.producer.init_transactions, self._stop, TXN_TIMEOUT_S)
+            try:  # a cluster down or below quorum is waited for, however long (issue 48)
+                init_transactions_waiting(self.producer, self._stop, WAIT_ROUND_S, self._init_waiting)
             except StopRequested:
                 log.info("child executor stopped during start-up")
                 return ExitCode.OK
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.code() not in KEEP_WAITING or cluster_answers(self.consumer, 5.0):
-                    raise
-                log.error(
-                    "child executor stopped: %s",
-                    cannot_reach(
-                        self.kafka.bootstrap_servers,
-                        f"init_transactions: {err.str()}, after {TXN_TIMEOUT_S:g} s",
-                    ),
-                )
-                return ExitCode.FATAL  # it answered a moment ago: a restart may find it back
             self._watch_coordinators()
             self.consumer.subscribe(
                 [self.names.child_activations, self.names.run_events],
@@ -490,6 +474,14 @@ class ChildExecutor:
         self._fresh_producer(why)
         self._rewind()
 
+    def _init_waiting(self, err: KafkaError, rounds: int) -> None:
+        log.warning(
+            "the cluster cannot serve init_transactions yet (no broker answers, or too few to elect "
+            "the transaction coordinator): the transactional producer waits for it (%.0f s): %s",
+            rounds * WAIT_ROUND_S,
+            err.str(),
+        )
+
     def _fresh_producer(self, why: str) -> None:
         """A new producer in the old one's place (between transactions: nothing to rewind)."""
         log.warning("replacing the transactional producer: %s", why)
@@ -497,18 +489,7 @@ class ChildExecutor:
         self.producer = self._new_producer()
         self._producer_failed = None
         producer = self.producer
-        init_transactions_waiting(
-            producer,
-            self._stop,
-            TXN_TIMEOUT_S,
-            lambda: cluster_whole(producer, 2.0, self.names.commands),
-            lambda err, rounds: log.warning(
-                "the cluster is not whole (no broker answers, or one it names is down): the new "
-                "transactional producer waits for the cluster (%.0f s): %s",
-                rounds * TXN_TIMEOUT_S,
-                err.str(),
-            ),
-        )
+        init_transactions_waiting(producer, self._stop, WAIT_ROUND_S, self._init_waiting)
         self._watch_coordinators(shaken_at)
         self.producers_replaced += 1
 

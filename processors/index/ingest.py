@@ -102,6 +102,7 @@ class Indexer:
         self.connect_timeout_s = connect_timeout_s
         # never the consumer's own offset queries: they abort while brokers fail over
         self._offsets = Offsets(settings, logger=kafka_log())
+        self._said_at: dict[int, float] = {}  # when a consumer error may be logged again
         self._decode = (codec or Codec.default()).decoder("run_events")
         self._cache: OrderedDict[str, RunRow] = OrderedDict()
         self.report = IngestReport()
@@ -160,8 +161,14 @@ class Indexer:
                         # under read_committed the end can lie past the last record (markers)
                         if msg.offset() >= 0:
                             batch.offsets[(self.topic, msg.partition())] = msg.offset()
-                    elif not err.retriable() and err.code() != KafkaError._TRANSPORT:
+                    elif err.fatal() or err.code() == KafkaError._FATAL:
                         raise KafkaException(err)
+                    elif time.monotonic() >= self._said_at.get(err.code(), 0.0):
+                        # the consumer recovers from the rest (a broker lost, all of them, a
+                        # leader moving): said every 10 s while it lasts, never a reason to
+                        # exit (issue 48; `_ALL_BROKERS_DOWN` is not retriable, and stopped it)
+                        self._said_at[err.code()] = time.monotonic() + 10.0
+                        log.warning("waiting for the cluster: %s", err.str())
                 if records:
                     self._ingest(records, batch)
                     pending += len(records)

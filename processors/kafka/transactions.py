@@ -130,21 +130,27 @@ def commit_resuming(
             on_retry(err, resumed)
 
 
+# How long each round of a waiting init_transactions lasts: what it waits for is said once a round.
+WAIT_ROUND_S = 10.0
+
+
 def init_transactions_waiting(
     producer: Producer,
     stop: threading.Event,
     round_s: float,
-    cluster_answers: Callable[[], bool],
     on_wait: Callable[[KafkaError, int], None],
     bounded: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> None:
-    """`init_transactions` of a producer replaced while running, in rounds of `round_s`, for as
-    long as no broker answers (`on_wait(error, rounds)` after each such round): nothing is in
-    doubt before it returns, so there is no reason to give up while the cluster is away. Once
-    the cluster answers again it gets one full round more; an error from a cluster that answers
-    is raised, and a stop request raises StopRequested."""
+    """`init_transactions` of a new producer (at start-up, or replacing one while running), in
+    rounds of `round_s`, for as long as the cluster cannot serve it: no broker answers, or some
+    do but the transaction coordinator is not available (two brokers of three lost: the
+    transaction state's partitions have no leader or too few in-sync replicas; a coordinator
+    still loading). `on_wait(error, rounds)` after each such round. Nothing is in doubt before it
+    returns, so there is no reason to give up however long that lasts (issue 48: a processor
+    gave up after 70 s of a quorum loss and served again only when restarted by hand). A fatal
+    or non-retriable error (a fence, an authorization refused) is raised; a stop request raises
+    StopRequested."""
     rounds = 0
-    lost = False
     while True:
         try:
             with bounded():
@@ -154,11 +160,5 @@ def init_transactions_waiting(
             err: KafkaError = e.args[0]
             if not (err.retriable() or err.code() in KEEP_WAITING) or err.fatal():
                 raise
-            if cluster_answers():
-                if not lost:
-                    raise
-                lost = False  # it came back during the round: one full round more
-                continue
-            lost = True
             rounds += 1
             on_wait(err, rounds)

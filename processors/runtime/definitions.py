@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors.engine import Catalog
 from processors.engine.lifecycle import is_lifecycle, parse_lifecycle
-from processors.kafka.exits import StopRequested, until_stopped
+from processors.kafka.exits import KEEP_WAITING, StopRequested, until_stopped
 from processors.kafka.fetch import first_then_buffered
 from processors.kafka.watermarks import Offsets
 from processors.runtime.metrics import ProcessorMetrics
@@ -32,6 +32,9 @@ _LEADERLESS = frozenset(
         KafkaError._TIMED_OUT,
     }
 )
+
+
+WAIT_LOG_S = 10.0  # a wait for the cluster is said this often
 
 
 class DefinitionsReader:
@@ -67,6 +70,9 @@ class DefinitionsReader:
             )
         parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(tmeta.partitions)]
         self._consumer.assign(parts)
+        # A cluster that cannot serve a partition (its leader lost, two brokers of three down) is
+        # waited for, however long, and said every WAIT_LOG_S (issue 48: no process gives up
+        # because of an outage); `timeout_s` is how long before the first such line.
         deadline = time.monotonic() + timeout_s
         pending = set()
         for tp in parts:
@@ -77,10 +83,11 @@ class DefinitionsReader:
             if stop.is_set():
                 raise StopRequested
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"definitions topic {self.topic}: not caught up after {timeout_s}s "
-                    f"(partitions {sorted(pending)} behind)"
+                self._log.warning(
+                    "definitions: not caught up yet; waiting for the cluster",
+                    extra={"topic": self.topic, "behind": sorted(pending)},
                 )
+                deadline = time.monotonic() + WAIT_LOG_S
             for msg in first_then_buffered(self._consumer, 500, 0.2):
                 err = msg.error()
                 if err is not None:
@@ -102,8 +109,14 @@ class DefinitionsReader:
                 )
             except KafkaException as e:
                 err = e.args[0]
-                if (not err.retriable() and err.code() not in _LEADERLESS) or time.monotonic() > deadline:
+                if not err.retriable() and err.code() not in _LEADERLESS and err.code() not in KEEP_WAITING:
                     raise
+                if time.monotonic() > deadline:
+                    self._log.warning(
+                        "definitions: partition offsets unavailable; waiting for the cluster",
+                        extra={"topic": self.topic, "partition": partition, "error": err.str()},
+                    )
+                    deadline = time.monotonic() + WAIT_LOG_S
                 stop.wait(0.2)
 
     def poll(self) -> int:

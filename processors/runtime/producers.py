@@ -25,9 +25,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka.coordinators import SHAKEN_CODES, CoordinatorWatch, StaleWait, cluster_whole
-from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped, until_stopped
+from processors.kafka.exits import FENCED_CODES, ExitCode, ProcessorStopped
 from processors.kafka.fetch import connect_first
-from processors.kafka.transactions import Renewals, init_transactions_waiting
+from processors.kafka.transactions import WAIT_ROUND_S, Renewals, init_transactions_waiting
 from processors.kafka.watchdog import CALL_GRACE_S, CallAbandoned, CallThread, send_offsets_flushing
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.settings import ProcessorSettings
@@ -119,30 +119,26 @@ class TxnProducers:
 
         def waiting(err: KafkaError, rounds: int) -> None:
             self._log.warning(
-                "the cluster is not whole (no broker answers, or one it names is down): the new "
-                "transactional producer waits for the cluster",
+                "the cluster cannot serve init_transactions yet (no broker answers, or too few to "
+                "elect the transaction coordinator): the new transactional producer waits for it",
                 extra={
                     "transactional_id": tid,
-                    "waited_s": round(rounds * KAFKA_TIMEOUT_S),
+                    "waited_s": round(rounds * WAIT_ROUND_S),
                     "error": err.str(),
                 },
             )
             self.alive()
 
         try:
-            # fences and aborts what an older one left open
-            if stop is not None:  # start-up: the cluster answered a moment ago (await_cluster)
-                with self._bounded("init_transactions", KAFKA_TIMEOUT_S):
-                    until_stopped(producer.init_transactions, stop, KAFKA_TIMEOUT_S)
-            else:
-                init_transactions_waiting(
-                    producer,
-                    self._stop,
-                    KAFKA_TIMEOUT_S,
-                    lambda: cluster_whole(producer, 2.0, s.topics.run_events),
-                    waiting,
-                    lambda: self._bounded("init_transactions", KAFKA_TIMEOUT_S),
-                )
+            # fences and aborts what an older one left open; at start-up (`stop`) as while
+            # running, a cluster down or below quorum is waited for, however long (issue 48)
+            init_transactions_waiting(
+                producer,
+                stop if stop is not None else self._stop,
+                WAIT_ROUND_S,
+                waiting,
+                lambda: self._bounded("init_transactions", WAIT_ROUND_S),
+            )
         except KafkaException as e:
             raise ProcessorStopped(
                 ExitCode.FATAL, f"init_transactions failed for {tid}: {e.args[0].str()}"

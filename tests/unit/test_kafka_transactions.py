@@ -123,27 +123,27 @@ class _Initer:
             raise KafkaException(KafkaError(self.code, "all brokers down", retriable=self.retriable))
 
 
-def test_a_producer_waits_for_a_lost_cluster_and_gets_a_full_round_once_it_is_back() -> None:
-    p = _Initer(failures=3)
-    answers = iter([False, False, True])  # lost twice, then back while the 3rd round failed
+def test_a_producer_waits_for_a_cluster_down_or_below_quorum_however_long() -> None:
+    # no broker answers (_TRANSPORT), then brokers answer but the transaction coordinator cannot
+    # be elected (two of three lost): both are waited for, round after round (issue 48)
+    p = _Initer(failures=25)
     waits: list[int] = []
-    init_transactions_waiting(p, threading.Event(), 0.01, lambda: next(answers), lambda e, n: waits.append(n))  # type: ignore[arg-type]
-    assert p.calls == 4 and waits == [1, 2]
+    init_transactions_waiting(p, threading.Event(), 0.01, lambda e, n: waits.append(n))  # type: ignore[arg-type]
+    assert p.calls == 26 and waits == list(range(1, 26))
+    below_quorum = _Initer(failures=25, code=KafkaError.COORDINATOR_NOT_AVAILABLE)
+    init_transactions_waiting(below_quorum, threading.Event(), 0.01, lambda e, n: None)  # type: ignore[arg-type]
+    assert below_quorum.calls == 26
 
 
-def test_a_producer_refused_by_a_cluster_that_answers_or_stopped_does_not_wait() -> None:
-    with pytest.raises(KafkaException):
-        init_transactions_waiting(
-            _Initer(failures=9), threading.Event(), 0.01, lambda: True, lambda e, n: None
-        )  # type: ignore[arg-type]
+def test_a_producer_refused_or_stopped_does_not_wait() -> None:
     fatal = _Initer(failures=9, code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, retriable=False)
     with pytest.raises(KafkaException):
-        init_transactions_waiting(fatal, threading.Event(), 0.01, lambda: False, lambda e, n: None)  # type: ignore[arg-type]
+        init_transactions_waiting(fatal, threading.Event(), 0.01, lambda e, n: None)  # type: ignore[arg-type]
     assert fatal.calls == 1
     stop = threading.Event()
     stop.set()
     with pytest.raises(StopRequested):
-        init_transactions_waiting(_Initer(failures=9), stop, 0.01, lambda: False, lambda e, n: None)  # type: ignore[arg-type]
+        init_transactions_waiting(_Initer(failures=9), stop, 0.01, lambda e, n: None)  # type: ignore[arg-type]
 
 
 class _Member:

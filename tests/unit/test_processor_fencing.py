@@ -243,7 +243,7 @@ def _replacing(
     monkeypatch.setattr(producers_module, "CoordinatorWatch", lambda *_: None)
     monkeypatch.setattr(producers_module, "cluster_answers", lambda *_: answers)
     monkeypatch.setattr(producers_module, "cluster_whole", lambda *_: answers)
-    monkeypatch.setattr(producers_module, "KAFKA_TIMEOUT_S", 0.05)  # a wait's round, not 30 s
+    monkeypatch.setattr(producers_module, "WAIT_ROUND_S", 0.05)  # a wait's round, not 10 s
     beats: list[int] = []
     monkeypatch.setattr(proc.producers, "alive", lambda: beats.append(1))
     proc.producers._producers = _offline_producers()
@@ -260,10 +260,23 @@ def test_a_producer_replaced_while_no_broker_answers_waits_for_the_cluster_inste
     assert beats  # the loop's watchdog is told the wait is not a stall
 
 
-def test_a_replacement_refused_by_a_cluster_that_answers_stops_with_1(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    proc, beats = _replacing(monkeypatch, _InitWaits(failures=99), answers=True)
+def test_a_replacement_waits_out_a_cluster_that_answers_below_quorum(monkeypatch: pytest.MonkeyPatch) -> None:
+    # brokers answer, but with two of three lost no transaction coordinator can be elected:
+    # issue 48's processors exited 1 here ("Coordinator not available") after ~70 s
+    fake = _InitWaits(failures=6, code=KafkaError.COORDINATOR_NOT_AVAILABLE)
+    proc, beats = _replacing(monkeypatch, fake, answers=True)
+    proc.producers.replace("it failed fatally", "fatal")
+    assert proc.producers.current is fake and fake.calls == 7
+    assert beats
+
+
+def test_a_replacement_refused_stops_with_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    class _Refused(_InitWaits):
+        def init_transactions(self, timeout: float) -> None:
+            self.calls += 1
+            raise KafkaException(KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "refused"))
+
+    proc, beats = _replacing(monkeypatch, _Refused(failures=99), answers=True)
     with pytest.raises(ProcessorStopped) as stopped:
         proc.producers.replace("it failed fatally", "fatal")
     assert stopped.value.code == ExitCode.FATAL and "init_transactions failed" in str(stopped.value)
