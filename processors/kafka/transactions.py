@@ -5,7 +5,7 @@ must be resumed by calling `commit_transaction` again, never aborted: an abort t
 "Conflicting commit_transaction API call is already in progress", and the transaction's outcome
 is unknown until a call returns it. So the call is repeated, up to `attempts` times, and while
 no broker answers at all (or one the metadata names is down: `coordinators.cluster_whole`, the
-callers' test), for up to CLUSTER_LOSS_WAIT_S more (a whole cluster lost: only its
+callers' test), for as long as CLUSTER_LOSS_WAIT_S (no bound) more (a whole cluster lost: only its
 return can tell the outcome; a process that gave up here had to exit, since replaying the input
 could emit the outputs twice); a failure that needs an abort, a fatal one, or the last attempt's
 while the cluster answers is raised to the caller. A producer replaced while no broker answers
@@ -21,6 +21,7 @@ is not passing, and the process stops (`Renewals`).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -36,10 +37,10 @@ COMMIT_ATTEMPTS = 5
 # a child executor that had nothing to commit between two faults of a rolling restart, and a
 # processor whose commit after a renewal fails in the same fault has the same gap.
 RENEW_AGAIN_AFTER_S = 30.0
-# How long a commit in doubt waits for a cluster of which no broker answers, past its attempts:
-# longer than a broker host's restart; past it the process stops (exit 1) and its restart's
-# init_transactions settles the transaction.
-CLUSTER_LOSS_WAIT_S = 300.0
+# How long a commit in doubt waits for a cluster that is not whole (no broker answers, or one it
+# names is down), past its attempts: however long it takes (issue 48: no process gives up
+# because of an outage; it was 300 s, then exit 1). Only a stop request ends the wait.
+CLUSTER_LOSS_WAIT_S = math.inf
 
 
 class GroupMetadata:
