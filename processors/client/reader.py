@@ -145,16 +145,17 @@ class PartitionReader:
                 time.sleep(0.1)
 
     def end_offset(self, topic: str, partition: int) -> int:
-        return self._watermarks(topic, partition)[1]
+        """Where a read_committed reader's partition ends now (its last stable offset)."""
+        tp = TopicPartition(topic, partition)
+        return self._retrying(
+            f"reading offsets of {topic}[{partition}]", lambda: self._offsets.end(tp, self.timeout_s)
+        )
 
     def start_offset(self, topic: str, partition: int) -> int:
         """The first offset the partition still holds (above 0 once retention deleted records)."""
-        return self._watermarks(topic, partition)[0]
-
-    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         tp = TopicPartition(topic, partition)
         return self._retrying(
-            f"reading offsets of {topic}[{partition}]", lambda: self._offsets.watermarks(tp, self.timeout_s)
+            f"reading offsets of {topic}[{partition}]", lambda: self._offsets.start(tp, self.timeout_s)
         )
 
     def offset_for_time(self, topic: str, partition: int, ts_ms: int) -> int:

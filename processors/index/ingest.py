@@ -206,14 +206,25 @@ class Indexer:
         deadline: float | None = None
         while True:
             try:
+                # once it answered, a cluster gone again is waited for, said every 10 s (issue 48)
                 await_cluster(
-                    consumer, self.settings.bootstrap_servers, self.connect_timeout_s, stop, self.topic
+                    consumer,
+                    self.settings.bootstrap_servers,
+                    self.connect_timeout_s if deadline is None else 10.0,
+                    stop,
+                    self.topic,
                 )
             except ClusterUnreachable as e:
-                raise IngestCannotStart(str(e)) from None
-            md = consumer.list_topics(self.topic, timeout=10)  # it answered a moment ago
+                if deadline is None:
+                    raise IngestCannotStart(str(e)) from None
+                log.warning("waiting for the cluster: %s", e)
+                continue
             if deadline is None:
                 deadline = time.monotonic() + TOPIC_APPEARS_S
+            try:
+                md = consumer.list_topics(self.topic, timeout=10)  # it answered a moment ago
+            except KafkaException:  # and went away again: wait for it
+                continue
             tmd = md.topics.get(self.topic)
             if tmd is not None and tmd.error is None and tmd.partitions:
                 return sorted(tmd.partitions)
