@@ -271,9 +271,10 @@ def run_scenario(
     beside = Beside(s, ui_port)
     threads = beside.start()
     raw_topic = f"{s.topic_prefix}.raw-probe"
-    AdminClient({"bootstrap.servers": cluster.bootstrap}).create_topics(
-        [NewTopic(raw_topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})]
-    )[raw_topic].result(30)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # held: a client let go ends its requests
+    admin.create_topics([NewTopic(raw_topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})])[
+        raw_topic
+    ].result(30)
     raw = Raw(cluster.bootstrap, raw_topic)
     threads.append(raw.start())
     schedule = Schedule(cluster, cluster.bootstrap, s.topic_prefix)
