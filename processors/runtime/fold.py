@@ -21,6 +21,7 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
+from processors.engine.pending import timers_of
 from processors.engine.vocabulary import COMMANDS, TERMINAL_RECEIPTS, TERMINAL_STATUSES
 from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
@@ -209,6 +210,7 @@ class Folder:
         self._enc_activation = codec.encoder("activations")
         self._enc_child = codec.encoder("child_activations")
         self._enc_snapshot = codec.encoder("run_state")
+        self._decode_snapshot = codec.decoder("run_state")
         self._enc_dead = codec.encoder("dead_letters")
         self._activation_topics: dict[str, str] = {}
         self.run_events = topics.run_events
@@ -741,6 +743,11 @@ class Folder:
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)
+        if before is not None and 0 < ev["sequence"] <= before["sequence"]:
+            # Already in the state: a restore from run-state snapshots folds run-events from an
+            # offset the snapshots may be ahead of (docs/runtime.md, "Restore from run-state").
+            # A log fold never meets one: each run's events follow its state's sequence.
+            return
         state = evolve(before, ev)
         _count_status(overlay, before, state, ev["ts_ms"], self.finished_retention_ms)
         overlay.add_event(run_id, ev["sequence"], value)
@@ -752,6 +759,21 @@ class Folder:
                 body = {**body, "run_id": run_id}
                 overlay.set_timer(run_id, body, orjson.dumps(body))
         overlay.put_state(run_id, state, None, None)
+
+    def seed_snapshot(self, overlay: PartitionOverlay, value: bytes) -> str:
+        """Put one run's latest `<p>.run-state` snapshot into a new store (a restore from
+        run-state): its state, the timers its state has armed (`timers_of`: what folding its
+        events' effects leaves), its purge entry and its count, as `fold_committed` leaves
+        them after the run's last event. Returns the run id. Raises DecodeError."""
+        snap = self._decode_snapshot(value)
+        run_id: str = snap["run_id"]
+        state = load_state(orjson.dumps(snap["state"]))
+        # the finishing event's time is the state's last change (evolve sets updated_ms)
+        _count_status(overlay, None, state, state["updated_ms"], self.finished_retention_ms)
+        for body in timers_of(state):
+            overlay.set_timer(run_id, body, orjson.dumps(body))
+        overlay.put_state(run_id, state, None, None)
+        return run_id
 
     @staticmethod
     def dump_all(overlay: PartitionOverlay) -> None:

@@ -119,10 +119,12 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
             cmd.complete(act)  # step a of every run
         cmd.flush()
         acts.wait_for(lambda xs: len(xs) >= 2 * len(runs), what="second activations")
-    # lose the store entirely: restart rebuilds it from run-events, then finishes the runs
+    # lose the store entirely: restart rebuilds it from run-state (each run's snapshot, no
+    # event of them folded again), then finishes the runs
     shutil.rmtree(settings.state_dir)
     with running(settings) as pt:
-        assert pt.processor.metrics.events_restored._value.get() > 0
+        assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
+        assert pt.processor.metrics.events_restored._value.get() == 0
         with Responder(settings, complete_all):
             # the second activations were emitted already; answer them (the responder reads from the start)
             events.wait_for(
@@ -255,7 +257,9 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
         return finish(self, consumer)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Partitions, "_finish_caught_up", noting_first_offsets)
-    with running(settings) as pt, Responder(settings, complete_all):
+    # the full-log restore (a restore from run-state takes both runs from their snapshots)
+    from_log = settings.model_copy(update={"restore_from_state": False})
+    with running(from_log) as pt, Responder(settings, complete_all):
         events.wait_for(
             lambda evs: all(terminal_of(evs, r) for r in runs if r != open_lost),
             timeout=60,

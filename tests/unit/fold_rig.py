@@ -37,17 +37,22 @@ class Rig:
         catalog = Catalog()
         catalog.register(ONE)
         self.out: list[tuple[str, bytes]] = []
+        self.keyed: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value), tombstones too
         self.folder = Folder(
             EngineContext(catalog=catalog),
             CODEC,
             TOPICS,
-            lambda topic, value, key, **kw: self.out.append((topic, value)),
+            self._produce,
             lambda err, msg: None,
             lambda: TS,
             RETENTION,
         )
         self.partition = partition
         self.store = PartitionStore(path, partition)
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes, **kw: Any) -> None:
+        self.out.append((topic, value))  # type: ignore[arg-type]
+        self.keyed.append((topic, key, value))
 
     def transaction(self, *inputs: tuple[str, dict[str, Any]]) -> None:
         ov, counters = PartitionOverlay(self.store), TxnCounters()
@@ -155,6 +160,32 @@ def restore(rig: Rig, path: Path) -> PartitionStore:
     store = PartitionStore(path, 0)
     ov = PartitionOverlay(store)
     for raw in rig.events():
+        rig.folder.fold_committed(ov, raw)
+    Folder.dump_all(ov)
+    ov.write(None)
+    return store
+
+
+def restore_from_state(rig: Rig, path: Path, events_from: int | None = None) -> PartitionStore:
+    """A new owner's store restored from run-state: each run's latest snapshot (or tombstone)
+    as compaction leaves it, then the run events from index `events_from` on (default: none;
+    an earlier index is a run-events end E0 taken before the snapshots were read)."""
+    store = PartitionStore(path, 0)
+    latest: dict[bytes, bytes | None] = {}
+    for topic, key, value in rig.keyed:
+        if topic == TOPICS.run_state:
+            latest.pop(key, None)
+            latest[key] = value
+    events = rig.events()
+    start = len(events) if events_from is None else events_from
+    ov = PartitionOverlay(store)
+    for value in latest.values():
+        if value is not None:
+            rig.folder.seed_snapshot(ov, value)
+    Folder.dump_all(ov)
+    ov.write(start - 1 if start > 0 else None)
+    ov = PartitionOverlay(store)
+    for raw in events[start:]:
         rig.folder.fold_committed(ov, raw)
     Folder.dump_all(ov)
     ov.write(None)

@@ -7,7 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fold_rig import CODEC, RETENTION, TS, Rig, completed, contents, fire, purge, restore, start, state
+from fold_rig import (
+    CODEC,
+    RETENTION,
+    TS,
+    Rig,
+    completed,
+    contents,
+    fire,
+    purge,
+    restore,
+    restore_from_state,
+    start,
+    state,
+)
 
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.timers import TimerFirer
@@ -95,10 +108,16 @@ def failed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
 
 
 def assert_restores_the_same(r: Rig, path: Path) -> dict[str, Any]:
+    """From the log and from run-state (the snapshots, then every event again: each is
+    skipped as already in its run's snapshot), the store the live path wrote."""
     live = contents(r.store)
     restored = restore(r, path)
     assert contents(restored) == live
     restored.close()
+    for events_from in (None, 0):
+        seeded = restore_from_state(r, path.with_name(f"{path.name}-state-{events_from}"), events_from)
+        assert contents(seeded) == live
+        seeded.close()
     return live
 
 
