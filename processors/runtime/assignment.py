@@ -402,6 +402,7 @@ class Partitions:
                 continue
             r.seeded_runs += 1
         Folder.dump_all(ov)
+        ov.store.mark_seeded(r.events_from)  # first: a crash after it re-seeds a store still new
         ov.write(r.events_from - 1)
         self._metrics.runs_seeded.inc(r.seeded_runs)
         r.snapshots = {}

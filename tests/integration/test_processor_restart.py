@@ -122,9 +122,18 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
     # lose the store entirely: restart rebuilds it from run-state (each run's snapshot, no
     # event of them folded again), then finishes the runs
     shutil.rmtree(settings.state_dir)
-    with running(settings) as pt:
+    with running(settings.model_copy(update={"query_port": 0})) as pt:
         assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
         assert pt.processor.metrics.events_restored._value.get() == 0
+        # the store holds no event of them: the query reads those from the topic, page by page
+        base = f"http://127.0.0.1:{pt.processor.query_port}"
+        events.wait_for(lambda evs: len([e for e in evs if e["run_id"] == runs[0]]) >= 5, what="events")
+        for since in (0, 2):
+            got = httpx.get(f"{base}/runs/{runs[0]}/events", params={"since": since, "limit": 3}, timeout=30)
+            logged = [e for e in events.records if e["run_id"] == runs[0]][since : since + 3]
+            assert [(e["sequence"], e["type"]) for e in got.json()["events"]] == [
+                (e["sequence"], e["type"]) for e in logged
+            ]
         with Responder(settings, complete_all):
             # the second activations were emitted already; answer them (the responder reads from the start)
             events.wait_for(

@@ -183,6 +183,7 @@ def restore_from_state(rig: Rig, path: Path, events_from: int | None = None) -> 
         if value is not None:
             rig.folder.seed_snapshot(ov, value)
     Folder.dump_all(ov)
+    store.mark_seeded(start)
     ov.write(start - 1 if start > 0 else None)
     ov = PartitionOverlay(store)
     for raw in events[start:]:
