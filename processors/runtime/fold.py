@@ -29,6 +29,7 @@ from processors.runtime.overlay import Outcome, PartitionOverlay
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
+from schemas.run_state import purged_marker, purged_status
 from topology.catalog import TopicNames
 
 Produce = Callable[..., None]
@@ -386,7 +387,7 @@ class Folder:
         if status not in TERMINAL_STATUSES:
             return
         overlay.purge_overdue(run_id, status, purge_ms)
-        self._produce(self.run_state, None, key, partition=partition)
+        self._produce(self.run_state, self.purged_marker(run_id, status), key, partition=partition)
         counters.purged += 1
 
     def _names_unknown_definition(self, msg: dict[str, Any]) -> bool:
@@ -760,6 +761,11 @@ class Folder:
                 overlay.set_timer(run_id, body, orjson.dumps(body))
         overlay.put_state(run_id, state, None, None)
 
+    def purged_marker(self, run_id: str, status: str) -> bytes:
+        """A purged run's record on run-state instead of a tombstone: its id stays taken in
+        the compacted table, so a store restored from it refuses the id (schemas/run_state.py)."""
+        return self._enc_snapshot(purged_marker(run_id, status, self._now_ms()))
+
     def seed_snapshot(self, overlay: PartitionOverlay, value: bytes) -> str:
         """Put one run's latest `<p>.run-state` snapshot into a new store (a restore from
         run-state): its state, the timers its state has armed (`timers_of`: what folding its
@@ -767,6 +773,10 @@ class Folder:
         them after the run's last event. Returns the run id. Raises DecodeError."""
         snap = self._decode_snapshot(value)
         run_id: str = snap["run_id"]
+        purged = purged_status(snap)
+        if purged is not None:  # a purged run: its id only
+            overlay.marked[run_id] = purged
+            return run_id
         state = load_state(orjson.dumps(snap["state"]))
         # the finishing event's time is the state's last change (evolve sets updated_ms)
         _count_status(overlay, None, state, state["updated_ms"], self.finished_retention_ms)

@@ -33,6 +33,8 @@ from processor_support import (
 from processors.kafka.exits import ExitCode
 from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
+from schemas import Codec
+from schemas.run_state import purged_status
 from topology.settings import consumer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -324,6 +326,11 @@ runpy.run_module("processors.runtime", run_name="__main__")
 """
 
 
+def _purged(value: bytes | None) -> bool:
+    """A purge's record on run-state: its marker (schemas/run_state.py), a tombstone before."""
+    return value is None or purged_status(Codec.default().decode("run_state", value)) is not None
+
+
 def _tombstones(settings: ProcessorSettings, run_id: str) -> int:
     """Run-state tombstones of `run_id` committed so far (read_committed, until 1 s of quiet)."""
     consumer = Consumer(consumer_config(settings, f"tombstones-{uuid.uuid4().hex[:8]}"))
@@ -331,7 +338,7 @@ def _tombstones(settings: ProcessorSettings, run_id: str) -> int:
         assign_from_start(consumer, [settings.topics.run_state])
         n = 0
         while (m := consumer.poll(1.0)) is not None:
-            if m.error() is None and m.key() == run_id.encode() and m.value() is None:
+            if m.error() is None and m.key() == run_id.encode() and _purged(m.value()):
                 n += 1
         return n
     finally:
