@@ -1,0 +1,264 @@
+"""Restore: time until a fresh processor instance is ready, by history size, same live set.
+
+Each case fills fresh topics (4 partitions) with what a processor would have committed: the
+events of `--live` runs of the 3-step no-op workflow left waiting for their first step (their
+latest snapshot on `<p>.run-state`), and of `--finished` x multiplier runs that finished and
+were purged after their retention (their events, their last snapshot and then its purged-run
+marker on `<p>.run-state`, as a purge writes it). The runs are produced by driving the pure
+engine (replay_bench's way), not a live processor: minutes of traffic in seconds. Then a
+processor is started with an empty state directory (a fresh instance: a lost disk, a new
+node) and the figure is the time from its spawn to `/health` answering ready with all 4
+partitions owned and none restoring, process start included; also with `restore_from_state: false` (the
+whole log folded, the restore before run-state) for the cases named by `--log-cases`.
+
+    runfold bench restore [--live 200] [--finished 1000] [--multipliers 1,8,64] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from typing import Any
+
+import httpx
+from confluent_kafka import Producer
+
+from benchmarks.harness import Bench, RoundContext, delete_topics_containing, spawn_log
+from benchmarks.replay_bench import CODEC, ZERO, snapshot_of
+from benchmarks.workflow_throughput import DEFINITIONS
+from processors.engine import Catalog, Ceilings, EngineContext, decide, effects, evolve
+from schemas.run_state import purged_marker
+from topology.admin import create_topology
+from topology.settings import KafkaSettings, producer_config
+
+TS0 = 1_764_400_000_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def synthesize(settings: KafkaSettings, live: int, finished: int, tag: str) -> dict[str, int]:
+    """Produce `finished` purged runs then `live` open ones (see the module doc); returns the
+    counts of events and run-state records produced."""
+    catalog = Catalog()
+    for d in DEFINITIONS:
+        catalog.register(d)
+    ctx = EngineContext(catalog=catalog, ceilings=Ceilings(), queues=frozenset(settings.activation_queues))
+    enc = CODEC.encoder("run_events")
+    enc_snap = CODEC.encoder("run_state")
+    events_topic = f"{settings.topic_prefix}.run-events"
+    state_topic = f"{settings.topic_prefix}.run-state"
+    producer = Producer(producer_config(settings, linger_ms=50))
+    counts = {"events": 0, "state_records": 0}
+
+    def produce(topic: str, value: bytes, key: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    for i in range(finished + live):
+        done = i < finished
+        run_id = f"{tag}-{'f' if done else 'l'}-{i}"
+        key = run_id.encode()
+        ts = TS0 + i
+        state: Any = None
+        inputs: deque[dict[str, Any]] = deque(
+            [
+                {
+                    "type": "StartRun",
+                    "run_id": run_id,
+                    "ts_ms": ts,
+                    "record_id": "c",
+                    "definition_id": "noop-3",
+                    "revision": None,
+                    "input": {},
+                }
+            ]
+        )
+        while inputs:
+            msg = inputs.popleft()
+            for ev in decide(state, msg, ctx).events:
+                state = evolve(state, ev)
+                produce(events_topic, enc(ev), key)
+                counts["events"] += 1
+                if state is None or not done:
+                    continue
+                for m in effects(state, ev).messages:
+                    if m["type"] != "ActionActivation":
+                        continue
+                    ident = {k: m[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
+                    ts += 2
+                    inputs.append(
+                        {
+                            "type": "ActivationCompleted",
+                            "run_id": run_id,
+                            "ts_ms": ts,
+                            "record_id": "b",
+                            **ident,
+                            "worker_id": "w",
+                            "output": {},
+                            "usage": ZERO,
+                        }
+                    )
+        produce(state_topic, snapshot_of(state, ts), key)
+        counts["state_records"] += 1
+        if done:  # purged after its retention: the marker follows its last snapshot
+            produce(state_topic, enc_snap(purged_marker(run_id, state["status"], ts + 1)), key)
+            counts["state_records"] += 1
+        if i % 500 == 0:
+            producer.poll(0)
+    if producer.flush(300):
+        raise RuntimeError("restore_bench: records still unsent after 300 s")
+    return counts
+
+
+def time_to_ready(prefix: str, from_state: bool, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Spawn a processor with an empty state dir; seconds until /health says ready."""
+    state_dir = tempfile.mkdtemp(prefix="restore-bench-")
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RUNFOLD_")},
+        "RUNFOLD_TOPIC_PREFIX": prefix,
+        "RUNFOLD_PARTITIONS": "4",
+        "RUNFOLD_RESTORE_FROM_STATE": "true" if from_state else "false",
+    }
+    for k in ("KAFKA_BOOTSTRAP_SERVERS", "RUNFOLD_BOOTSTRAP_SERVERS"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    args = [
+        sys.executable,
+        "-m",
+        "processors.runtime",
+        "--instance-id",
+        "restore-bench",
+        "--state-dir",
+        state_dir,
+        "--query-port",
+        str(port),
+        "--log-level",
+        "INFO",
+    ]
+    log = spawn_log("restore")
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            if proc.poll() is not None:
+                raise RuntimeError(f"processor exited {proc.returncode}; log {log}")
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
+                body = r.json() if r.status_code == 200 else {}
+                # ready, every partition owned and none restoring (ready alone is the process)
+                if body.get("ready") and len(body.get("owned", [])) == 4 and not body.get("restoring"):
+                    return {"ready_s": round(time.monotonic() - t0, 3), "log": str(log)}
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"not ready after {timeout_s} s; log {log}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
+    p = ctx.params
+    out: dict[str, dict[str, Any]] = {}
+    for m in p["multipliers"]:
+        prefix = f"{ctx.prefix}x{m}"
+        settings = KafkaSettings(topic_prefix=prefix, partitions=4)
+        try:
+            create_topology(settings)
+            finished = max(10, p["finished"] // 10) if ctx.warmup else p["finished"] * m
+            t0 = time.monotonic()
+            counts = synthesize(settings, p["live"], finished, f"h{m}")
+            ctx.log(f"x{m}: {counts} in {time.monotonic() - t0:.1f} s")
+            modes = [True] + ([False] if m in p["log_cases"] else [])
+            for from_state in modes:
+                case = f"x{m} {'run-state' if from_state else 'whole log'}"
+                res = time_to_ready(prefix, from_state)
+                out[case] = {
+                    "ready_s": res["ready_s"],
+                    "events": counts["events"],
+                    "state_records": counts["state_records"],
+                    "live_runs": p["live"],
+                    "finished_runs": finished,
+                }
+                ctx.log(f"{case}: ready after {res['ready_s']} s ({res['log']})")
+        finally:
+            delete_topics_containing(prefix)
+    return out
+
+
+def run(
+    live: int = 200,
+    finished: int = 1000,
+    multipliers: tuple[int, ...] = (1, 8, 64),
+    log_cases: tuple[int, ...] = (1, 8),
+    rounds: int = 1,
+    warmup: int = 0,
+    name: str = "restore_bench",
+) -> Bench:
+    bench = Bench(
+        name,
+        params={
+            "live": live,
+            "finished": finished,
+            "multipliers": list(multipliers),
+            "log_cases": list(log_cases),
+            "workflow": "noop-3",
+            "partitions": 4,
+        },
+        rounds=rounds,
+        warmup=warmup,
+    )
+    bench.run(round_fn)
+    lo, hi = min(multipliers), max(multipliers)
+    base = bench.median(f"x{lo} run-state", "ready_s")
+    top = bench.median(f"x{hi} run-state", "ready_s")
+    if base and top:
+        bench.ratios[f"x{hi}_vs_x{lo}"] = {
+            "value": round(top / base, 3),
+            "target": 1.5,
+            "met": top / base <= 1.5,
+        }
+    bench.save(plot=[("seconds to /health ready (fresh instance)", "ready_s")])
+    return bench
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--live", type=int, default=200)
+    ap.add_argument("--finished", type=int, default=1000)
+    ap.add_argument("--multipliers", default="1,8,64")
+    ap.add_argument("--log-cases", default="1,8")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--name", default="restore_bench")
+    a = ap.parse_args()
+    b = run(
+        a.live,
+        a.finished,
+        tuple(int(x) for x in a.multipliers.split(",")),
+        tuple(int(x) for x in a.log_cases.split(",") if x),
+        a.rounds,
+        name=a.name,
+    )
+    print(b.table(["ready_s"]))
