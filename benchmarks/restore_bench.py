@@ -3,8 +3,9 @@
 Each case fills fresh topics (4 partitions) with what a processor would have committed: the
 events of `--live` runs of the 3-step no-op workflow left waiting for their first step (their
 latest snapshot on `<p>.run-state`), and of `--finished` x multiplier runs that finished and
-were purged after their retention (their events, their last snapshot and then its purged-run
-marker on `<p>.run-state`, as a purge writes it). The runs are produced by driving the pure
+were purged after their retention (their events, and on `<p>.run-state` their purged-run
+marker, as the cleaner leaves the topic; for the multipliers in `--uncompacted-cases` their
+last snapshot too, before the marker: a topic the cleaner has not reached). The runs are produced by driving the pure
 engine (replay_bench's way), not a live processor: minutes of traffic in seconds. Then a
 processor is started with an empty state directory (a fresh instance: a lost disk, a new
 node) and the figure is the time from its spawn to `/health` answering ready with all 4
@@ -46,9 +47,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def synthesize(settings: KafkaSettings, live: int, finished: int, tag: str) -> dict[str, int]:
+def synthesize(
+    settings: KafkaSettings, live: int, finished: int, tag: str, compacted: bool = True
+) -> dict[str, int]:
     """Produce `finished` purged runs then `live` open ones (see the module doc); returns the
-    counts of events and run-state records produced."""
+    counts of events and run-state records produced. `compacted`: a purged run's marker only,
+    as the cleaner leaves run-state; else its last snapshot before it (not cleaned yet)."""
     catalog = Catalog()
     for d in DEFINITIONS:
         catalog.register(d)
@@ -112,8 +116,9 @@ def synthesize(settings: KafkaSettings, live: int, finished: int, tag: str) -> d
                             "usage": ZERO,
                         }
                     )
-        produce(state_topic, snapshot_of(state, ts), key)
-        counts["state_records"] += 1
+        if not (done and compacted):
+            produce(state_topic, snapshot_of(state, ts), key)
+            counts["state_records"] += 1
         if done:  # purged after its retention: the marker follows its last snapshot
             produce(state_topic, enc_snap(purged_marker(run_id, state["status"], ts + 1)), key)
             counts["state_records"] += 1
@@ -187,11 +192,13 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
             create_topology(settings)
             finished = max(10, p["finished"] // 10) if ctx.warmup else p["finished"] * m
             t0 = time.monotonic()
-            counts = synthesize(settings, p["live"], finished, f"h{m}")
+            compacted = m not in p["uncompacted_cases"]
+            counts = synthesize(settings, p["live"], finished, f"h{m}", compacted)
             ctx.log(f"x{m}: {counts} in {time.monotonic() - t0:.1f} s")
             modes = [True] + ([False] if m in p["log_cases"] else [])
             for from_state in modes:
-                case = f"x{m} {'run-state' if from_state else 'whole log'}"
+                kind = ("run-state" if compacted else "run-state uncompacted") if from_state else "whole log"
+                case = f"x{m} {kind}"
                 res = time_to_ready(prefix, from_state)
                 out[case] = {
                     "ready_s": res["ready_s"],
@@ -212,6 +219,7 @@ def run(
     multipliers: tuple[int, ...] = (1, 8, 64),
     log_cases: tuple[int, ...] = (1, 8),
     rounds: int = 1,
+    uncompacted_cases: tuple[int, ...] = (),
     warmup: int = 0,
     name: str = "restore_bench",
 ) -> Bench:
@@ -222,6 +230,7 @@ def run(
             "finished": finished,
             "multipliers": list(multipliers),
             "log_cases": list(log_cases),
+            "uncompacted_cases": list(uncompacted_cases),
             "workflow": "noop-3",
             "partitions": 4,
         },
@@ -251,6 +260,7 @@ if __name__ == "__main__":
     ap.add_argument("--multipliers", default="1,8,64")
     ap.add_argument("--log-cases", default="1,8")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--uncompacted-cases", default="")
     ap.add_argument("--name", default="restore_bench")
     a = ap.parse_args()
     b = run(
@@ -259,6 +269,7 @@ if __name__ == "__main__":
         tuple(int(x) for x in a.multipliers.split(",")),
         tuple(int(x) for x in a.log_cases.split(",") if x),
         a.rounds,
+        tuple(int(x) for x in a.uncompacted_cases.split(",") if x),
         name=a.name,
     )
     print(b.table(["ready_s"]))

@@ -225,6 +225,9 @@ def restore(
     log_cases: Annotated[
         str, typer.Option(help="Multipliers also restored from the whole log (restore_from_state false).")
     ] = "1,8",
+    uncompacted_cases: Annotated[
+        str, typer.Option(help="Multipliers whose run-state still holds each purged run's last snapshot.")
+    ] = "",
     rounds: Rounds = 1,
 ) -> None:
     """Seconds until a fresh instance (empty state dir) is ready, by history size, same live set."""
@@ -236,6 +239,7 @@ def restore(
         tuple(int(x) for x in multipliers.split(",")),
         tuple(int(x) for x in log_cases.split(",") if x),
         rounds,
+        tuple(int(x) for x in uncompacted_cases.split(",") if x),
     )
     _show(b, ["ready_s", "events", "state_records"])
 

@@ -36,6 +36,7 @@ Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
 _LONG_END = 1 << 63
+_LOST = LOST_STATUS.decode()
 _MAX_ID_BYTES = 0xFFFF  # a run id's bytes in the store's event keys (a 2-byte length)
 _SAFE_ID_CHARS = _MAX_ID_BYTES // 4  # at most 4 UTF-8 bytes a character: shorter ids always fit
 
@@ -744,7 +745,14 @@ class Folder:
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)
-        if before is not None and 0 < ev["sequence"] <= before["sequence"]:
+        if before is None and ev["sequence"] > 0:
+            purged = overlay.purged_status(run_id)
+            if purged is not None and purged != _LOST:
+                # A purged run's marker (restored from run-state): its events stay folded away.
+                # A restore from run-state never meets one (the purge came after every event of
+                # the run, all below E0); a log fold has no markers.
+                return
+        elif before is not None and 0 < ev["sequence"] <= before["sequence"]:
             # Already in the state: a restore from run-state snapshots folds run-events from an
             # offset the snapshots may be ahead of (docs/runtime.md, "Restore from run-state").
             # A log fold never meets one: each run's events follow its state's sequence.
