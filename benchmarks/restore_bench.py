@@ -24,16 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from typing import Any
 
 import httpx
 from confluent_kafka import Producer
 
 from benchmarks.harness import Bench, RoundContext, delete_topics_containing, spawn_log
-from benchmarks.replay_bench import CODEC, ZERO, snapshot_of
+from benchmarks.replay_bench import CODEC, run_events, snapshot_of
 from benchmarks.workflow_throughput import DEFINITIONS
-from processors.engine import Catalog, Ceilings, EngineContext, decide, effects, evolve
+from processors.engine import Catalog, Ceilings, EngineContext
 from schemas.run_state import purged_marker
 from topology.admin import create_topology
 from topology.settings import KafkaSettings, producer_config
@@ -76,46 +75,10 @@ def synthesize(
         done = i < finished
         run_id = f"{tag}-{'f' if done else 'l'}-{i}"
         key = run_id.encode()
-        ts = TS0 + i
-        state: Any = None
-        inputs: deque[dict[str, Any]] = deque(
-            [
-                {
-                    "type": "StartRun",
-                    "run_id": run_id,
-                    "ts_ms": ts,
-                    "record_id": "c",
-                    "definition_id": "noop-3",
-                    "revision": None,
-                    "input": {},
-                }
-            ]
-        )
-        while inputs:
-            msg = inputs.popleft()
-            for ev in decide(state, msg, ctx).events:
-                state = evolve(state, ev)
-                produce(events_topic, enc(ev), key)
-                counts["events"] += 1
-                if state is None or not done:
-                    continue
-                for m in effects(state, ev).messages:
-                    if m["type"] != "ActionActivation":
-                        continue
-                    ident = {k: m[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
-                    ts += 2
-                    inputs.append(
-                        {
-                            "type": "ActivationCompleted",
-                            "run_id": run_id,
-                            "ts_ms": ts,
-                            "record_id": "b",
-                            **ident,
-                            "worker_id": "w",
-                            "output": {},
-                            "usage": ZERO,
-                        }
-                    )
+        events_of_run, state, ts = run_events(ctx, "noop-3", run_id, TS0 + i, answer=done)
+        for ev in events_of_run:
+            produce(events_topic, enc(ev), key)
+        counts["events"] += len(events_of_run)
         if not (done and compacted):
             produce(state_topic, snapshot_of(state, ts), key)
             counts["state_records"] += 1

@@ -43,6 +43,21 @@ def _timer(run_id: str, step: dict[str, Any], kind: str, due: int) -> Timer:
     }
 
 
+def wall_timer(run_id: str, wall: dict[str, Any]) -> Timer:
+    """The run's wall-time timer as its `wall` record arms it (effects: RunStarted, RunResumed)."""
+    return {
+        "type": "TimerFired",
+        "run_id": run_id,
+        "timer_id": wall_timer_id(run_id, wall["epoch"]),
+        "timer_kind": "wall_time",
+        "due_ms": wall["due_ms"],
+        "node": None,
+        "lineage": None,
+        "attempt": None,
+        "dispatch_id": None,
+    }
+
+
 def timers_of(state: RunState | None) -> list[Timer]:
     """The TimerFired bodies of every timer the run's events have armed and not cleared,
     ordered by timer id."""
@@ -52,19 +67,7 @@ def timers_of(state: RunState | None) -> list[Timer]:
     out: list[Timer] = []
     wall = state["wall"]
     if wall["since_ms"] is not None and wall["due_ms"] is not None:
-        out.append(
-            {
-                "type": "TimerFired",
-                "run_id": run_id,
-                "timer_id": wall_timer_id(run_id, wall["epoch"]),
-                "timer_kind": "wall_time",
-                "due_ms": wall["due_ms"],
-                "node": None,
-                "lineage": None,
-                "attempt": None,
-                "dispatch_id": None,
-            }
-        )
+        out.append(wall_timer(run_id, wall))
     waits = state["waits"]
     for key, step in state["steps"].items():
         status, kind = step["status"], step["kind"]

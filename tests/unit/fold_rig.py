@@ -166,16 +166,22 @@ def restore(rig: Rig, path: Path) -> PartitionStore:
     return store
 
 
-def restore_from_state(rig: Rig, path: Path, events_from: int | None = None) -> PartitionStore:
-    """A new owner's store restored from run-state: each run's latest snapshot (or tombstone)
-    as compaction leaves it, then the run events from index `events_from` on (default: none;
-    an earlier index is a run-events end E0 taken before the snapshots were read)."""
-    store = PartitionStore(path, 0)
+def run_state(rig: Rig) -> dict[bytes, bytes | None]:
+    """`<p>.run-state` as compaction leaves it: each key's last record, in the order last written."""
     latest: dict[bytes, bytes | None] = {}
     for topic, key, value in rig.keyed:
         if topic == TOPICS.run_state:
             latest.pop(key, None)
             latest[key] = value
+    return latest
+
+
+def restore_from_state(rig: Rig, path: Path, events_from: int | None = None) -> PartitionStore:
+    """A new owner's store restored from run-state: each run's latest snapshot (or tombstone)
+    as compaction leaves it, then the run events from index `events_from` on (default: none;
+    an earlier index is a run-events end E0 taken before the snapshots were read)."""
+    store = PartitionStore(path, 0)
+    latest = run_state(rig)
     events = rig.events()
     start = len(events) if events_from is None else events_from
     ov = PartitionOverlay(store)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fold_rig import CODEC, RETENTION, TOPICS, TS, Rig, completed, restore
+from fold_rig import CODEC, RETENTION, TOPICS, TS, Rig, completed, restore, run_state
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -195,11 +195,7 @@ def _counts(runs: dict[str, dict[str, Any]]) -> dict[str, int]:
 def seed(rig: Rig, path: Path, events_from: int, crash: str | None) -> PartitionStore:
     """The processor's restore from run-state (assignment.py: `_seed`, then `restore_step`), with
     a crash (the store closed, nothing after written) at one of its steps, and the restart."""
-    latest: dict[bytes, bytes | None] = {}
-    for topic, key, value in rig.keyed:
-        if topic == TOPICS.run_state:
-            latest.pop(key, None)
-            latest[key] = value
+    latest = run_state(rig)
     events = rig.events()
 
     def seeded_store() -> PartitionStore:
