@@ -24,9 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from confluent_kafka import Producer
 
 from benchmarks.harness import Bench, RoundContext, delete_topics_containing, spawn_log
@@ -92,8 +95,32 @@ def synthesize(
     return counts
 
 
+def _restore_s(log: Path) -> float | None:
+    """From the processor's log: seconds from its partitions' assignment to the last `partition
+    ready` (the restore alone, without the process start)."""
+    assigned = ready = None
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        ts = (
+            datetime.fromisoformat(str(rec.get("ts", "")).replace("Z", "+00:00")).timestamp()
+            if rec.get("ts")
+            else None
+        )
+        if rec.get("event") == "partitions assigned" and assigned is None:
+            assigned = ts
+        elif rec.get("event") == "partition ready":
+            ready = ts
+    return round(ready - assigned, 3) if assigned is not None and ready is not None else None
+
+
 def time_to_ready(prefix: str, from_state: bool, timeout_s: float = 900.0) -> dict[str, Any]:
-    """Spawn a processor with an empty state dir; seconds until /health says ready."""
+    """Spawn a processor with an empty state dir: seconds until /health says ready (every
+    partition owned, none restoring), and of those the restore's own (`_restore_s`)."""
     state_dir = tempfile.mkdtemp(prefix="restore-bench-")
     port = _free_port()
     env = {
@@ -120,10 +147,11 @@ def time_to_ready(prefix: str, from_state: bool, timeout_s: float = 900.0) -> di
     ]
     log = spawn_log("restore")
     t0 = time.monotonic()
+    ready_s = None
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        while time.monotonic() - t0 < timeout_s:
+        while time.monotonic() - t0 < timeout_s and ready_s is None:
             if proc.poll() is not None:
                 raise RuntimeError(f"processor exited {proc.returncode}; log {log}")
             try:
@@ -131,11 +159,12 @@ def time_to_ready(prefix: str, from_state: bool, timeout_s: float = 900.0) -> di
                 body = r.json() if r.status_code == 200 else {}
                 # ready, every partition owned and none restoring (ready alone is the process)
                 if body.get("ready") and len(body.get("owned", [])) == 4 and not body.get("restoring"):
-                    return {"ready_s": round(time.monotonic() - t0, 3), "log": str(log)}
+                    ready_s = round(time.monotonic() - t0, 3)
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"not ready after {timeout_s} s; log {log}")
+        if ready_s is None:
+            raise RuntimeError(f"not ready after {timeout_s} s; log {log}")
     finally:
         proc.terminate()
         try:
@@ -143,6 +172,7 @@ def time_to_ready(prefix: str, from_state: bool, timeout_s: float = 900.0) -> di
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(state_dir, ignore_errors=True)
+    return {"ready_s": ready_s, "restore_s": _restore_s(log), "log": str(log)}
 
 
 def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
@@ -165,12 +195,15 @@ def round_fn(ctx: RoundContext) -> dict[str, dict[str, Any]]:
                 res = time_to_ready(prefix, from_state)
                 out[case] = {
                     "ready_s": res["ready_s"],
+                    "restore_s": res["restore_s"],
                     "events": counts["events"],
                     "state_records": counts["state_records"],
                     "live_runs": p["live"],
                     "finished_runs": finished,
                 }
-                ctx.log(f"{case}: ready after {res['ready_s']} s ({res['log']})")
+                ctx.log(
+                    f"{case}: ready after {res['ready_s']} s, restore {res['restore_s']} s ({res['log']})"
+                )
         finally:
             delete_topics_containing(prefix)
     return out
@@ -235,4 +268,4 @@ if __name__ == "__main__":
         tuple(int(x) for x in a.uncompacted_cases.split(",") if x),
         name=a.name,
     )
-    print(b.table(["ready_s"]))
+    print(b.table(["ready_s", "restore_s"]))

@@ -241,7 +241,7 @@ def restore(
         rounds,
         tuple(int(x) for x in uncompacted_cases.split(",") if x),
     )
-    _show(b, ["ready_s", "events", "state_records"])
+    _show(b, ["ready_s", "restore_s", "events", "state_records"])
 
 
 @bench_app.command("memory")

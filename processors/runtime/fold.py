@@ -22,6 +22,7 @@ from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
 from processors.engine.pending import timers_of
+from processors.engine.state import state_from_json
 from processors.engine.vocabulary import COMMANDS, TERMINAL_RECEIPTS, TERMINAL_STATUSES
 from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
@@ -785,7 +786,8 @@ class Folder:
         if purged is not None:  # a purged run: its id only
             overlay.marked[run_id] = purged
             return run_id
-        state = load_state(orjson.dumps(snap["state"]))
+        state = state_from_json(snap["state"])
+        overlay.absent.add(run_id)  # a new store: no timer of it stored yet (no read per timer)
         # the finishing event's time is the state's last change (evolve sets updated_ms)
         _count_status(overlay, None, state, state["updated_ms"], self.finished_retention_ms)
         for body in timers_of(state):
