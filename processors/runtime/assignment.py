@@ -232,6 +232,18 @@ class Partitions:
             )
             return store
         if store.applied_offset < log_end:
+            if (
+                self._settings.restore_from_state
+                and log_end - store.applied_offset > self._settings.restore_state_lag
+            ):
+                # Folding all it missed takes longer than a restore from run-state: rebuild it.
+                self._log.warning(
+                    "store far behind run-events; rebuilding it from run-state",
+                    extra={"partition": p, "store_offset": store.applied_offset, "log_end": log_end},
+                )
+                store.close()
+                PartitionStore.destroy(path)
+                return PartitionStore(path, p, self._settings.state_cache_runs)
             return store
         # The store reflects events the log does not have (topic recreated, wrong cluster):
         # it cannot be trusted. Rebuild it from the log.

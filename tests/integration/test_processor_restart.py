@@ -159,6 +159,41 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
     acts.close()
 
 
+def test_a_store_far_behind_run_events_is_rebuilt_from_run_state(settings: ProcessorSettings) -> None:
+    """A store from before (a partition owned long ago, a backup put back) more than
+    `restore_state_lag` offsets behind is replaced by a restore from run-state: every run seeded
+    from its snapshot, no event folded; the runs then finish as usual."""
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    acts = Reader(settings, [settings.topics.activations("default")], "activations")
+    cmd = Commands(settings)
+    runs = [f"far-{i}" for i in range(4)]
+    with running(settings):
+        for r in runs:
+            cmd.start(r, "three")
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= len(runs), what="first activations")
+    old = settings.state_dir.with_name("old-store")
+    shutil.copytree(settings.state_dir, old)
+    with running(settings):
+        for act in list(acts.records):
+            cmd.complete(act)  # step a of every run: events the old store does not hold
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= 2 * len(runs), what="second activations")
+    shutil.rmtree(settings.state_dir)
+    shutil.copytree(old, settings.state_dir)
+    with running(settings.model_copy(update={"restore_state_lag": 1})) as pt:
+        assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
+        assert pt.processor.metrics.events_restored._value.get() == 0
+        with Responder(settings, complete_all):
+            events.wait_for(
+                lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60, what="all runs terminal"
+            )
+    for r in runs:
+        assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
+    events.close()
+    acts.close()
+
+
 def test_second_instance_with_same_id_fences_the_first(settings: ProcessorSettings, tmp_path: Path) -> None:
     events = Reader(settings, [settings.topics.run_events], "run_events")
     cmd = Commands(settings)
