@@ -176,27 +176,47 @@ def run_state(rig: Rig) -> dict[bytes, bytes | None]:
     return latest
 
 
-def restore_from_state(rig: Rig, path: Path, events_from: int | None = None) -> PartitionStore:
-    """A new owner's store restored from run-state: each run's latest snapshot (or tombstone)
-    as compaction leaves it, then the run events from index `events_from` on (default: none;
-    an earlier index is a run-events end E0 taken before the snapshots were read)."""
-    store = PartitionStore(path, 0)
+def restore_from_state(
+    rig: Rig, path: Path, events_from: int | None = None, crash: str | None = None
+) -> PartitionStore:
+    """A new owner's store restored from run-state (assignment.py: `_seed`, then the run
+    events): each run's latest record as compaction leaves it, then the run events from index
+    `events_from` on (default: none; an earlier index is a run-events end E0 taken before the
+    snapshots were read). `crash`: "before-seed" (the seed batch never written: the store is
+    new again and is seeded again) or "after-chunk" (the process dies after writing half of
+    the run events: the store reopened, the restore goes on from it)."""
     latest = run_state(rig)
     events = rig.events()
     start = len(events) if events_from is None else events_from
-    ov = PartitionOverlay(store)
-    for value in latest.values():
-        if value is not None:
-            rig.folder.seed_snapshot(ov, value)
-    Folder.dump_all(ov)
-    store.mark_seeded(start)
-    ov.write(start - 1 if start > 0 else None)
-    ov = PartitionOverlay(store)
-    for raw in events[start:]:
-        rig.folder.fold_committed(ov, raw)
-    Folder.dump_all(ov)
-    ov.write(None)
-    return store
+
+    def seeded(crashing: bool) -> PartitionStore:
+        store = PartitionStore(path, 0)
+        ov = PartitionOverlay(store)
+        for value in latest.values():
+            if value is not None:
+                rig.folder.seed_snapshot(ov, value)
+        Folder.dump_all(ov)
+        store.mark_seeded(start)
+        if crashing:
+            store.close()
+            return seeded(False)
+        ov.write(start - 1 if start > 0 else None)
+        return store
+
+    store = seeded(crash == "before-seed")
+    mid = start + (len(events) - start) // 2 if crash == "after-chunk" else len(events)
+    for chunk in (events[start:mid], events[mid:]):
+        if not chunk:
+            continue
+        if store.closed:  # the crash after the first chunk's write: reopened
+            store = PartitionStore(path, 0)
+        ov = PartitionOverlay(store)
+        for raw in chunk:
+            rig.folder.fold_committed(ov, raw)
+        Folder.dump_all(ov)
+        ov.write(None)
+        store.close()
+    return PartitionStore(path, 0) if store.closed else store
 
 
 def contents(store: PartitionStore) -> dict[str, Any]:

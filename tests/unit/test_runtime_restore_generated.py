@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fold_rig import CODEC, RETENTION, TOPICS, TS, Rig, completed, restore, run_state
+from fold_rig import CODEC, RETENTION, TOPICS, TS, Rig, completed, restore, restore_from_state
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -31,7 +31,6 @@ from test_runtime_restore_equivalence import begin, failed, resume
 from test_runtime_restore_equivalence import rig as make_rig
 
 from processors.engine import load_state, run_status
-from processors.runtime.fold import Folder
 from processors.runtime.metrics import ProcessorMetrics
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.store import PartitionStore
@@ -174,7 +173,8 @@ class RestoreMachine(RuleBasedStateMachine):
         n = len(events)
         for e0, crash in ((n, None), (0, None), (n // 2, "after-chunk"), (n // 3, "before-seed")):
             path = self.dir / f"state-{e0}-{crash}"
-            store = seed(self.rig, path, e0, crash)
+            store = restore_from_state(self.rig, path, e0, crash)
+            assert store.events_from == e0
             got = _table(store)
             counts = {k: v for k, v in store.stats.items() if k.startswith("status.") and v}
             store.close()
@@ -190,45 +190,6 @@ def _counts(runs: dict[str, dict[str, Any]]) -> dict[str, int]:
             key = "status." + run_status(load_state(orjson.dumps(v["state"])))
             out[key] = out.get(key, 0) + 1
     return out
-
-
-def seed(rig: Rig, path: Path, events_from: int, crash: str | None) -> PartitionStore:
-    """The processor's restore from run-state (assignment.py: `_seed`, then `restore_step`), with
-    a crash (the store closed, nothing after written) at one of its steps, and the restart."""
-    latest = run_state(rig)
-    events = rig.events()
-
-    def seeded_store() -> PartitionStore:
-        store = PartitionStore(path, 0)
-        ov = PartitionOverlay(store)
-        for value in latest.values():
-            if value is not None:
-                rig.folder.seed_snapshot(ov, value)
-        Folder.dump_all(ov)
-        store.mark_seeded(events_from)
-        if crash == "before-seed" and not path.with_suffix(".crashed").exists():
-            path.with_suffix(".crashed").touch()
-            store.close()  # the batch never written: the store is new again
-            return seeded_store()
-        ov.write(events_from - 1 if events_from > 0 else None)
-        return store
-
-    store = seeded_store()
-    assert store.events_from == events_from
-    chunks = [events[events_from:]]
-    if crash == "after-chunk":
-        mid = events_from + (len(events) - events_from) // 2
-        chunks = [events[events_from:mid], events[mid:]]
-    for i, chunk in enumerate(chunks):
-        ov = PartitionOverlay(store)
-        for raw in chunk:
-            rig.folder.fold_committed(ov, raw)
-        Folder.dump_all(ov)
-        ov.write(None)
-        if i < len(chunks) - 1:  # a crash after this chunk's write: reopened, restore goes on
-            store.close()
-            store = PartitionStore(path, 0)
-    return store
 
 
 RestoreMachine.TestCase.settings = settings(
