@@ -67,6 +67,67 @@ def snapshot_of(state: Any, ts_ms: int) -> bytes:
     )
 
 
+def run_events(
+    ctx: EngineContext, definition_id: str, run_id: str, ts: int, answer: bool = True
+) -> tuple[list[dict[str, Any]], Any, int]:
+    """The events of one run of `definition_id` driven by the pure engine: a StartRun, then (with
+    `answer`) a worker accepting and completing every action at once (timers never fire);
+    without, the run stays open at its first activation. Returns the events, the final state
+    and the last input's ts_ms."""
+    state: Any = None
+    out: list[dict[str, Any]] = []
+    inputs: deque[dict[str, Any]] = deque(
+        [
+            {
+                "type": "StartRun",
+                "run_id": run_id,
+                "ts_ms": ts,
+                "record_id": "c",
+                "definition_id": definition_id,
+                "revision": None,
+                "input": {},
+            }
+        ]
+    )
+    while inputs:
+        msg = inputs.popleft()
+        for ev in decide(state, msg, ctx).events:
+            state = evolve(state, ev)
+            out.append(ev)
+            if state is None or not answer:
+                continue
+            for m in effects(state, ev).messages:
+                if m["type"] != "ActionActivation":
+                    continue
+                ident = {k: m[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
+                ts += 1
+                inputs.append(
+                    {
+                        "type": "ActivationAccepted",
+                        "run_id": run_id,
+                        "ts_ms": ts,
+                        "record_id": "a",
+                        **ident,
+                        "worker_id": "w",
+                        "lease_ms": 30_000,
+                    }
+                )
+                ts += 1
+                inputs.append(
+                    {
+                        "type": "ActivationCompleted",
+                        "run_id": run_id,
+                        "ts_ms": ts,
+                        "record_id": "b",
+                        **ident,
+                        "worker_id": "w",
+                        "output": {},
+                        "usage": ZERO,
+                    }
+                )
+    return out, state, ts
+
+
 def synthesize_runs(
     settings: KafkaSettings,
     definition_id: str,
@@ -88,65 +149,17 @@ def synthesize_runs(
     events = 0
     for i in range(runs):
         run_id = f"{tag}-{i}"
-        ts = ts0 + i
-        state: Any = None
-        inputs: deque[dict[str, Any]] = deque(
-            [
-                {
-                    "type": "StartRun",
-                    "run_id": run_id,
-                    "ts_ms": ts,
-                    "record_id": "c",
-                    "definition_id": definition_id,
-                    "revision": None,
-                    "input": {},
-                }
-            ]
-        )
+        events_of_run, state, ts = run_events(ctx, definition_id, run_id, ts0 + i)
         key = run_id.encode()
-        while inputs:
-            msg = inputs.popleft()
-            for ev in decide(state, msg, ctx).events:
-                state = evolve(state, ev)
-                value = enc(ev)
-                while True:
-                    try:
-                        producer.produce(topic, value, key)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                events += 1
-                if state is None:
-                    continue
-                for m in effects(state, ev).messages:
-                    if m["type"] != "ActionActivation":
-                        continue
-                    ident = {k: m[k] for k in ("node", "lineage", "attempt", "dispatch_id")}
-                    ts += 1
-                    inputs.append(
-                        {
-                            "type": "ActivationAccepted",
-                            "run_id": run_id,
-                            "ts_ms": ts,
-                            "record_id": "a",
-                            **ident,
-                            "worker_id": "w",
-                            "lease_ms": 30_000,
-                        }
-                    )
-                    ts += 1
-                    inputs.append(
-                        {
-                            "type": "ActivationCompleted",
-                            "run_id": run_id,
-                            "ts_ms": ts,
-                            "record_id": "b",
-                            **ident,
-                            "worker_id": "w",
-                            "output": {},
-                            "usage": ZERO,
-                        }
-                    )
+        for ev in events_of_run:
+            value = enc(ev)
+            while True:
+                try:
+                    producer.produce(topic, value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            events += 1
         if snapshots and state is not None:
             producer.produce(f"{settings.topic_prefix}.run-state", snapshot_of(state, ts), key)
         if i % 200 == 0:

@@ -90,6 +90,17 @@ def _delete(retention_ms: int) -> dict[str, str]:
 
 # Compacted topics: keep the latest value per key; compact dirty segments promptly.
 _COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(3600 * 1000)}
+# run-state is what a new store is restored from (docs/runtime.md, "Restore from run-state"):
+# the restore reads every record not yet compacted away, and the cleaner never touches the
+# active segment. Smaller segments that roll within minutes and a bound on how long a dirty
+# record may wait for the cleaner keep that read near the live set (one record per run id)
+# rather than every snapshot written since the last cleaning (one per run per transaction).
+_RUN_STATE = {
+    **_COMPACT,
+    "segment.ms": str(10 * 60 * 1000),
+    "segment.bytes": str(64 << 20),
+    "max.compaction.lag.ms": str(15 * 60 * 1000),
+}
 
 
 def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
@@ -105,7 +116,7 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
         TopicSpec(n.commands, "commands", p, rf, dict(inputs)),
         TopicSpec(n.receipts, "receipts", p, rf, dict(inputs)),
         TopicSpec(n.run_events, "run_events", p, rf, _delete(settings.run_events_retention_ms)),
-        TopicSpec(n.run_state, "run_state", p, rf, dict(_COMPACT)),
+        TopicSpec(n.run_state, "run_state", p, rf, dict(_RUN_STATE)),
     ]
     specs += [
         TopicSpec(n.activations(q), "activations", p, rf, dict(transient)) for q in settings.activation_queues

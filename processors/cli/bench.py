@@ -217,6 +217,33 @@ def replay(
     _show(b, ["events", "events_per_s", "complete"])
 
 
+@bench_app.command("restore")
+def restore(
+    live: Annotated[int, typer.Option(help="Runs left open (the live set, the same in every case).")] = 200,
+    finished: Annotated[int, typer.Option(help="Finished, purged 3-step runs at multiplier 1.")] = 1000,
+    multipliers: Annotated[str, typer.Option(help="Comma-separated history multipliers.")] = "1,8,64",
+    log_cases: Annotated[
+        str, typer.Option(help="Multipliers also restored from the whole log (restore_from_state false).")
+    ] = "1,8",
+    uncompacted_cases: Annotated[
+        str, typer.Option(help="Multipliers whose run-state still holds each purged run's last snapshot.")
+    ] = "",
+    rounds: Rounds = 1,
+) -> None:
+    """Seconds until a fresh instance (empty state dir) is ready, by history size, same live set."""
+    rb = _benchmark("restore_bench")
+
+    b = rb.run(
+        live,
+        finished,
+        tuple(int(x) for x in multipliers.split(",")),
+        tuple(int(x) for x in log_cases.split(",") if x),
+        rounds,
+        tuple(int(x) for x in uncompacted_cases.split(",") if x),
+    )
+    _show(b, ["ready_s", "restore_s", "events", "state_records"])
+
+
 @bench_app.command("memory")
 def memory(
     runs: Annotated[int, typer.Option(help="Completed runs in the processor's store.")] = 100_000,

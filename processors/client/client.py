@@ -47,6 +47,7 @@ from processors.kafka.fetch import connect_first
 from processors.kafka.partitioning import partition_for
 from processors.kafka.records import coordinates
 from schemas import Codec
+from schemas.run_state import purged_status
 from topology.catalog import topic_names
 from topology.settings import KafkaSettings, load_settings, producer_config
 
@@ -367,7 +368,10 @@ class RunClient:
         found = self._snapshots.latest(run_id, partition)
         if found is None:
             return None
-        return self._dec_snapshot(found.value()), found
+        snapshot = self._dec_snapshot(found.value())
+        if purged_status(snapshot) is not None:  # a purged run's marker: no run, as a tombstone
+            return None
+        return snapshot, found
 
     def get(self, run_id: str) -> RunView:
         """The run's current state: from the owning processor when a query URL is known, else
@@ -583,4 +587,6 @@ class RunClient:
                 latest.pop(key, None)
             else:
                 latest[key] = msg
-        return [view_from_snapshot(self._dec_snapshot(m.value()), with_state=False) for m in latest.values()]
+        snapshots = (self._dec_snapshot(m.value()) for m in latest.values())
+        # a purged run's marker (its id stays taken) is no run, as a tombstone was
+        return [view_from_snapshot(s, with_state=False) for s in snapshots if purged_status(s) is None]

@@ -19,6 +19,7 @@ from processors.engine.ids import (
     step_timer_id,
     wall_timer_id,
 )
+from processors.engine.pending import wall_timer
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.refs import ABSENT, RefError, Scope, resolve
 from processors.engine.state import RunState
@@ -73,21 +74,7 @@ def effects(state: RunState | None, event: Event) -> Effects:
         wall = state["wall"]
         if wall["due_ms"] is None:
             return NONE
-        return Effects(
-            set_timers=[
-                {
-                    "type": "TimerFired",
-                    "run_id": state["run_id"],
-                    "timer_id": wall_timer_id(state["run_id"], wall["epoch"]),
-                    "timer_kind": "wall_time",
-                    "due_ms": wall["due_ms"],
-                    "node": None,
-                    "lineage": None,
-                    "attempt": None,
-                    "dispatch_id": None,
-                }
-            ]
-        )
+        return Effects(set_timers=[wall_timer(state["run_id"], wall)])
     if etype in RUN_STOPPING_EVENTS:
         wall = state["wall"]
         if wall["due_ms"] is None:

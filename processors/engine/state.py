@@ -35,7 +35,11 @@ def load_state(data: bytes) -> RunState:
     the same content by its hash), as in a state built live: one copy in memory for every
     run of a pin (a running 3-step run's state: ~10 KB of objects → ~5.6 KB), and
     `dump_state` serializes it once."""
-    state = orjson.loads(data)
+    return state_from_json(orjson.loads(data))
+
+
+def state_from_json(state: Any) -> RunState:
+    """`load_state` of an already parsed JSON value (a RunStateSnapshot's `state` field)."""
     if not isinstance(state, dict) or "run_id" not in state:
         raise ValueError("not a run state: expected a JSON object with a run_id")
     bundle, bundle_hash = state.get("bundle"), state.get("bundle_hash")

@@ -24,8 +24,9 @@ from processors.kafka.records import coordinates
 from processors.runtime.fold import Folder
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.settings import ProcessorSettings
-from processors.runtime.store import PartitionStore
+from processors.runtime.store import LOST_STATUS, PartitionStore
 from schemas import Codec, DecodeError
+from schemas.run_state import purged_status
 
 Progress = Callable[[int, int], None]
 _CHUNK = 2_000
@@ -43,6 +44,7 @@ class RebuildReport:
     undecodable: int = 0
     # runs whose RunAccepted the log no longer holds (run-events retention): not rebuilt
     runs_before_log_start: set[str] = field(default_factory=set)
+    ids_kept: int = 0  # run ids the log no longer holds, kept taken from run-state (purged markers)
     seconds: float = 0.0
 
     @property
@@ -56,6 +58,7 @@ class RebuildReport:
             "events": self.events,
             "undecodable": self.undecodable,
             "runs_before_log_start": sorted(self.runs_before_log_start),
+            "ids_kept": self.ids_kept,
             "seconds": round(self.seconds, 3),
             "events_per_s": round(self.events_per_s, 1),
             "partitions": {str(p): v for p, v in sorted(self.partitions.items())},
@@ -104,10 +107,48 @@ def rebuild(
                 PartitionStore.destroy(path)
         total = sum(reader.end_offset(topics.run_events, p) for p in wanted)
         _rebuild_partitions(reader, folder, root, wanted, topics.run_events, report, progress, total)
+        _keep_ids(reader, codec, root, wanted, topics.run_state, report)
     finally:
         reader.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _keep_ids(
+    reader: PartitionReader, codec: Codec, root: Path, wanted: list[int], topic: str, report: RebuildReport
+) -> None:
+    """Every run id `<p>.run-state` holds (a snapshot or a purged run's marker) that the rebuilt
+    store does not know (its events gone with retention, or purged) stays taken: a purged-run
+    marker in the store (its final status; `lost` for a run whose snapshot is all that is
+    left), so a processor on this store rejects a new StartRun of it `Conflict`."""
+    decode = codec.decoder("run_state")
+    latest: dict[int, dict[bytes, bytes | None]] = {p: {} for p in wanted}
+    for msg in reader.read({(topic, p): OFFSET_BEGINNING for p in wanted}):
+        key = msg.key() if msg is not None else None
+        if msg is None or key is None:
+            continue
+        latest[coordinates(msg)[1]][key] = msg.value()
+    for p in wanted:
+        store = PartitionStore(root / f"p{p}", p)
+        try:
+            ov = PartitionOverlay(store)
+            for key, value in latest[p].items():
+                if value is None:
+                    continue  # a tombstone (a purge before markers): the id is forgotten
+                run_id = key.decode()
+                if store.state_bytes(run_id) is not None or store.purged_status(run_id) is not None:
+                    continue
+                try:
+                    snap = decode(value)
+                except DecodeError:
+                    report.undecodable += 1
+                    continue
+                ov.marked[run_id] = purged_status(snap) or LOST_STATUS.decode()
+            report.ids_kept += len(ov.marked)
+            if ov.marked:
+                ov.write(None)
+        finally:
+            store.close()
 
 
 class _Target:

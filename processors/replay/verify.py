@@ -33,6 +33,7 @@ from processors.client.reader import PartitionReader
 from processors.engine import dump_state, evolve, run_status, state_digest
 from processors.engine.vocabulary import TERMINAL_STATUSES
 from schemas import Codec, DecodeError
+from schemas.run_state import purged_status
 from topology.catalog import topic_names
 from topology.settings import KafkaSettings
 
@@ -133,6 +134,11 @@ def read_snapshots(
             snap = decode(msg.value())
         except DecodeError:
             report.undecodable += 1
+            continue
+        if purged_status(snap) is not None:  # a purged run's marker: as its tombstone was
+            latest.pop(snap["run_id"], None)
+            if tombstoned is not None:
+                tombstoned.add(snap["run_id"])
             continue
         own = hashlib.sha256(dump_state(snap["state"])).hexdigest() if isinstance(snap["state"], dict) else ""
         latest[snap["run_id"]] = _Snap(

@@ -54,6 +54,15 @@ class _Restore:
     failing_since: float | None = None  # end offsets unavailable since
     # runs whose events begin after their RunAccepted: retention deleted their beginning
     before_start: set[str] = field(default_factory=set)
+    # A restore from run-state (a new store): the run-events committed end taken before
+    # run-state is read (None: a restore from the log), each run's latest snapshot read so far
+    # (None: a tombstone), and whether run-state reached its stable end.
+    events_from: int | None = None
+    reading_state: bool = False
+    snapshots: dict[bytes, bytes | None] = field(default_factory=dict)
+    state_end_seen: int | None = None
+    state_recheck_at: float = 0.0
+    seeded_runs: int = 0
 
 
 def restore_progress(r: _Restore, log_end: int, now: float) -> dict[str, Any]:
@@ -93,6 +102,8 @@ class Partitions:
         self._events_topic = settings.topics.run_events
         self._inputs = (settings.topics.commands, settings.topics.receipts)
         self._reader, self._log_end = self._new_readers()
+        self._state_topic = settings.topics.run_state
+        self._state_reader: Consumer | None = None  # run-state, while a restore reads it
         self._readers_renewed_at = time.monotonic()
         self._lock = threading.Lock()
         self._stores: dict[int, PartitionStore] = {}
@@ -117,6 +128,8 @@ class Partitions:
         self._readers_renewed_at = time.monotonic()
         resume = []
         for p, r in self.restoring.items():
+            if r.reading_state:  # its run-events reader is assigned once run-state is read
+                continue
             applied = self._stores[p].applied_offset
             resume.append(
                 TopicPartition(
@@ -160,8 +173,14 @@ class Partitions:
             store = self._open_store(p)
             with self._lock:
                 self._stores[p] = store
+            r = self.restoring[p] = _Restore(p, time.monotonic(), store.applied_offset + 1)
+            if store.applied_offset == NO_OFFSET and self._settings.restore_from_state:
+                r.events_from = self._events_from(p)
+            if r.events_from is not None:
+                r.reading_state = True
+                self._read_state(p)
+                continue
             start = store.applied_offset + 1 if store.applied_offset != NO_OFFSET else OFFSET_BEGINNING
-            self.restoring[p] = _Restore(p, time.monotonic(), store.applied_offset + 1)
             to_read.append(TopicPartition(self._events_topic, p, start))
         if to_read:
             # The reader's leader for these partitions, before it needs one: assigned without it,
@@ -173,6 +192,29 @@ class Partitions:
             self._progress_at = max(self._progress_at, time.monotonic() + _PROGRESS_EVERY_S)
         self._metrics.partitions_assigned.set(len(self._stores))
         self._metrics.partitions_restoring.set(len(self.restoring))
+
+    def _events_from(self, p: int) -> int | None:
+        """E0, the run-events committed end before run-state is read: every event before it
+        was committed in a transaction that also wrote its run's snapshot, so run-state read
+        to its stable end afterwards reflects them all (docs/runtime.md). None: a restore
+        from the log (nothing to skip, or the end unknown)."""
+        try:
+            e0 = watermarks.log_end(self._reader, TopicPartition(self._events_topic, p), 10.0)
+        except KafkaException as e:
+            self._log.warning(
+                "run-events end unavailable; restoring from the log",
+                extra={"partition": p, "error": e.args[0].str()},
+            )
+            return None
+        return e0 if e0 > 0 else None
+
+    def _read_state(self, p: int) -> None:
+        if self._state_reader is None:
+            self._state_reader = Consumer(self._settings.side_consumer_config("restore-state"))
+        tp = TopicPartition(self._state_topic, p, OFFSET_BEGINNING)
+        with contextlib.suppress(KafkaException):
+            self._state_reader.list_topics(self._state_topic, timeout=2)
+        self._state_reader.incremental_assign([tp])
 
     def _open_store(self, p: int) -> PartitionStore:
         path = self._root / f"p{p}"
@@ -190,6 +232,18 @@ class Partitions:
             )
             return store
         if store.applied_offset < log_end:
+            if (
+                self._settings.restore_from_state
+                and log_end - store.applied_offset > self._settings.restore_state_lag
+            ):
+                # Folding all it missed takes longer than a restore from run-state: rebuild it.
+                self._log.warning(
+                    "store far behind run-events; rebuilding it from run-state",
+                    extra={"partition": p, "store_offset": store.applied_offset, "log_end": log_end},
+                )
+                store.close()
+                PartitionStore.destroy(path)
+                return PartitionStore(path, p, self._settings.state_cache_runs)
             return store
         # The store reflects events the log does not have (topic recreated, wrong cluster):
         # it cannot be trusted. Rebuild it from the log.
@@ -207,9 +261,15 @@ class Partitions:
         return PartitionStore(path, p, self._settings.state_cache_runs)
 
     def close(self, partitions: list[int]) -> None:
-        stop_reading = [TopicPartition(self._events_topic, p) for p in partitions if p in self.restoring]
+        restoring = [p for p in partitions if p in self.restoring]
+        reading_state = [p for p in restoring if self.restoring[p].reading_state]
+        stop_reading = [TopicPartition(self._events_topic, p) for p in restoring if p not in reading_state]
         if stop_reading:
             self._reader.incremental_unassign(stop_reading)
+        if reading_state and self._state_reader is not None:
+            self._state_reader.incremental_unassign(
+                [TopicPartition(self._state_topic, p) for p in reading_state]
+            )
         for p in partitions:
             self.restoring.pop(p, None)
             with self._lock:
@@ -226,6 +286,8 @@ class Partitions:
     def restore_step(self, consumer: Consumer, timeout_s: float) -> list[int]:
         """Fold up to one chunk of run events into restoring stores; resume the input of
         partitions that caught up. Returns the partitions that became ready."""
+        if any(r.reading_state for r in self.restoring.values()):
+            self._state_step(timeout_s)
         overlays: dict[int, PartitionOverlay] = {}
         folded = 0
         for msg in self._reader.consume(self._settings.restore_chunk, timeout_s):
@@ -277,6 +339,98 @@ class Partitions:
             self._log_progress()
         return done
 
+    def _state_step(self, timeout_s: float) -> None:
+        """Read a chunk of run-state for the partitions restoring from it; a partition whose
+        run-state reached its stable end gets its store seeded and reads run-events from E0."""
+        reader = self._state_reader
+        assert reader is not None
+        for msg in reader.consume(self._settings.restore_chunk, timeout_s):
+            err = msg.error()
+            p = msg.partition()
+            r = self.restoring.get(p) if p is not None else None
+            if r is None or not r.reading_state:
+                continue
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    r.state_end_seen = msg.offset()
+                else:
+                    self._log.warning("restore run-state reader error", extra={"error": str(err)})
+                continue
+            key = msg.key()
+            if key is not None:  # compaction keeps the last value of a key: so does this
+                r.snapshots.pop(key, None)  # re-inserted: the order they were last written
+                r.snapshots[key] = msg.value()
+        now = time.monotonic()
+        for p, r in list(self.restoring.items()):
+            if not r.reading_state or (r.state_end_seen is None and now < r.state_recheck_at):
+                continue
+            if r.state_end_seen is None and now - r.started < _NO_EOF_CHECK_S:
+                continue
+            if self._state_at_stable_end(p, r):
+                self._seed(p, r)
+            else:
+                r.state_end_seen = None
+                r.state_recheck_at = now + _STABILITY_RECHECK_S
+
+    def _state_at_stable_end(self, p: int, r: _Restore) -> bool:
+        """run-state read to its committed end, and that end the log end: no transaction open
+        on it (only a fenced previous owner's can be: waited out, as for run-events)."""
+        reader = self._state_reader
+        assert reader is not None
+        tp = TopicPartition(self._state_topic, p)
+        try:
+            committed_end = watermarks.log_end(reader, tp, 5.0)
+            log_end = watermarks.log_end(self._log_end, tp, 5.0)
+        except KafkaException as e:
+            self._log.warning(
+                "restore: run-state end offsets unavailable; retrying",
+                extra={"partition": p, "error": e.args[0].str()},
+            )
+            return False
+        if committed_end < log_end:
+            return False
+        position = r.state_end_seen
+        if position is None:
+            pos = reader.position([tp])[0].offset
+            position = pos if pos >= 0 else 0
+        return bool(position >= committed_end)
+
+    def _seed(self, p: int, r: _Restore) -> None:
+        """Write each run's latest snapshot into the new store in one batch, with E0 - 1 as
+        its applied offset, then fold run-events from E0."""
+        assert self._state_reader is not None and r.events_from is not None
+        self._state_reader.incremental_unassign([TopicPartition(self._state_topic, p)])
+        ov = PartitionOverlay(self._stores[p])
+        for key, value in r.snapshots.items():
+            if value is None:
+                continue  # a purged run: its tombstone
+            try:
+                self._folder.seed_snapshot(ov, value)
+            except (DecodeError, ValueError, KeyError, TypeError) as e:
+                self._log.error(
+                    "undecodable run-state snapshot skipped during restore",
+                    extra={"partition": p, "key": key.decode(errors="replace"), "error": str(e)},
+                )
+                continue
+            r.seeded_runs += 1
+        Folder.dump_all(ov)
+        ov.store.mark_seeded(r.events_from)  # first: a crash after it re-seeds a store still new
+        ov.write(r.events_from - 1)
+        self._metrics.runs_seeded.inc(r.seeded_runs)
+        r.snapshots = {}
+        r.reading_state = False
+        r.start_offset = r.events_from
+        self._log.info(
+            "partition seeded from run-state",
+            extra={
+                "partition": p,
+                "runs": r.seeded_runs,
+                "events_from": r.events_from,
+                "seed_ms": round((time.monotonic() - r.started) * 1000, 1),
+            },
+        )
+        self._reader.incremental_assign([TopicPartition(self._events_topic, p, r.events_from)])
+
     def _log_progress(self) -> None:
         """A long restore (a new instance, a lost store) says how far it got and how long it
         has left, every `_PROGRESS_EVERY_S`, instead of nothing until `partition ready`."""
@@ -295,6 +449,8 @@ class Partitions:
         done: list[int] = []
         now = time.monotonic()
         for p, r in list(self.restoring.items()):
+            if r.reading_state:
+                continue
             if r.end_seen is None and now < r.recheck_at:
                 continue
             if r.end_seen is None and r.recheck_at == 0.0 and now - r.started < _NO_EOF_CHECK_S:
@@ -318,6 +474,7 @@ class Partitions:
                     "partition": p,
                     "restored_events": r.events,
                     "from_offset": r.start_offset,
+                    "seeded_runs": r.seeded_runs,
                     "restore_ms": round((time.monotonic() - r.started) * 1000, 1),
                 },
             )
@@ -382,3 +539,5 @@ class Partitions:
     def close_readers(self) -> None:
         self._reader.close()
         self._log_end.close()
+        if self._state_reader is not None:
+            self._state_reader.close()

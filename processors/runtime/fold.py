@@ -21,6 +21,8 @@ from processors.engine import EngineContext, decide, dump_state, effects, evolve
 from processors.engine.effects import NONE as NO_EFFECTS
 from processors.engine.emitter import rejection
 from processors.engine.ids import instance_key
+from processors.engine.pending import timers_of
+from processors.engine.state import state_from_json
 from processors.engine.vocabulary import COMMANDS, TERMINAL_RECEIPTS, TERMINAL_STATUSES
 from processors.kafka.partitioning import PartitionOwners
 from processors.runtime import admission, deadletter
@@ -28,12 +30,14 @@ from processors.runtime.overlay import Outcome, PartitionOverlay
 from processors.runtime.store import LOST_STATUS
 from schemas import Codec, DecodeError, EncodeError
 from schemas.codec import InvalidJsonField
+from schemas.run_state import purged_marker, purged_status
 from topology.catalog import TopicNames
 
 Produce = Callable[..., None]
 _ACTIVATIONS = frozenset({"ActionActivation", "CancelActivation"})
 _CHILD = frozenset({"ChildRunActivation", "ChildRunCancel"})
 _LONG_END = 1 << 63
+_LOST = LOST_STATUS.decode()
 _MAX_ID_BYTES = 0xFFFF  # a run id's bytes in the store's event keys (a 2-byte length)
 _SAFE_ID_CHARS = _MAX_ID_BYTES // 4  # at most 4 UTF-8 bytes a character: shorter ids always fit
 
@@ -209,6 +213,7 @@ class Folder:
         self._enc_activation = codec.encoder("activations")
         self._enc_child = codec.encoder("child_activations")
         self._enc_snapshot = codec.encoder("run_state")
+        self._decode_snapshot = codec.decoder("run_state")
         self._enc_dead = codec.encoder("dead_letters")
         self._activation_topics: dict[str, str] = {}
         self.run_events = topics.run_events
@@ -384,7 +389,7 @@ class Folder:
         if status not in TERMINAL_STATUSES:
             return
         overlay.purge_overdue(run_id, status, purge_ms)
-        self._produce(self.run_state, None, key, partition=partition)
+        self._produce(self.run_state, self.purged_marker(run_id, status), key, partition=partition)
         counters.purged += 1
 
     def _names_unknown_definition(self, msg: dict[str, Any]) -> bool:
@@ -741,6 +746,18 @@ class Folder:
         ev = self._decode_event(value)
         run_id: str = ev["run_id"]
         before = overlay.state(run_id, load_state)
+        if before is None and ev["sequence"] > 0:
+            purged = overlay.purged_status(run_id)
+            if purged is not None and purged != _LOST:
+                # A purged run's marker (restored from run-state): its events stay folded away.
+                # A restore from run-state never meets one (the purge came after every event of
+                # the run, all below E0); a log fold has no markers.
+                return
+        elif before is not None and 0 < ev["sequence"] <= before["sequence"]:
+            # Already in the state: a restore from run-state snapshots folds run-events from an
+            # offset the snapshots may be ahead of (docs/runtime.md, "Restore from run-state").
+            # A log fold never meets one: each run's events follow its state's sequence.
+            return
         state = evolve(before, ev)
         _count_status(overlay, before, state, ev["ts_ms"], self.finished_retention_ms)
         overlay.add_event(run_id, ev["sequence"], value)
@@ -752,6 +769,31 @@ class Folder:
                 body = {**body, "run_id": run_id}
                 overlay.set_timer(run_id, body, orjson.dumps(body))
         overlay.put_state(run_id, state, None, None)
+
+    def purged_marker(self, run_id: str, status: str) -> bytes:
+        """A purged run's record on run-state instead of a tombstone: its id stays taken in
+        the compacted table, so a store restored from it refuses the id (schemas/run_state.py)."""
+        return self._enc_snapshot(purged_marker(run_id, status, self._now_ms()))
+
+    def seed_snapshot(self, overlay: PartitionOverlay, value: bytes) -> str:
+        """Put one run's latest `<p>.run-state` snapshot into a new store (a restore from
+        run-state): its state, the timers its state has armed (`timers_of`: what folding its
+        events' effects leaves), its purge entry and its count, as `fold_committed` leaves
+        them after the run's last event. Returns the run id. Raises DecodeError."""
+        snap = self._decode_snapshot(value)
+        run_id: str = snap["run_id"]
+        purged = purged_status(snap)
+        if purged is not None:  # a purged run: its id only
+            overlay.marked[run_id] = purged
+            return run_id
+        state = state_from_json(snap["state"])
+        overlay.absent.add(run_id)  # a new store: no timer of it stored yet (no read per timer)
+        # the finishing event's time is the state's last change (evolve sets updated_ms)
+        _count_status(overlay, None, state, state["updated_ms"], self.finished_retention_ms)
+        for body in timers_of(state):
+            overlay.set_timer(run_id, body, orjson.dumps(body))
+        overlay.put_state(run_id, state, None, None)
+        return run_id
 
     @staticmethod
     def dump_all(overlay: PartitionOverlay) -> None:

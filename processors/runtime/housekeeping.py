@@ -4,6 +4,7 @@ runs by status."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaException, TopicPartition
 
@@ -28,6 +29,7 @@ class Housekeeping:
         membership: GroupMembership,
         metrics: ProcessorMetrics,
         purge_page: int = PURGE_PAGE,
+        marker: Callable[[str, str], bytes] | None = None,
     ) -> None:
         self._topics = topics
         self._txn = txn
@@ -35,6 +37,8 @@ class Housekeeping:
         self._membership = membership
         self._metrics = metrics
         self.purge_page = purge_page  # finished runs purged per partition and transaction
+        # a purged run's record on run-state (schemas/run_state.py); None: a tombstone (tests)
+        self._marker = marker
         self.next_lag = 0.0  # monotonic time of the next lag report
         self.next_purge = 0.0  # monotonic time of the next purge pass
         self.purge_more = False  # the last purge pass left due runs behind (a full page)
@@ -78,7 +82,10 @@ class Housekeeping:
             for store in owed:  # of a page a store purged itself once restored (redo_interrupted_purge)
                 for run_id in store.owed_tombstones:
                     self._txn.produce(
-                        self._topics.run_state, None, run_id.encode(), partition=store.partition
+                        self._topics.run_state,
+                        self._marker_of(run_id, store.purged_status(run_id)),
+                        run_id.encode(),
+                        partition=store.partition,
                     )
                 self._txn.overlay(store.partition, store).owed_paid = True
             for store, runs in due:
@@ -86,7 +93,10 @@ class Housekeeping:
                 for xkey, run_id, status in runs:
                     if status is not None:  # else a stale entry: only it goes
                         self._txn.produce(
-                            self._topics.run_state, None, run_id.encode(), partition=store.partition
+                            self._topics.run_state,
+                            self._marker_of(run_id, status),
+                            run_id.encode(),
+                            partition=store.partition,
                         )
                         self._txn.counters.purged += 1
                     ov.purge(xkey, run_id, status)
@@ -94,6 +104,12 @@ class Housekeeping:
             self._failures.produce_failed(e.err, "purge")
             return
         self._txn.commit()
+
+    def _marker_of(self, run_id: str, status: str | None) -> bytes | None:
+        """What replaces a purged run's snapshot: its marker (its id stays in run-state)."""
+        if self._marker is None:
+            return None
+        return self._marker(run_id, status or "purged")
 
     def _due_in_turn(self, stores: list[PartitionStore], now: int, budget: int) -> tuple[_Due, bool]:
         """Up to `budget` due runs, at most a page from each partition, starting after the

@@ -106,7 +106,14 @@ class Processor:
         self.failures = TxnFailures(
             settings, self.txn, self.producers, self.membership, self.log, self._bounded
         )
-        self.housekeeping = Housekeeping(self.topics, self.txn, self.failures, self.membership, self.metrics)
+        self.housekeeping = Housekeeping(
+            self.topics,
+            self.txn,
+            self.failures,
+            self.membership,
+            self.metrics,
+            marker=self.folder.purged_marker,
+        )
         self.txn.attach(self.folder.snapshots, self.failures, self.housekeeping.refresh_statuses)
         self._definitions: DefinitionsReader | None = None
         self.queue_watch = QueueWatch(settings, self.metrics, self.log)

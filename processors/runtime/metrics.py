@@ -87,6 +87,11 @@ class ProcessorMetrics(MetricsEndpoint):
             ["topic"],
             registry=r,
         )
+        self.runs_seeded = Counter(
+            "runfold_processor_runs_seeded",
+            "Runs a restore took from their run-state snapshot instead of folding their events",
+            registry=r,
+        )
         self.events_restored = Counter(
             "runfold_processor_events_restored", "Run events folded while restoring", registry=r
         )

@@ -52,6 +52,7 @@ class PartitionOverlay:
         "event_ts",
         "events",
         "lost",
+        "marked",
         "min_new_due",
         "owed_paid",
         "purged",
@@ -86,6 +87,9 @@ class PartitionOverlay:
         self.unpurges: list[bytes] = []  # x-keys of finished runs resumed here
         self.owed_paid = False  # the store's owed run-state tombstones are in this transaction
         self.lost: set[str] = set()  # runs whose beginning the log no longer holds: their ids stay taken
+        self.marked: dict[
+            str, str
+        ] = {}  # run_id -> final status of purged runs a restore read from run-state
         self.stats: dict[str, int] = {}
 
     # ---- run states ------------------------------------------------------------------------
@@ -233,6 +237,7 @@ class PartitionOverlay:
             or self.unpurges
             or self.owed_paid
             or self.lost
+            or self.marked
         )
 
     def change_set(self) -> ChangeSet:
@@ -270,6 +275,8 @@ class PartitionOverlay:
             batch.put(purge_key(purge_ms, run_id), f"{status} {finished_ms}".encode())
         for run_id in self.lost:  # as a purged run's marker: a StartRun of the id is refused
             batch.put(purged_key(run_id), LOST_STATUS)
+        for run_id, status in self.marked.items():
+            batch.put(purged_key(run_id), status.encode())
         return batch
 
     def write(self, applied_offset: int | None) -> None:

@@ -45,6 +45,7 @@ from processors.http_endpoint import CannotServe, HttpEndpoint, Reply, Request, 
 from processors.kafka.partitioning import partition_for
 from processors.kafka.watchdog import Watchdog
 from processors.runtime.assignment import Partitions
+from processors.runtime.history import run_events_before
 from processors.runtime.store import StoreClosed
 from schemas import Codec
 from topology.consumers import group_members
@@ -251,6 +252,16 @@ class QueryServer:
     ) -> tuple[int, bytes]:
         parts: list[bytes] = []
         size, last, more = 0, since, False
+        older = self._events_not_stored(store, run_id, p, since, limit)
+        if older:
+            for sequence, raw in older:
+                encoded = orjson.dumps(self._decode_event(raw))
+                if parts and size + len(encoded) > self._page_bytes:
+                    break
+                parts.append(encoded)
+                size += len(encoded) + 1
+                last = sequence
+            more = True  # the rest: those the store holds, or more of the topic's
         while len(parts) < limit and not more:
             chunk = store.events_chunk(run_id, last, min(CHUNK_EVENTS, limit - len(parts)), CHUNK_BYTES)
             if not chunk:
@@ -275,6 +286,34 @@ class QueryServer:
                 "events": [orjson.Fragment(b) for b in parts],
                 "next_since": last if more else None,
             }
+        )
+
+    def _events_not_stored(
+        self, store: Any, run_id: str, p: int, since: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        """Events after `since` that a store seeded from run-state does not hold (those
+        before its run-events offset E0), read from the topic (runtime/history.py)."""
+        events_from = getattr(store, "events_from", None)
+        if events_from is None:
+            return []
+        raw = store.state_bytes(run_id)
+        if raw is None:
+            return []
+        state = orjson.loads(raw)
+        first = store.events_chunk(run_id, since, 1, 1)
+        if state["sequence"] <= since or (first and first[0][0] == since + 1):
+            return []
+        settings = self.processor.settings
+        return run_events_before(
+            settings.side_consumer_config("history"),
+            settings.topics.run_events,
+            p,
+            run_id,
+            since,
+            events_from,
+            int(state["accepted_ms"]),
+            min(limit, CHUNK_EVENTS * 16),
+            self._decode_event,
         )
 
     def _not_found(self, run_id: str, p: int) -> bytes:

@@ -79,6 +79,12 @@ class ProcessorSettings(KafkaSettings):
     # Bound on records per restore chunk and on timers fired per transaction.
     # At most what librdkafka's consume() takes in one call (1,000,000).
     restore_chunk: int = Field(default=2_000, ge=1, le=1_000_000)
+    # A store that is new (or wiped) is rebuilt from <p>.run-state (each run's latest snapshot)
+    # and the run events after it; false: from the whole run-events log (docs/runtime.md).
+    restore_from_state: bool = True
+    # A store this many run-events offsets behind the log end (a partition owned long ago, a
+    # backup) is rebuilt from run-state too, instead of folding all it missed.
+    restore_state_lag: int = Field(default=500_000, ge=1)
     timers_per_transaction: int = Field(default=1_000, ge=1)
     idle_poll_ms: int = Field(default=100, ge=1, le=10_000)
     # Decoded run states kept in memory per partition (the least recently written leave

@@ -14,6 +14,7 @@ Key layout (bytes; run ids are UTF-8, `\\x1f` separates variable parts):
     x<purge_ms:8><run_id>                   a finished run (value: "<status> <finished_ms>"), purged after purge_ms
     g<run_id>                               a purged run (value: its status): its id is not reused
     m:offset                                last applied <p>.run-events offset (8 bytes)
+    m:events_from                           seeded from run-state: events before this offset are not here
     m:stats                                 cumulative counters (JSON)
     m:purging                               the purge page in flight (JSON), until its commit is written
     m:owed                                  run ids whose run-state tombstones a redone purge owes (JSON)
@@ -37,6 +38,9 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, Wri
 from processors.engine.vocabulary import TERMINAL_STATUSES
 
 OFFSET_KEY = b"m:offset"
+# A store seeded from run-state snapshots: the run-events offset E0 it folded events from. It
+# holds no event of a run before E0 (runtime/history.py reads those from the topic).
+EVENTS_FROM_KEY = b"m:events_from"
 STATS_KEY = b"m:stats"
 # A purge writes no run event, so restore cannot redo one whose commit was never written to
 # the store (a crash between the two): its page is recorded before its transaction begins,
@@ -153,6 +157,8 @@ class PartitionStore:
         self.timer_refs: dict[bytes, bytes | None] = {}
         raw = self._db.get(OFFSET_KEY)
         self.applied_offset: int = int.from_bytes(raw, "big", signed=True) if raw else NO_OFFSET
+        events_from = self._db.get(EVENTS_FROM_KEY)
+        self.events_from: int | None = int.from_bytes(events_from, "big") if events_from else None
         stats = self._db.get(STATS_KEY)
         self.stats: dict[str, int] = orjson.loads(stats) if stats else {}
         owed = self._db.get(OWED_KEY)
@@ -461,6 +467,12 @@ class PartitionStore:
             self.next_purge_ms = self._first_due(due_of(purged[-1][0]), b"x")
         if min_new_purge is not None and (self.next_purge_ms is None or min_new_purge < self.next_purge_ms):
             self.next_purge_ms = min_new_purge
+
+    def mark_seeded(self, events_from: int) -> None:
+        """The store was seeded from run-state: it holds the events from `events_from` on."""
+        with self._lock:
+            self.db.put(EVENTS_FROM_KEY, events_from.to_bytes(8, "big"))
+        self.events_from = events_from
 
     def close(self) -> None:
         with self._lock:

@@ -42,6 +42,8 @@ from test_cluster_faults import NOOP3, PARTITIONS, Load, wait_in_sync
 
 from processors.client import RunClient
 from processors.runtime.settings import ProcessorSettings
+from schemas import Codec
+from schemas.run_state import purged_status
 from topology import local_cluster
 from topology.admin import delete_topology
 from topology.settings import consumer_config
@@ -340,6 +342,11 @@ def _log_events(fleet: Fleet, name: str, since: int) -> list[dict[str, object]]:
     return out
 
 
+def _purged(value: bytes | None) -> bool:
+    """A purge's record on run-state: its marker (schemas/run_state.py), a tombstone before."""
+    return value is None or purged_status(Codec.default().decode("run_state", value)) is not None
+
+
 def _run_state_tombstones(s: ProcessorSettings, runs: set[str], timeout: float) -> set[str]:
     """The runs of `runs` whose run-state tombstone (a purge's) is committed, waiting up to
     `timeout` for all of them."""
@@ -351,7 +358,7 @@ def _run_state_tombstones(s: ProcessorSettings, runs: set[str], timeout: float) 
         while not runs <= seen and time.monotonic() < deadline:
             for m in c.consume(1000, 0.5):
                 key = m.key()
-                if m.error() is None and m.value() is None and key is not None:
+                if m.error() is None and _purged(m.value()) and key is not None:
                     seen.add(key.decode())
         return seen & runs
     finally:

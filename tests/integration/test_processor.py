@@ -22,8 +22,11 @@ from processor_support import (
     workflow,
 )
 
+from processors.client import RunClient
+from processors.client.errors import RunNotFound
 from processors.replay.verify import verify
 from processors.runtime.settings import ProcessorSettings
+from topology.settings import KafkaSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -286,9 +289,26 @@ def test_finished_runs_leave_the_store_after_their_retention_and_their_ids_stay_
         )
         assert [e["type"] for e in events.of("old-1")].count("RunAccepted") == 1
         assert events.of("old-1", "RunRejected")[0]["code"] == "Conflict"
+    # the run-state table keeps their ids only (markers): no run for the client's get and list
+    kafka = KafkaSettings(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix)
+    with RunClient(kafka, timeout_s=10) as client:
+        assert [v.run_id for v in client.runs()] == []
+        with pytest.raises(RunNotFound):
+            client.get("old-2")
+    # a fresh instance (the store lost) restored from run-state refuses their ids all the same
+    with running(settings.model_copy(update={"state_dir": tmp_path / "fresh"})) as pt:
+        assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
+        cmd.start("old-2", "three")
+        cmd.flush()
+        events.wait_for(
+            lambda evs: any(e["type"] == "RunRejected" and e["run_id"] == "old-2" for e in evs),
+            what="the fresh instance's rejection",
+        )
+    assert [e["type"] for e in events.of("old-2")].count("RunAccepted") == 1
+    assert events.of("old-2", "RunRejected")[0]["code"] == "Conflict"
     events.close()
-    # the run-state table forgot them too (tombstones); replay still finds every event and
-    # counts the purged runs instead of reporting missing snapshots
+    # replay still finds every event and counts the purged runs (their markers) instead of
+    # reporting missing snapshots
     report = verify(settings, timeout_s=60)
     assert report.ok, report.differences
     assert report.purged == 20 and report.runs == 20 and report.snapshots == 0

@@ -33,6 +33,8 @@ from processor_support import (
 from processors.kafka.exits import ExitCode
 from processors.kafka.partitioning import partition_for
 from processors.runtime.settings import ProcessorSettings
+from schemas import Codec
+from schemas.run_state import purged_status
 from topology.settings import consumer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -119,10 +121,21 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
             cmd.complete(act)  # step a of every run
         cmd.flush()
         acts.wait_for(lambda xs: len(xs) >= 2 * len(runs), what="second activations")
-    # lose the store entirely: restart rebuilds it from run-events, then finishes the runs
+    # lose the store entirely: restart rebuilds it from run-state (each run's snapshot, no
+    # event of them folded again), then finishes the runs
     shutil.rmtree(settings.state_dir)
-    with running(settings) as pt:
-        assert pt.processor.metrics.events_restored._value.get() > 0
+    with running(settings.model_copy(update={"query_port": 0})) as pt:
+        assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
+        assert pt.processor.metrics.events_restored._value.get() == 0
+        # the store holds no event of them: the query reads those from the topic, page by page
+        base = f"http://127.0.0.1:{pt.processor.query_port}"
+        events.wait_for(lambda evs: len([e for e in evs if e["run_id"] == runs[0]]) >= 5, what="events")
+        for since in (0, 2):
+            got = httpx.get(f"{base}/runs/{runs[0]}/events", params={"since": since, "limit": 3}, timeout=30)
+            logged = [e for e in events.records if e["run_id"] == runs[0]][since : since + 3]
+            assert [(e["sequence"], e["type"]) for e in got.json()["events"]] == [
+                (e["sequence"], e["type"]) for e in logged
+            ]
         with Responder(settings, complete_all):
             # the second activations were emitted already; answer them (the responder reads from the start)
             events.wait_for(
@@ -142,6 +155,41 @@ def test_restart_resumes_from_store_and_rebuilds_a_lost_store(settings: Processo
     acts.drain()
     _one_activation_each(acts.records)
     assert len([a for a in acts.records if a["type"] == "ActionActivation"]) == 3 * len(runs)
+    events.close()
+    acts.close()
+
+
+def test_a_store_far_behind_run_events_is_rebuilt_from_run_state(settings: ProcessorSettings) -> None:
+    """A store from before (a partition owned long ago, a backup put back) more than
+    `restore_state_lag` offsets behind is replaced by a restore from run-state: every run seeded
+    from its snapshot, no event folded; the runs then finish as usual."""
+    events = Reader(settings, [settings.topics.run_events], "run_events")
+    acts = Reader(settings, [settings.topics.activations("default")], "activations")
+    cmd = Commands(settings)
+    runs = [f"far-{i}" for i in range(4)]
+    with running(settings):
+        for r in runs:
+            cmd.start(r, "three")
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= len(runs), what="first activations")
+    old = settings.state_dir.with_name("old-store")
+    shutil.copytree(settings.state_dir, old)
+    with running(settings):
+        for act in list(acts.records):
+            cmd.complete(act)  # step a of every run: events the old store does not hold
+        cmd.flush()
+        acts.wait_for(lambda xs: len(xs) >= 2 * len(runs), what="second activations")
+    shutil.rmtree(settings.state_dir)
+    shutil.copytree(old, settings.state_dir)
+    with running(settings.model_copy(update={"restore_state_lag": 1})) as pt:
+        assert pt.processor.metrics.runs_seeded._value.get() == len(runs)
+        assert pt.processor.metrics.events_restored._value.get() == 0
+        with Responder(settings, complete_all):
+            events.wait_for(
+                lambda evs: all(terminal_of(evs, r) for r in runs), timeout=60, what="all runs terminal"
+            )
+    for r in runs:
+        assert [e["type"] for e in terminal_of(events.records, r)] == ["RunSucceeded"]
     events.close()
     acts.close()
 
@@ -255,7 +303,9 @@ def test_a_store_rebuilt_from_a_log_whose_start_retention_deleted_skips_those_ru
         return finish(self, consumer)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Partitions, "_finish_caught_up", noting_first_offsets)
-    with running(settings) as pt, Responder(settings, complete_all):
+    # the full-log restore (a restore from run-state takes both runs from their snapshots)
+    from_log = settings.model_copy(update={"restore_from_state": False})
+    with running(from_log) as pt, Responder(settings, complete_all):
         events.wait_for(
             lambda evs: all(terminal_of(evs, r) for r in runs if r != open_lost),
             timeout=60,
@@ -311,6 +361,11 @@ runpy.run_module("processors.runtime", run_name="__main__")
 """
 
 
+def _purged(value: bytes | None) -> bool:
+    """A purge's record on run-state: its marker (schemas/run_state.py), a tombstone before."""
+    return value is None or purged_status(Codec.default().decode("run_state", value)) is not None
+
+
 def _tombstones(settings: ProcessorSettings, run_id: str) -> int:
     """Run-state tombstones of `run_id` committed so far (read_committed, until 1 s of quiet)."""
     consumer = Consumer(consumer_config(settings, f"tombstones-{uuid.uuid4().hex[:8]}"))
@@ -318,7 +373,7 @@ def _tombstones(settings: ProcessorSettings, run_id: str) -> int:
         assign_from_start(consumer, [settings.topics.run_state])
         n = 0
         while (m := consumer.poll(1.0)) is not None:
-            if m.error() is None and m.key() == run_id.encode() and m.value() is None:
+            if m.error() is None and m.key() == run_id.encode() and _purged(m.value()):
                 n += 1
         return n
     finally:

@@ -510,12 +510,6 @@ def test_a_child_start_rejected_conflict_fails_the_parent_step_instead_of_hangin
     assert view.status == "failed", view
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,  # DID NOT RAISE: the start under the old id was accepted
-    reason="known gap, docs/runtime.md 'Run-events retention shorter than a run': a run with no "
-    "event left leaves nothing a rebuilt store reads (its id marker would need a record in the log)",
-)
 def test_a_store_rebuilt_from_a_trimmed_log_keeps_the_ids_of_runs_retention_deleted(
     settings: ProcessorSettings, tmp_path: Path
 ) -> None:

@@ -37,17 +37,22 @@ class Rig:
         catalog = Catalog()
         catalog.register(ONE)
         self.out: list[tuple[str, bytes]] = []
+        self.keyed: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value), tombstones too
         self.folder = Folder(
             EngineContext(catalog=catalog),
             CODEC,
             TOPICS,
-            lambda topic, value, key, **kw: self.out.append((topic, value)),
+            self._produce,
             lambda err, msg: None,
             lambda: TS,
             RETENTION,
         )
         self.partition = partition
         self.store = PartitionStore(path, partition)
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes, **kw: Any) -> None:
+        self.out.append((topic, value))  # type: ignore[arg-type]
+        self.keyed.append((topic, key, value))
 
     def transaction(self, *inputs: tuple[str, dict[str, Any]]) -> None:
         ov, counters = PartitionOverlay(self.store), TxnCounters()
@@ -159,6 +164,59 @@ def restore(rig: Rig, path: Path) -> PartitionStore:
     Folder.dump_all(ov)
     ov.write(None)
     return store
+
+
+def run_state(rig: Rig) -> dict[bytes, bytes | None]:
+    """`<p>.run-state` as compaction leaves it: each key's last record, in the order last written."""
+    latest: dict[bytes, bytes | None] = {}
+    for topic, key, value in rig.keyed:
+        if topic == TOPICS.run_state:
+            latest.pop(key, None)
+            latest[key] = value
+    return latest
+
+
+def restore_from_state(
+    rig: Rig, path: Path, events_from: int | None = None, crash: str | None = None
+) -> PartitionStore:
+    """A new owner's store restored from run-state (assignment.py: `_seed`, then the run
+    events): each run's latest record as compaction leaves it, then the run events from index
+    `events_from` on (default: none; an earlier index is a run-events end E0 taken before the
+    snapshots were read). `crash`: "before-seed" (the seed batch never written: the store is
+    new again and is seeded again) or "after-chunk" (the process dies after writing half of
+    the run events: the store reopened, the restore goes on from it)."""
+    latest = run_state(rig)
+    events = rig.events()
+    start = len(events) if events_from is None else events_from
+
+    def seeded(crashing: bool) -> PartitionStore:
+        store = PartitionStore(path, 0)
+        ov = PartitionOverlay(store)
+        for value in latest.values():
+            if value is not None:
+                rig.folder.seed_snapshot(ov, value)
+        Folder.dump_all(ov)
+        store.mark_seeded(start)
+        if crashing:
+            store.close()
+            return seeded(False)
+        ov.write(start - 1 if start > 0 else None)
+        return store
+
+    store = seeded(crash == "before-seed")
+    mid = start + (len(events) - start) // 2 if crash == "after-chunk" else len(events)
+    for chunk in (events[start:mid], events[mid:]):
+        if not chunk:
+            continue
+        if store.closed:  # the crash after the first chunk's write: reopened
+            store = PartitionStore(path, 0)
+        ov = PartitionOverlay(store)
+        for raw in chunk:
+            rig.folder.fold_committed(ov, raw)
+        Folder.dump_all(ov)
+        ov.write(None)
+        store.close()
+    return PartitionStore(path, 0) if store.closed else store
 
 
 def contents(store: PartitionStore) -> dict[str, Any]:

@@ -7,10 +7,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fold_rig import CODEC, RETENTION, TS, Rig, completed, contents, fire, purge, restore, start, state
+from fold_rig import (
+    CODEC,
+    RETENTION,
+    TOPICS,
+    TS,
+    Rig,
+    completed,
+    contents,
+    fire,
+    purge,
+    restore,
+    restore_from_state,
+    start,
+    state,
+)
 
 from processors.runtime.overlay import PartitionOverlay
 from processors.runtime.timers import TimerFirer
+from schemas.run_state import purged_status
 
 WALL = 3_600_000
 # `m` maps over state /items, which is null: each activation of the superstep fails the run
@@ -95,10 +110,16 @@ def failed(act: dict[str, Any], ts: int) -> tuple[str, dict[str, Any]]:
 
 
 def assert_restores_the_same(r: Rig, path: Path) -> dict[str, Any]:
+    """From the log and from run-state (the snapshots, then every event again: each is
+    skipped as already in its run's snapshot), the store the live path wrote."""
     live = contents(r.store)
     restored = restore(r, path)
     assert contents(restored) == live
     restored.close()
+    for events_from in (None, 0):
+        seeded = restore_from_state(r, path.with_name(f"{path.name}-state-{events_from}"), events_from)
+        assert contents(seeded) == live
+        seeded.close()
     return live
 
 
@@ -193,3 +214,30 @@ def test_an_entry_from_a_finish_before_a_resume_under_another_retention_does_not
     assert purge(r.store, TS + RETENTION) == 0 and r.store.state_bytes("r") is not None
     assert contents(r.store)["purges"] == [(again + 10 * RETENTION, "r")]  # the stale one went
     assert purge(r.store, again + 10 * RETENTION) == 1
+
+
+def test_a_purged_run_keeps_its_id_in_run_state_and_a_store_restored_from_it_refuses_the_id(
+    tmp_path: Path,
+) -> None:
+    # the input that meets the run past its retention purges it: its run-state record is a
+    # marker, not a tombstone, so a store restored from run-state knows the id
+    r = rig(tmp_path / "live")
+    r.transaction(start("done"))
+    r.transaction(completed(r.activation("done"), TS + 500))
+    later = TS + 10 * RETENTION
+    r.folder._now_ms = lambda: later
+    r.transaction(resume("done", later))
+    [(key, marker)] = [(k, v) for t, k, v in r.keyed if t == TOPICS.run_state][-1:]
+    assert key == b"done" and marker is not None
+    assert purged_status(CODEC.decode("run_state", marker)) == "succeeded"
+    live = contents(r.store)
+    assert live["purged"] == {"done": "succeeded"} and live["states"] == {}
+    seeded = restore_from_state(r, tmp_path / "seeded")
+    assert contents(seeded) == live
+    seeded.close()
+    r.store.close()
+    r.store = restore_from_state(r, tmp_path / "seeded2")
+    before = len(r.events())
+    r.transaction(start("done"))
+    [event] = [CODEC.decode("run_events", raw) for raw in r.events()[before:]]
+    assert (event["type"], event["code"]) == ("RunRejected", "Conflict")
