@@ -306,3 +306,21 @@ def test_a_cancel_that_waits_for_stops_carries_its_key_on_run_cancelling_only() 
     assert h.state is not None and h.state["command_keys"] == {
         "stop-1": [h.log[-3]["sequence"], "RunCancelling"]
     }
+
+
+def test_processors_testing_sees_the_keys() -> None:
+    """docs/testing.md: the in-memory environment folds with the same engine."""
+    from processors.testing import WorkflowEnvironment
+
+    wait = {**LOOP, "id": "once", "routes": {}, "budgets": {}}
+    with WorkflowEnvironment(wait) as env:
+        run = env.start("once", {})
+        first = run.signal("go", {"ok": True}, idempotency_key="k")
+        assert first[0]["type"] == "SignalReceived"
+        again = run.signal("go", {"ok": True}, idempotency_key="k")
+        assert [(e["type"], e["answer_sequence"]) for e in again] == [
+            ("CommandDeduplicated", first[0]["sequence"])
+        ]
+        result = run.settle()
+    result.assert_succeeded()
+    assert result.event_types.count("SignalReceived") == 1
