@@ -1,5 +1,6 @@
 'use strict';
-// A Node service that starts runfold runs, cancels one, and reads their run events back
+// A Node service that starts runfold runs, cancels one, signals one three times with one
+// idempotency key (a retried signal: it takes effect once), and reads their run events back
 // (read_committed), written from docs/contract.md and schemas/standalone/ alone.
 //
 //   node examples/node/example.js --bootstrap 127.0.0.1:9092 --prefix runfold \
@@ -32,6 +33,7 @@ function canonical(v) {
 }
 
 const TERMINAL = new Set(['RunSucceeded', 'RunFailed', 'RunCancelled', 'RunRejected']);
+const RETRIES = 3;  // the same SignalRun, sent this many times (as a client retrying after timeouts)
 
 async function main() {
   const opt = options(process.argv.slice(2));
@@ -63,8 +65,12 @@ async function main() {
     inputs.set(`${idPrefix}-${i}`, {text: `hello from Node ${i}`, big: 9223372036854775807n - BigInt(i)});
   }
   const toCancel = `${idPrefix}-wait`;
+  const toSignal = `${idPrefix}-signal`;
+  // Its idempotency key: each send is a new record (a new record_id), one command by its key.
+  const signalKey = `approve-${crypto.randomUUID()}`;
   const seen = new Map();
   let cancelled = false;
+  let signalled = false;
   await producer.connect();
   await consumer.connect();
   try {
@@ -72,10 +78,13 @@ async function main() {
       await send(runId, {'runfold.StartRun': {definition_id: 'one-step', revision: null, input}});
     }
     await send(toCancel, {'runfold.StartRun': {definition_id: 'await-approval', revision: null, input: {}}});
+    await send(toSignal, {'runfold.StartRun': {definition_id: 'await-approval', revision: null, input: {}}});
 
     await consumer.subscribe({topic: `${prefix}.run-events`, fromBeginning: true});
-    const finished = () => [...inputs.keys(), toCancel].every(
-      (id) => (seen.get(id) || []).some((e) => TERMINAL.has(e.type)));
+    // the signalled run is done once its repeats are answered too (they follow its end)
+    const finished = () => [...inputs.keys(), toCancel, toSignal].every(
+      (id) => (seen.get(id) || []).some((e) => TERMINAL.has(e.type))) &&
+      (seen.get(toSignal) || []).filter((e) => e.type === 'CommandDeduplicated').length >= RETRIES - 1;
     let done;
     const allDone = new Promise((resolve) => { done = resolve; });
     await consumer.run({
@@ -90,6 +99,13 @@ async function main() {
           cancelled = true;
           await send(toCancel, {'runfold.CancelRun': {reason: 'cancelled by the Node example'}});
         }
+        if (!signalled && runId === toSignal && event.type === 'RunWaiting') {
+          signalled = true;
+          for (let i = 0; i < RETRIES; i++) {  // ["null", "string"]: avsc takes the string as it is
+            await send(toSignal, {'runfold.SignalRun': {signal: 'approval', payload: {approved: true},
+                                                        idempotency_key: signalKey}});
+          }
+        }
         if (finished()) done();
       },
     });
@@ -99,7 +115,8 @@ async function main() {
     await producer.disconnect();
   }
 
-  const expected = new Map([...[...inputs.keys()].map((id) => [id, 'RunSucceeded']), [toCancel, 'RunCancelled']]);
+  const expected = new Map([...[...inputs.keys()].map((id) => [id, 'RunSucceeded']), [toCancel, 'RunCancelled'],
+                            [toSignal, 'RunSucceeded']]);
   const report = {language: 'node', ok: true, runs: {},
                   fingerprints: {commands: commands.fingerprint.toString('hex'),
                                  run_events: events.fingerprint.toString('hex')}};
@@ -107,9 +124,19 @@ async function main() {
     const mine = seen.get(runId) || [];
     const ends = mine.filter((e) => TERMINAL.has(e.type));
     let ok = mine.filter((e) => e.type === 'RunAccepted').length === 1 && ends.length === 1 && ends[0].type === want
-      && mine.every((e, i) => e.sequence === i + 1);  // one gap-free sequence per run
+      && mine.filter((e) => e.sequence > 0).every((e, i) => e.sequence === i + 1);  // one gap-free sequence per run
     const row = {events: mine.map((e) => e.type)};
-    if (ends.length && ends[0].type === 'RunSucceeded') {
+    if (runId === toSignal) {
+      // one effect: one SignalReceived carrying the key; each repeat answered with it, changing nothing
+      const received = mine.filter((e) => e.type === 'SignalReceived');
+      const repeats = mine.filter((e) => e.type === 'CommandDeduplicated');
+      row.signal = {key: signalKey, sent: RETRIES, received: received.length, deduplicated: repeats.length};
+      ok = ok && received.length === 1 && received[0].idempotency_key === signalKey
+        && repeats.length === RETRIES - 1
+        && repeats.every((e) => e.idempotency_key === signalKey && e.sequence === 0
+                         && Number(e.answer_sequence) === received[0].sequence && e.answer_type === 'SignalReceived')
+        && ends.length === 1 && ends[0].output === true;
+    } else if (ends.length && ends[0].type === 'RunSucceeded') {
       row.output = JSONbig.stringify(ends[0].output);
       ok = ok && canonical(ends[0].output) === canonical(inputs.get(runId));  // the 64-bit integer survived
     }

@@ -66,6 +66,14 @@ AnswerTimeoutOpt = Annotated[
         help="Seconds to wait for the processor's answer (default: RUNFOLD_ANSWER_TIMEOUT_S or 5).",
     ),
 ]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-key",
+        help="The run applies a key once: send the command again with the same key (a retry after "
+        "a timeout) and it answers with the first answer (default: this command's record id).",
+    ),
+]
 
 
 def settings_for(topic_prefix: str | None, bootstrap: str | None) -> KafkaSettings:

@@ -21,6 +21,7 @@ from processors.cli.common import (
     AnswerTimeoutOpt,
     BootstrapOpt,
     JsonOpt,
+    KeyOpt,
     NoWaitOpt,
     PrefixOpt,
     TimeoutOpt,
@@ -191,6 +192,7 @@ def cancel(
     reason: Annotated[str, typer.Option(help="Why (recorded in RunCancelled).")] = "",
     no_wait: NoWaitOpt = False,
     answer_timeout: AnswerTimeoutOpt = None,
+    idempotency_key: KeyOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
@@ -202,7 +204,9 @@ def cancel(
     Example: `runfold runs cancel run-1 --reason "no longer needed"`
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
-        answer = client.cancel(run_id, reason, answer_timeout=0 if no_wait else answer_timeout)
+        answer = client.cancel(
+            run_id, reason, answer_timeout=0 if no_wait else answer_timeout, idempotency_key=idempotency_key
+        )
     _answered(as_json, answer, "CancelRun", run_id, client.last_record_id)
 
 
@@ -215,6 +219,7 @@ def signal(
     ] = None,
     no_wait: NoWaitOpt = False,
     answer_timeout: AnswerTimeoutOpt = None,
+    idempotency_key: KeyOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
@@ -227,7 +232,13 @@ def signal(
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         value = parse_json_arg(payload, "--payload")
-        answer = client.signal(run_id, name, value, answer_timeout=0 if no_wait else answer_timeout)
+        answer = client.signal(
+            run_id,
+            name,
+            value,
+            answer_timeout=0 if no_wait else answer_timeout,
+            idempotency_key=idempotency_key,
+        )
     _answered(as_json, answer, "SignalRun", run_id, client.last_record_id)
 
 
@@ -240,6 +251,7 @@ def resume(
     reason: Annotated[str, typer.Option(help="Why (recorded in RunResumed).")] = "",
     no_wait: NoWaitOpt = False,
     answer_timeout: AnswerTimeoutOpt = None,
+    idempotency_key: KeyOpt = None,
     as_json: JsonOpt = False,
     topic_prefix: PrefixOpt = None,
     bootstrap: BootstrapOpt = None,
@@ -252,7 +264,13 @@ def resume(
     """
     with cli_errors(as_json), make_client(topic_prefix, bootstrap) as client:
         budgets = parse_pairs(budget, "--budget", as_int=True) or None
-        answer = client.resume(run_id, budgets, reason, answer_timeout=0 if no_wait else answer_timeout)
+        answer = client.resume(
+            run_id,
+            budgets,
+            reason,
+            answer_timeout=0 if no_wait else answer_timeout,
+            idempotency_key=idempotency_key,
+        )
     _answered(as_json, answer, "ResumeRun", run_id, client.last_record_id)
 
 

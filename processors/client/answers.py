@@ -2,11 +2,16 @@
 
 A command's answer is in the run's events: a `RunRejected` whose `record_id` derives from the
 command's own record id (`<run>:rejected:<command record id>`, engine/ids.py), or the event
-the command causes (`RunAccepted` for a StartRun, `RunCancelled`, `SignalReceived` of that
-signal, `RunResumed`). A duplicate (a cancelled run cancelled again, the same StartRun twice)
-emits nothing: it is answered "unchanged" once the processor's consumer group has committed
-an offset past the command (the processor commits its input offsets in the transaction that
-writes the events, so by then any event it caused is committed too).
+the command causes (`RunAccepted` for a StartRun, `RunCancelling` or `RunCancelled`,
+`SignalReceived` of that signal, `RunResumed`). A CancelRun, SignalRun or ResumeRun carries an
+idempotency key: the event that answers it carries the same key, so it is told apart from
+another sender's (issue 44), and a repeat of a key the run applied is answered with a
+`CommandDeduplicated` naming that first answer: the retry of a command after a timeout gets the
+original answer, not a second effect. A duplicate that changes nothing (a cancelled run
+cancelled again, the same StartRun twice) emits nothing: it is answered "unchanged" once the
+processor's consumer group has committed an offset past the command (the processor commits its
+input offsets in the transaction that writes the events, so by then any event it caused is
+committed too).
 
 Cheap by construction: the client notes the end of the run's run-events partition before it
 sends, and reads only that one partition from there, `read_committed`, comparing keys before
@@ -36,6 +41,13 @@ ANSWER_EVENTS = {
     "CancelRun": "RunCancelled",
     "SignalRun": "SignalReceived",
     "ResumeRun": "RunResumed",
+}
+# The events that carry a keyed command's idempotency key (engine/vocabulary.KEYED_ANSWERS): a
+# cancel that waits for its steps to stop is answered by its RunCancelling.
+KEYED_ANSWERS = {
+    "CancelRun": frozenset({"RunCancelling", "RunCancelled"}),
+    "SignalRun": frozenset({"SignalReceived"}),
+    "ResumeRun": frozenset({"RunResumed"}),
 }
 _UNCHANGED = {
     "StartRun": "the run already exists with this definition and input (StartRun is idempotent)",
@@ -68,6 +80,9 @@ class Sent:
     # event from ours): StartRun's definition_id, revision, input; SignalRun's payload;
     # ResumeRun's reason
     content: dict[str, Any] = field(default_factory=dict)
+    # the idempotency key the processor applies the command under (its idempotency_key, else its
+    # record id): None for a StartRun
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,11 +112,22 @@ class CommandAnswer:
 
 def answers(sent: Sent, ev: dict[str, Any]) -> bool:
     """Whether a run event (of this run, written after the send) may be the answer to `sent`:
-    a `RunRejected` of its record id, or the event of its kind (`same_content` tells whether
-    that one repeats what `sent` carries)."""
+    a `RunRejected` of its record id; for a keyed command, the event or the `CommandDeduplicated`
+    that carries its key; else the event of its kind (`same_content` tells whether that one
+    repeats what `sent` carries)."""
     kind = ev.get("type")
     if kind == "RunRejected":
         return bool(ev.get("record_id") == rejection_record_id(sent.run_id, sent.record_id))
+    if sent.key is not None:
+        if kind == "CommandDeduplicated":
+            return bool(ev.get("idempotency_key") == sent.key and ev.get("command_type") == sent.command)
+        if kind not in KEYED_ANSWERS[sent.command]:
+            return False
+        key = ev.get("idempotency_key")
+        if key is not None:
+            return bool(key == sent.key)
+        # no key: written by a processor that predates keys (or a RunCancelled after its
+        # RunCancelling, which carried the key): matched as before, by kind and content
     if kind != ANSWER_EVENTS[sent.command]:
         return False
     return sent.command != "SignalRun" or ev.get("signal") == sent.signal
@@ -124,8 +150,8 @@ def same_content(sent: Sent, ev: dict[str, Any]) -> bool:
     same run (a StartRun of another input, a signal of another payload) causes an event of the
     same type that is not the answer to ours: ours may still be rejected (`Conflict`)."""
     c = sent.content
-    if not c:
-        return True
+    if not c or (sent.key is not None and ev.get("idempotency_key") == sent.key):
+        return True  # the key names the command: another sender's content cannot answer it
     if sent.command == "StartRun":
         return (
             ev.get("definition_id") == c.get("definition_id")
@@ -188,6 +214,17 @@ def await_answer(
             if answers(sent, ev):
                 if ev["type"] == "RunRejected":
                     raise CommandRejected(sent.run_id, sent.command, sent.record_id, ev["code"], ev["reason"])
+                if ev["type"] == "CommandDeduplicated":  # a repeat: the first answer is the answer
+                    return CommandAnswer(
+                        sent.run_id,
+                        sent.command,
+                        sent.record_id,
+                        "accepted",
+                        ev["answer_type"],
+                        ev["answer_sequence"],
+                        f"a repeat of idempotency key {sent.key!r}: the run applied it once "
+                        f"({ev['answer_type']} at sequence {ev['answer_sequence']}) and changed nothing now",
+                    )
                 if same_content(sent, ev):
                     return CommandAnswer(
                         sent.run_id, sent.command, sent.record_id, "accepted", ev["type"], ev["sequence"]

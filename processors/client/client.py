@@ -41,8 +41,8 @@ from processors.client.errors import (
 from processors.client.reader import KAFKA_LOGGER, PartitionReader, broker_error
 from processors.client.snapshots import SnapshotIndex
 from processors.client.views import RunView, view_from_query, view_from_snapshot
-from processors.engine.ids import control_character
-from processors.engine.vocabulary import TERMINAL_EVENTS, CommandBody, start_run_body
+from processors.engine.ids import command_key, control_character
+from processors.engine.vocabulary import KEY_CHARS, TERMINAL_EVENTS, CommandBody, start_run_body
 from processors.kafka.fetch import connect_first
 from processors.kafka.partitioning import partition_for
 from processors.kafka.records import coordinates
@@ -255,6 +255,9 @@ class RunClient:
     ) -> CommandAnswer | None:
         """Send one command; unless the wait is 0, wait for the processor's answer to it."""
         _check_run_id(run_id)
+        key = body.get("idempotency_key")
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= KEY_CHARS):
+            raise InvalidArgument(f"idempotency_key must be a string of 1 to {KEY_CHARS} characters")
         wait = self.answer_timeout_s if answer_timeout is None else answer_timeout
         self.last_answer = None
         events_partition = self.partition_of(run_id)
@@ -263,6 +266,8 @@ class RunClient:
         record_id = uuid.uuid4().hex
         self.last_record_id = record_id
         msg = {"run_id": run_id, "record_id": record_id, "ts_ms": int(time.time() * 1000), **body}
+        # the key the processor applies it under: the given one, else this send's record id
+        applied_key = command_key(key, record_id)[0] if body["type"] != "StartRun" else None
         partition, offset = self.produce(self.topics.commands, run_id, self._enc_command(msg))
         if wait <= 0:
             return None
@@ -278,6 +283,7 @@ class RunClient:
             events_partition=events_partition,
             events_start=events_start,
             signal=body["signal"] if body["type"] == "SignalRun" else None,
+            key=applied_key,
             content=_answer_content(body),
         )
         if self._offsets is None:
@@ -326,23 +332,41 @@ class RunClient:
         return run_id
 
     def cancel(
-        self, run_id: str, reason: str = "", answer_timeout: float | None = None
+        self,
+        run_id: str,
+        reason: str = "",
+        answer_timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> CommandAnswer | None:
         """Ask the processor to cancel the run (idempotent; cascades to steps and child runs).
 
         Returns the processor's answer (None when `answer_timeout=0`); raises `CommandRejected`
-        (a finished run: Conflict; an unknown one: NotFound) or `AnswerTimeout`."""
-        return self._command(run_id, {"type": "CancelRun", "reason": reason}, answer_timeout)
+        (a finished run: Conflict; an unknown one: NotFound) or `AnswerTimeout`.
+        `idempotency_key`: the run applies each key once and answers a repeat with the first
+        answer, so a retry with the same key after a timeout is safe (None: this call's record
+        id, `client.last_record_id`, is the key)."""
+        body: CommandBody = {"type": "CancelRun", "reason": reason, "idempotency_key": idempotency_key}
+        return self._command(run_id, body, answer_timeout)
 
     def signal(
-        self, run_id: str, name: str, payload: Any = None, answer_timeout: float | None = None
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        answer_timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> CommandAnswer | None:
-        """Deliver a named signal (e.g. an approval) to the run's wait nodes; answered like `cancel`."""
+        """Deliver a named signal (e.g. an approval) to the run's wait nodes; answered like
+        `cancel`, and as safe to retry with the same `idempotency_key`."""
         if not name:
             raise InvalidArgument("signal name must be a non-empty string")
-        return self._command(
-            run_id, {"type": "SignalRun", "signal": name, "payload": payload}, answer_timeout
-        )
+        body: CommandBody = {
+            "type": "SignalRun",
+            "signal": name,
+            "payload": payload,
+            "idempotency_key": idempotency_key,
+        }
+        return self._command(run_id, body, answer_timeout)
 
     def resume(
         self,
@@ -350,14 +374,18 @@ class RunClient:
         budgets: Mapping[str, int] | None = None,
         reason: str = "",
         answer_timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> CommandAnswer | None:
         """Continue a failed, paused or budget-blocked run, optionally with new limits; answered
-        like `cancel` (a running run: Conflict)."""
-        return self._command(
-            run_id,
-            {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None, "reason": reason},
-            answer_timeout,
-        )
+        like `cancel` (a running run: Conflict), and as safe to retry with the same
+        `idempotency_key`."""
+        body: CommandBody = {
+            "type": "ResumeRun",
+            "budgets": dict(budgets) if budgets else None,
+            "reason": reason,
+            "idempotency_key": idempotency_key,
+        }
+        return self._command(run_id, body, answer_timeout)
 
     # ---- reads -------------------------------------------------------------------------------
     def snapshot(self, run_id: str) -> tuple[dict[str, Any], Message] | None:

@@ -221,7 +221,7 @@ def answer_approval(em: Emitter, signal: str, payload: Any) -> str | None:
         return f"no tool call waits for approval {signal[:100]!r} (an approval is not kept for a later call)"
     wait = waiting[0]
     record = state["steps"][instance_key(wait["node"], wait["lineage"])]
-    em.emit("SignalReceived", signal=signal, payload=payload, node=wait["node"])
+    em.emit("SignalReceived", signal=signal, payload=payload, node=wait["node"], **em.keyed())
     if payload["approved"]:
         node = em.pinned.node(record["node"])
         schedule(em, record["node"], node, record["lineage"], record["attempt"] + 1, record["input"])

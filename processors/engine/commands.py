@@ -37,7 +37,7 @@ def cancel_run(state: RunState, msg: Message, em: Emitter) -> Decision:
     if halting is not None and halting["outcome"] == "RunFailed":
         return rejected(state, rejection(msg, "Conflict", "run already failing"), "run already failing")
     reason = text(msg.get("reason"), REASON_CHARS) or "cancelled by request"
-    halt(em, "RunCancelled", f"run cancelled: {reason}", reason=reason)
+    halt(em, "RunCancelled", f"run cancelled: {reason}", reason=reason, key=em.key)
     return em.decision()
 
 
@@ -127,11 +127,11 @@ def signal_run(state: RunState, msg: Message, em: Emitter) -> Decision:
                 "(accept_early: false); send it again once the run waits for it"
             )
             return rejected(state, rejection(msg, "Conflict", reason), "early signal refused")
-        em.emit("SignalReceived", signal=name, payload=payload, node=None)
+        em.emit("SignalReceived", signal=name, payload=payload, node=None, **em.keyed())
         return em.decision()
     wait = waits[0]
     step = state["steps"][instance_key(wait["node"], wait["lineage"])]
-    em.emit("SignalReceived", signal=name, payload=payload, node=wait["node"])
+    em.emit("SignalReceived", signal=name, payload=payload, node=wait["node"], **em.keyed())
     em.emit_step(
         "StepSucceeded",
         step,
@@ -186,7 +186,7 @@ def resume_run(state: RunState, msg: Message, em: Emitter) -> Decision:
         if new_limits is None:
             return rejected(state, rejection(msg, "Limit", reason), "invalid budgets")
         limits = {**limits, **{key: new_limits[key] for key in overrides}}
-    em.emit("RunResumed", budgets=limits, reason=text(msg.get("reason"), REASON_CHARS))
+    em.emit("RunResumed", budgets=limits, reason=text(msg.get("reason"), REASON_CHARS), **em.keyed())
     plan_superstep(em, reactivate=True)
     progress(em)
     return em.decision()

@@ -11,7 +11,8 @@ from typing import Any
 
 from processors.engine.commands import cancel_run, fail_run_for_runtime, resume_run, signal_run
 from processors.engine.context import Decision, EngineContext, rejected, unchanged
-from processors.engine.emitter import Emitter, rejection
+from processors.engine.emitter import Emitter, deduplicated, rejection
+from processors.engine.ids import command_key
 from processors.engine.receipts import handle_receipt
 from processors.engine.start import start_run
 from processors.engine.state import RunState
@@ -75,6 +76,17 @@ def decide(state: RunState | None, msg: Any, ctx: EngineContext) -> Decision:
             return rejected(
                 None, rejection(msg, "NotFound", f"run {msg['run_id']} does not exist"), "unknown run"
             )
+        key, problem = command_key(msg.get("idempotency_key"), msg.get("record_id"))
+        if problem is not None:
+            return rejected(state, rejection(msg, "InvalidInput", problem), "invalid idempotency key")
+        if key is not None:
+            # A key the run applied is answered with that answer, before any rule that looks at
+            # the run now: a signal repeated after its run finished is not a Conflict.
+            kept = state.get("command_keys")
+            answer = kept.get(key) if kept is not None else None
+            if answer is not None:
+                return rejected(state, deduplicated(msg, key, answer), "duplicate command")
+            em.key = key
         if mtype == "CancelRun":
             return cancel_run(state, msg, em)
         if mtype == "SignalRun":

@@ -30,6 +30,7 @@ from processors.engine.vocabulary import (
     RUN_STOPPING_EVENTS,
     STEP_SETTLING_EVENTS,
     STOP_LEASE_EXPIRED,
+    UNSEQUENCED_EVENTS,
 )
 
 Event = dict[str, Any]
@@ -51,7 +52,7 @@ NONE = Effects()
 
 def effects(state: RunState | None, event: Event) -> Effects:
     etype = event["type"]
-    if state is None or etype == "RunRejected":
+    if state is None or etype in UNSEQUENCED_EVENTS:
         return NONE
     if etype == "StepScheduled":
         return _scheduled(state, event)

@@ -11,10 +11,17 @@ from typing import Any
 
 from processors.engine.context import Decision, EngineContext
 from processors.engine.evolve import evolve
-from processors.engine.ids import dispatch_id, event_record_id, rejection_record_id, split_loop_lineage
+from processors.engine.ids import (
+    command_key,
+    dispatch_id,
+    duplicate_record_id,
+    event_record_id,
+    rejection_record_id,
+    split_loop_lineage,
+)
 from processors.engine.pinned import Pinned, pinned
 from processors.engine.state import RunState, usage_of
-from processors.engine.vocabulary import Failure, Usage
+from processors.engine.vocabulary import KEYED_COMMANDS, Failure, Usage
 
 Event = dict[str, Any]
 Message = dict[str, Any]
@@ -36,7 +43,7 @@ def rejection(
     run_id = text(msg.get("run_id"))
     if definition_id is None:
         definition_id = msg.get("definition_id") if type(msg.get("definition_id")) is str else None
-    return {
+    event: Event = {
         "type": "RunRejected",
         "run_id": run_id,
         "ts_ms": msg["ts_ms"],
@@ -47,6 +54,28 @@ def rejection(
         "definition_id": definition_id,
         "revision": revision,
         "command_type": msg["type"],
+    }
+    if msg["type"] in KEYED_COMMANDS:  # so a sender that matches answers by key finds its rejection
+        key = command_key(msg.get("idempotency_key"), msg.get("record_id"))[0]
+        if key is not None:
+            event["idempotency_key"] = key
+    return event
+
+
+def deduplicated(msg: Message, key: str, answer: list[Any]) -> Event:
+    """The answer to a repeat of a keyed command the run applied: sequence 0, like a RunRejected,
+    naming the event (`[sequence, type]` from the run's `command_keys`) that answered the first."""
+    run_id = text(msg.get("run_id"))
+    return {
+        "type": "CommandDeduplicated",
+        "run_id": run_id,
+        "ts_ms": msg["ts_ms"],
+        "record_id": duplicate_record_id(run_id, text(msg.get("record_id"))),
+        "sequence": 0,
+        "command_type": msg["type"],
+        "idempotency_key": key,
+        "answer_sequence": answer[0],
+        "answer_type": answer[1],
     }
 
 
@@ -65,6 +94,7 @@ class Emitter:
         "ctx",
         "events",
         "failed_any",
+        "key",
         "loops",
         "run_id",
         "settled_items",
@@ -91,6 +121,8 @@ class Emitter:
         # just scheduled: progress drives each to its next turn, call or outcome (agent_loop.py)
         self.loops: set[tuple[str, str]] = set()
         self._pinned: Pinned | None = None
+        # the idempotency key of the command being decided (decider.py): its answering event carries it
+        self.key: str | None = None
 
     @property
     def pinned(self) -> Pinned:
@@ -147,6 +179,11 @@ class Emitter:
             dispatch_id=dispatch_id(self.run_id, node, lineage, attempt),
             **fields,
         )
+
+    def keyed(self) -> dict[str, Any]:
+        """The fields that put the command's key on its answering event (KEYED_ANSWERS): none
+        without a key, so an event of a message without one is as it always was."""
+        return {} if self.key is None else {"idempotency_key": self.key}
 
     def usage(self) -> Usage:
         return usage_of(self.state)

@@ -16,7 +16,7 @@ from processors.engine.ids import instance_key, is_loop_lineage, split_loop_line
 from processors.engine.pinned import pinned, root_definition
 from processors.engine.refs import input_hash
 from processors.engine.state import RunState
-from processors.engine.vocabulary import OPEN_STEP_STATUSES, ZERO_USAGE
+from processors.engine.vocabulary import KEY_WINDOW, OPEN_STEP_STATUSES, UNSEQUENCED_EVENTS, ZERO_USAGE
 
 Event = dict[str, Any]
 
@@ -24,8 +24,8 @@ Event = dict[str, Any]
 def evolve(state: RunState | None, event: Event) -> RunState | None:
     """The run state after `event`: the one fold, for decide's emitter, restore and replay."""
     etype = event["type"]
-    if etype == "RunRejected":
-        return state  # sequence 0: belongs to no run, changes nothing
+    if etype in UNSEQUENCED_EVENTS:
+        return state  # sequence 0 (RunRejected, CommandDeduplicated): belongs to no run, changes nothing
     if etype == "RunAccepted":
         return _run_accepted(event)
     if state is None:
@@ -146,7 +146,24 @@ def _run_paused(s: RunState, ev: Event) -> None:
     _stop_wall(s, ev["ts_ms"])
 
 
+def _remember_key(s: RunState, ev: Event) -> None:
+    """`command_keys`: the idempotency key of a command the run applied -> [sequence, type] of the
+    event that answered it (KEYED_ANSWERS), for the run to answer a repeat with. It keeps the
+    KEY_WINDOW most recent keys: the oldest (lowest sequence) is forgotten first. Absent until a
+    run applies its first keyed command, so a run that never gets one is as it always was."""
+    key = ev.get("idempotency_key")
+    if key is None:
+        return
+    kept = s.get("command_keys")
+    keys: dict[str, list[Any]] = dict(kept) if kept else {}
+    if len(keys) >= KEY_WINDOW and key not in keys:
+        del keys[min(keys, key=lambda k: keys[k][0])]
+    keys[key] = [ev["sequence"], ev["type"]]
+    s["command_keys"] = keys
+
+
 def _run_resumed(s: RunState, ev: Event) -> None:
+    _remember_key(s, ev)
     old_budgets = s["budgets"]
     s["budgets"] = ev["budgets"]
     s["status"] = "running"
@@ -169,6 +186,7 @@ def _limit_key(dimension: str) -> str:
 
 def _run_cancelling(s: RunState, ev: Event) -> None:
     """The run waits for its stopping attempts before the outcome it names (stopping.py)."""
+    _remember_key(s, ev)
     previous = s.get("halting")
     s["status"] = "cancelling"
     s["halting"] = {
@@ -200,6 +218,7 @@ def _run_failed(s: RunState, ev: Event) -> None:
 
 
 def _run_cancelled(s: RunState, ev: Event) -> None:
+    _remember_key(s, ev)
     _end_halt(s)
     s["status"] = "cancelled"
     s["cancel_reason"] = ev["reason"]
@@ -504,6 +523,7 @@ def _run_waiting(s: RunState, ev: Event) -> None:
 
 
 def _signal_received(s: RunState, ev: Event) -> None:
+    _remember_key(s, ev)
     if ev.get("node") is None:
         s["signals"] = [*s["signals"], {"signal": ev["signal"], "payload": ev["payload"]}]
         return
@@ -548,4 +568,4 @@ _HANDLERS: dict[str, Callable[[RunState, Event], None]] = {
     "ReceiptConflict": _nothing,
 }
 
-EVENT_TYPES = frozenset({"RunAccepted", "RunRejected", *_HANDLERS})
+EVENT_TYPES = frozenset({"RunAccepted", *UNSEQUENCED_EVENTS, *_HANDLERS})

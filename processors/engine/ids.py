@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from processors.engine.vocabulary import KEY_CHARS
+
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
@@ -99,3 +101,28 @@ def event_record_id(run_id: str, sequence: int) -> str:
 def rejection_record_id(run_id: str, input_record_id: str) -> str:
     """A RunRejected has sequence 0; its id derives from the rejected input record."""
     return f"{run_id}:rejected:{input_record_id}"
+
+
+def duplicate_record_id(run_id: str, input_record_id: str) -> str:
+    """A CommandDeduplicated has sequence 0 too; its id derives from the repeated input record."""
+    return f"{run_id}:duplicate:{input_record_id}"
+
+
+def command_key(key: object, record_id: object) -> tuple[str | None, str | None]:
+    """The idempotency key of a CancelRun, SignalRun or ResumeRun, and why it is refused if it is.
+
+    An explicit key (1 to KEY_CHARS characters) is taken as it is, a longer one refused: a key is an
+    id, and the run keeps it. Without one (null or ""), the record id is the key; one longer than
+    KEY_CHARS is kept as "sha256:<hex of its UTF-8>" so the run's memory stays bounded. (None,
+    None): a message with neither (an engine test's) is not deduplicated."""
+    if key is not None and key != "":
+        if type(key) is not str:
+            return None, "idempotency_key must be a string"
+        if len(key) > KEY_CHARS:
+            return None, f"idempotency_key is {len(key)} characters; at most {KEY_CHARS} (a UUID is 36)"
+        return key, None
+    if type(record_id) is not str or not record_id:
+        return None, None
+    if len(record_id) <= KEY_CHARS:
+        return record_id, None
+    return "sha256:" + hashlib.sha256(record_id.encode("utf-8", "surrogatepass")).hexdigest(), None

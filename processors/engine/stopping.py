@@ -65,10 +65,12 @@ def halt(
     reason: str | None = None,
     code: str | None = None,
     problem: Failure | None = None,
+    key: str | None = None,
 ) -> None:
     """End the run with `outcome` (RunCancelled, RunFailed) or pause it (RunPaused) once no
     attempt of it may still run: open steps that hold nothing in flight are cancelled now, the
-    others are asked to stop (a timed-out one already stopping goes on stopping)."""
+    others are asked to stop (a timed-out one already stopping goes on stopping). `key`: the
+    CancelRun's idempotency key, carried by the RunCancelling or RunCancelled that answers it."""
     stopping = 0
     if em.state["open"] > 0:
         for step in _open_steps(em):
@@ -79,8 +81,9 @@ def halt(
                 stopping += 1
             else:
                 em.emit_step("StepCancelled", step, reason=step_reason)
+    keyed: dict[str, Any] = {} if key is None else {"idempotency_key": key}
     if stopping == 0:
-        _emit_outcome(em, outcome, reason, code, problem, None)
+        _emit_outcome(em, outcome, reason, code, problem, None, keyed)
         return
     em.emit(
         "RunCancelling",
@@ -89,6 +92,7 @@ def halt(
         code=code,
         failure=problem,
         step_reason=step_reason,
+        **keyed,
     )
 
 
@@ -98,7 +102,7 @@ def finish_halt(em: Emitter) -> None:
     if halting is None or em.state["open"] > 0:
         return
     _emit_outcome(
-        em, halting["outcome"], halting["reason"], halting["code"], halting["failure"], halting["stops"]
+        em, halting["outcome"], halting["reason"], halting["code"], halting["failure"], halting["stops"], {}
     )
 
 
@@ -109,9 +113,11 @@ def _emit_outcome(
     code: str | None,
     problem: Failure | None,
     stops: list[dict[str, Any]] | None,
+    keyed: dict[str, Any],
 ) -> None:
     # `stops` only when the run waited for some: an outcome with nothing in flight is as it was.
     extra: dict[str, Any] = {} if stops is None else {"stops": stops}
+    extra.update(keyed)  # a cancel's key: only RunCancelled answers a command (halt's `key`)
     if outcome == "RunCancelled":
         em.emit("RunCancelled", reason=reason, usage=em.usage(), **extra)
     elif outcome == "RunFailed":

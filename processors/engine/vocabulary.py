@@ -15,6 +15,14 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 # ---------------------------------------------------------------------------- messages in
 
 COMMANDS: Final = frozenset({"StartRun", "CancelRun", "SignalRun", "ResumeRun"})
+# The commands that carry an idempotency key (its `idempotency_key`, else its `record_id`): a run
+# applies each key once and answers a repeat with a CommandDeduplicated (docs/semantics.md,
+# "Idempotent commands"). StartRun is idempotent by its run id instead.
+KEYED_COMMANDS: Final = frozenset({"CancelRun", "SignalRun", "ResumeRun"})
+# How many keys a run keeps (the most recently applied; the oldest is forgotten first), and how
+# long an explicit key may be: a longer record id is kept as "sha256:<hex>" instead (ids.command_key).
+KEY_WINDOW: Final = 1000
+KEY_CHARS: Final = 128
 # Receipts settle or touch an attempt; TimerFired comes back from the processor's own timers.
 RECEIPTS: Final = frozenset(
     {
@@ -32,6 +40,10 @@ TERMINAL_RECEIPTS: Final = frozenset({"ActivationCompleted", "ActivationFailed",
 
 # ---------------------------------------------------------------------------- messages out
 
+# Run events of sequence 0: answers to a command that belong to no run's sequence and change nothing.
+UNSEQUENCED_EVENTS: Final = frozenset({"RunRejected", "CommandDeduplicated"})
+# The run-level events that answer a keyed command and carry its key (at most one per command).
+KEYED_ANSWERS: Final = frozenset({"SignalReceived", "RunResumed", "RunCancelling", "RunCancelled"})
 # Run events that end a run (until a resume of a failed run), by the status they give.
 TERMINAL_EVENTS: Final[dict[str, str]] = {
     "RunSucceeded": "succeeded",
@@ -169,18 +181,21 @@ class StartRunBody(TypedDict):
 class CancelRunBody(TypedDict):
     type: Literal["CancelRun"]
     reason: str
+    idempotency_key: NotRequired[str | None]  # null: the envelope's record_id (KEYED_COMMANDS)
 
 
 class SignalRunBody(TypedDict):
     type: Literal["SignalRun"]
     signal: str
     payload: Any
+    idempotency_key: NotRequired[str | None]
 
 
 class ResumeRunBody(TypedDict):
     type: Literal["ResumeRun"]
     budgets: dict[str, int] | None
     reason: str
+    idempotency_key: NotRequired[str | None]
 
 
 CommandBody = StartRunBody | CancelRunBody | SignalRunBody | ResumeRunBody
@@ -298,6 +313,10 @@ __all__ = [
     "FAILURE_CODES",
     "IN_FLIGHT_SLOT_STATUSES",
     "IN_FLIGHT_STEP_STATUSES",
+    "KEYED_ANSWERS",
+    "KEYED_COMMANDS",
+    "KEY_CHARS",
+    "KEY_WINDOW",
     "NODE_KINDS",
     "NOT_SCHEDULED_STATUSES",
     "OPEN_STEP_STATUSES",
@@ -316,6 +335,7 @@ __all__ = [
     "TERMINAL_EVENTS",
     "TERMINAL_RECEIPTS",
     "TERMINAL_STATUSES",
+    "UNSEQUENCED_EVENTS",
     "USAGE_FIELDS",
     "ZERO_USAGE",
     "Failure",

@@ -14,6 +14,8 @@ import re
 FIXED = frozenset(
     {
         "duplicate cancel",
+        "duplicate command",
+        "invalid idempotency key",
         "duplicate start",
         "conflicting start",
         "run already finished",

@@ -368,14 +368,30 @@ class TestRun:
         """The run as it is now (no time skipped)."""
         return self.env.result(self.run_id)
 
-    def signal(self, name: str, payload: Any = None) -> list[dict[str, Any]]:
-        return self.env.command(self.run_id, {"type": "SignalRun", "signal": name, "payload": payload})
+    # `idempotency_key`: as the client's (docs/semantics.md, "Idempotent commands"); a repeat of
+    # a key the run applied returns its CommandDeduplicated and changes nothing
+    def signal(
+        self, name: str, payload: Any = None, idempotency_key: str | None = None
+    ) -> list[dict[str, Any]]:
+        body = {"type": "SignalRun", "signal": name, "payload": payload, "idempotency_key": idempotency_key}
+        return self.env.command(self.run_id, body)
 
-    def cancel(self, reason: str = "") -> list[dict[str, Any]]:
-        return self.env.command(self.run_id, {"type": "CancelRun", "reason": reason})
+    def cancel(self, reason: str = "", idempotency_key: str | None = None) -> list[dict[str, Any]]:
+        body = {"type": "CancelRun", "reason": reason, "idempotency_key": idempotency_key}
+        return self.env.command(self.run_id, body)
 
-    def resume(self, budgets: Mapping[str, int] | None = None, reason: str = "") -> list[dict[str, Any]]:
-        body = {"type": "ResumeRun", "budgets": dict(budgets) if budgets else None, "reason": reason}
+    def resume(
+        self,
+        budgets: Mapping[str, int] | None = None,
+        reason: str = "",
+        idempotency_key: str | None = None,
+    ) -> list[dict[str, Any]]:
+        body = {
+            "type": "ResumeRun",
+            "budgets": dict(budgets) if budgets else None,
+            "reason": reason,
+            "idempotency_key": idempotency_key,
+        }
         return self.env.command(self.run_id, body)
 
     def advance(self, ms: int) -> TestRun:

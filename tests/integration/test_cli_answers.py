@@ -89,9 +89,26 @@ def test_rejected_commands_exit_6_with_code_and_reason(cli: Cli, system: None) -
     assert "ResumeRun to run" in cli("runs", "resume", rid, code=6).stderr
     assert cli.json("runs", "signal", rid, "nope", code=6)["code"] == "InvalidInput"
     # the signal it waits for is taken; then the finished run refuses another
-    took = cli.json("runs", "signal", rid, "approval", "--payload", '{"approved": true}')
+    approve = (
+        "runs",
+        "signal",
+        rid,
+        "approval",
+        "--payload",
+        '{"approved": true}',
+        "--idempotency-key",
+        "ok-1",
+    )
+    took = cli.json(*approve)
     assert took["answer"] == "accepted" and took["event"] == "SignalReceived"
     assert cli.json("runs", "watch", rid, "--timeout", "30")[-1]["type"] == "RunSucceeded"
+    # the same signal again with its key (a retry): its first answer, not a Conflict
+    again = cli.json(*approve)
+    assert (again["answer"], again["event"], again["sequence"]) == (
+        "accepted",
+        "SignalReceived",
+        took["sequence"],
+    )
     late = cli("runs", "signal", rid, "approval", "--payload", "{}", code=6)
     assert "Conflict" in late.stderr and "run already succeeded" in late.stderr
     assert cli.json("runs", "cancel", rid, code=6)["reason"] == "run already succeeded"

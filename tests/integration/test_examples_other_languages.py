@@ -1,7 +1,7 @@
 """The Java and Node examples (examples/java, examples/node), written from docs/contract.md and
 schemas/standalone/ alone, against the real broker with a processor and a worker running:
-each starts runs (inputs with a 64-bit integer), cancels one while it waits, and reads the run
-events back read_committed. Built and cached by scripts/examples.sh (Maven, npm)."""
+each starts runs (inputs with a 64-bit integer), cancels one while it waits, signals another
+three times with one idempotency key (one effect), and reads the run events back read_committed. Built and cached by scripts/examples.sh (Maven, npm)."""
 
 from __future__ import annotations
 
@@ -83,8 +83,15 @@ def test_java_and_node_services_start_cancel_and_read_runs(built: None, settings
         }
     # what the services saw is what the log holds (read here with the Python codec)
     run_ids = [r for report in reports.values() for r in report["runs"]]
-    assert len(run_ids) == 8
-    events.wait_for(lambda evs: all(terminal_of(evs, r) for r in run_ids), what="terminal events")
+    assert len(run_ids) == 10
+    signalled = [r for r in run_ids if r.endswith("-signal")]
+    events.wait_for(
+        lambda evs: (
+            all(terminal_of(evs, r) for r in run_ids)
+            and all(len([e for e in evs if e["run_id"] == r and e["sequence"] == 0]) == 2 for r in signalled)
+        ),
+        what="terminal events and the repeats' answers",
+    )
     for run_id in run_ids:
         mine = events.of(run_id)
         assert [e["type"] for e in mine].count("RunAccepted") == 1
@@ -92,7 +99,18 @@ def test_java_and_node_services_start_cancel_and_read_runs(built: None, settings
             ["RunCancelled"] if run_id.endswith("-wait") else ["RunSucceeded"]
         )
         assert {e["_partition"] for e in mine} == {partition_for(run_id, settings.partitions)}
-        if not run_id.endswith("-wait"):
+        if run_id.endswith("-signal"):
+            # issue 44: the service sent one SignalRun 3 times with one key: one effect
+            report = next(rep["runs"][run_id] for rep in reports.values() if run_id in rep["runs"])
+            assert report["signal"]["sent"] == 3
+            (received,) = [e for e in mine if e["type"] == "SignalReceived"]
+            assert received["idempotency_key"] == report["signal"]["key"]
+            repeats = [e for e in mine if e["type"] == "CommandDeduplicated"]
+            assert [(e["answer_sequence"], e["idempotency_key"]) for e in repeats] == [
+                (received["sequence"], received["idempotency_key"])
+            ] * 2
+            assert terminal_of(mine, run_id)[0]["output"] is True
+        elif not run_id.endswith("-wait"):
             (done,) = terminal_of(mine, run_id)
             assert done["output"]["big"] > 2**62  # the 64-bit integer the service sent came back whole
     events.close()

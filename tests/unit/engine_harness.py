@@ -119,14 +119,17 @@ class RunHarness:
         }
         return self.send(msg)
 
-    def cancel(self, reason: str = "") -> RunHarness:
-        return self.send({"type": "CancelRun", "reason": reason})
+    # `key`: the command's idempotency_key (None: its record id, unique per send, is the key)
+    def cancel(self, reason: str = "", key: str | None = None) -> RunHarness:
+        return self.send({"type": "CancelRun", "reason": reason, "idempotency_key": key})
 
-    def signal(self, name: str, payload: Any = None) -> RunHarness:
-        return self.send({"type": "SignalRun", "signal": name, "payload": payload})
+    def signal(self, name: str, payload: Any = None, key: str | None = None) -> RunHarness:
+        return self.send({"type": "SignalRun", "signal": name, "payload": payload, "idempotency_key": key})
 
-    def resume(self, budgets: dict[str, Any] | None = None, reason: str = "") -> RunHarness:
-        return self.send({"type": "ResumeRun", "budgets": budgets, "reason": reason})
+    def resume(
+        self, budgets: dict[str, Any] | None = None, reason: str = "", key: str | None = None
+    ) -> RunHarness:
+        return self.send({"type": "ResumeRun", "budgets": budgets, "reason": reason, "idempotency_key": key})
 
     # -------------------------------------------------------------- receipts
     def accept(

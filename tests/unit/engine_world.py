@@ -400,6 +400,9 @@ class World:
         self.cancel_requests: dict[str, dict[str, Any]] = {}
         self.timers: dict[str, dict[str, Any]] = {}
         self.applied: list[dict[str, Any]] = []  # receipts (and timers) whose decision emitted events
+        # keyed commands (cancel, signal, resume) the run applied, and each key's answering event
+        self.commands: list[dict[str, Any]] = []
+        self.keys: dict[str, tuple[int, str]] = {}
         self.expected_usage = {"prompt_tokens": 0, "completion_tokens": 0, "cost_micros": 0}
         self.last_terminal: str | None = None  # the last terminal or pause event, None after a resume
         self.inputs = 0
@@ -445,6 +448,7 @@ class World:
         if excused is not None and not decision.events:
             self.executing = excused  # the engine dropped it: the attempt still counts as running
         self.check(full, before, decision, duplicate)
+        self._check_key(full, decision)
         # applied: it moved the run (a receipt refused as a ReceiptConflict is refused again)
         if any(e["type"] != "ReceiptConflict" for e in decision.events) and full["type"] not in (
             "StartRun",
@@ -454,6 +458,29 @@ class World:
         ):
             self.applied.append(full)
         return decision
+
+    def _check_key(self, msg: dict[str, Any], decision: Any) -> None:
+        """Idempotent commands (issue 44): a key the run applied is answered, never applied again;
+        a key applied now is on exactly one of its events."""
+        if msg["type"] not in ("CancelRun", "SignalRun", "ResumeRun") or self.state is None:
+            return
+        key = msg.get("idempotency_key") or msg["record_id"]
+        carried = [e for e in decision.events if e["sequence"] and e.get("idempotency_key") == key]
+        if key in self.keys:
+            STATS["repeated command answered"] += 1
+            if [e["type"] for e in decision.events] != ["CommandDeduplicated"] or (
+                decision.events[0]["answer_sequence"],
+                decision.events[0]["answer_type"],
+            ) != self.keys[key]:
+                raise Violation(f"a repeat of key {key!r} was not answered with its first answer")
+            return
+        if any(e["sequence"] for e in decision.events):
+            if len(carried) != 1:
+                raise Violation(f"{msg['type']} applied with {len(carried)} events carrying its key")
+            self.keys[key] = (carried[0]["sequence"], carried[0]["type"])
+            self.commands.append(msg)
+        elif carried:
+            raise Violation("a command that changed nothing left its key")
 
     def _stopped(self, msg: dict[str, Any]) -> None:
         key = _key(msg) if isinstance(msg.get("node"), str) and isinstance(msg.get("lineage"), str) else ""
@@ -467,7 +494,7 @@ class World:
         copy = orjson.loads(orjson.dumps(event))  # as read back from the run-events topic
         self.replay = evolve(self.replay, copy)
         self._check_event(before, event)
-        if event["type"] != "RunRejected":
+        if event["sequence"]:  # RunRejected, CommandDeduplicated: sequence 0, no run's log
             self.log.append(event)
         if self.state is None:
             return
@@ -498,9 +525,9 @@ class World:
     # ---- invariants -------------------------------------------------------------------------
     def _check_event(self, before: dict[str, Any] | None, event: dict[str, Any]) -> None:
         etype = event["type"]
-        if etype == "RunRejected":
+        if etype in ("RunRejected", "CommandDeduplicated"):
             if event["sequence"] != 0 or self.state is not before:
-                raise Violation("a RunRejected changed the run or has a sequence")
+                raise Violation(f"a {etype} changed the run or has a sequence")
             return
         assert self.state is not None
         previous = before["sequence"] if before is not None else 0
@@ -611,7 +638,7 @@ class World:
         return node.tools[turn_record["output"]["tool_calls"][call]["name"]].retry
 
     def check(self, msg: dict[str, Any], before: Any, decision: Any, duplicate: bool) -> None:
-        if duplicate and (decision.events or self.state is not before):
+        if duplicate and (any(e["sequence"] for e in decision.events) or self.state is not before):
             raise Violation(
                 f"an exact duplicate of an applied {msg['type']} changed the run: "
                 f"{[e['type'] for e in decision.events]}"
@@ -706,6 +733,7 @@ class World:
             out += [f"{verb} {dispatch} {tag}" for verb in ("stopped", "stopped", "stop-unconfirmed")]
         out += [f"fire {timer_id}" for timer_id in sorted(self.timers) for _ in range(3)]
         out += [f"again {index}" for index in range(max(0, len(self.applied) - 6), len(self.applied))]
+        out += [f"repeat {index}" for index in range(max(0, len(self.commands) - 4), len(self.commands))]
         if self.state is not None:
             out.append("bogus receipt")
         return out
@@ -716,17 +744,25 @@ class World:
         if verb == "advance":
             self.now += data.draw(st.integers(0, 3000), label="time passes")
             return
+        # a command's idempotency key: none (its record id, fresh each time) or one of a few, shared
+        key = data.draw(st.sampled_from([None, None, None, "k0", "k1", "k2"]), label="key")
         if verb == "cancel":
-            self.send({"type": "CancelRun", "reason": "test"}, advance=advance)
+            self.send({"type": "CancelRun", "reason": "test", "idempotency_key": key}, advance=advance)
         elif verb == "signal":
             name, _, hostile = rest.partition(" ")
             payload = deep(80) if hostile else data.draw(st.sampled_from(PAYLOADS), label="payload")
-            self.send({"type": "SignalRun", "signal": name, "payload": payload}, advance=advance)
+            self.send(
+                {"type": "SignalRun", "signal": name, "payload": payload, "idempotency_key": key},
+                advance=advance,
+            )
         elif verb == "approve":
             payload = {"yes": {"approved": True}, "no": {"approved": False, "reason": "no"}}.get(
                 rest, {"ok": 1}
             )
-            self.send({"type": "SignalRun", "signal": "ok-poke", "payload": payload}, advance=advance)
+            self.send(
+                {"type": "SignalRun", "signal": "ok-poke", "payload": payload, "idempotency_key": key},
+                advance=advance,
+            )
         elif verb == "resume":
             budgets = None
             if rest == "more":
@@ -738,7 +774,10 @@ class World:
                     "max_agents": 20,
                     "max_retries": 20,
                 }
-            self.send({"type": "ResumeRun", "budgets": budgets, "reason": "test"}, advance=advance)
+            self.send(
+                {"type": "ResumeRun", "budgets": budgets, "reason": "test", "idempotency_key": key},
+                advance=advance,
+            )
         elif verb == "start":
             run_input = self.run_input if rest == "again" else {"other": 1}
             self.send(
@@ -752,6 +791,8 @@ class World:
             self.send(dict(timer), advance=max(timer["due_ms"] - self.now, 0) + late)
         elif verb == "again":
             self.send(dict(self.applied[int(rest)]), duplicate=True)
+        elif verb == "repeat":  # a keyed command the run applied, sent again (a client's retry)
+            self.send(dict(self.commands[int(rest)]), duplicate=True)
         elif verb == "bogus":
             attempt = data.draw(st.integers(0, 5), label="bogus attempt")
             node = data.draw(st.sampled_from(sorted(self.definition.nodes)), label="bogus node")

@@ -68,9 +68,19 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
             "budgets": {"tokens": 50000},
             "labels": {"team": "search", "env": "dev"},
         },
-        "CancelRun": {**env(), "reason": "user asked"},
-        "SignalRun": {**env(), "signal": "approve", "payload": {"approved": True, "by": "ana"}},
-        "ResumeRun": {**env(), "budgets": {"cost_micros": 2_000_000}, "reason": "raised budget"},
+        "CancelRun": {**env(), "reason": "user asked", "idempotency_key": None},
+        "SignalRun": {
+            **env(),
+            "signal": "approve",
+            "payload": {"approved": True, "by": "ana"},
+            "idempotency_key": "approve-ana-1",
+        },
+        "ResumeRun": {
+            **env(),
+            "budgets": {"cost_micros": 2_000_000},
+            "reason": "raised budget",
+            "idempotency_key": "resume-7",
+        },
     },
     "receipts": {
         "ActivationAccepted": {**env(), **STEP, "worker_id": "w-1", "lease_ms": 30000},
@@ -169,6 +179,7 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
             "definition_id": "nope",
             "revision": None,
             "command_type": "StartRun",
+            "idempotency_key": None,
         },
         "RunStarted": {**env(sequence=2), "superstep": 0},
         "StepScheduled": {
@@ -221,7 +232,13 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
             "signal": "approve",
             "due_ms": TS + 86_400_000,
         },
-        "SignalReceived": {**env(sequence=13), "signal": "approve", "payload": True, "node": "approve"},
+        "SignalReceived": {
+            **env(sequence=13),
+            "signal": "approve",
+            "payload": True,
+            "node": "approve",
+            "idempotency_key": "approve-ana-1",
+        },
         "BudgetWarning": {**env(sequence=14), "dimension": "tokens", "used": 40000, "limit": 50000},
         "BudgetExhausted": {**env(sequence=15), "dimension": "tokens", "used": 50001, "limit": 50000},
         "RunPaused": {
@@ -237,8 +254,14 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
             "code": "BudgetExceeded",
             "failure": None,
             "step_reason": "run paused: tokens exhausted",
+            "idempotency_key": None,
         },
-        "RunResumed": {**env(sequence=17), "budgets": {"tokens": 90000}, "reason": "raised"},
+        "RunResumed": {
+            **env(sequence=17),
+            "budgets": {"tokens": 90000},
+            "reason": "raised",
+            "idempotency_key": "resume-7",
+        },
         "RunSucceeded": {**env(sequence=18), "output": {"brief": "..."}, "usage": USAGE},
         "RunFailed": {**env(sequence=19), "failure": FAILURE, "usage": USAGE, "stops": []},
         "RunCancelled": {
@@ -246,6 +269,15 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
             "reason": "user asked",
             "usage": USAGE,
             "stops": [{"node": "search", "lineage": "0", "attempt": 2, "stop": "stop_unconfirmed"}],
+            "idempotency_key": None,
+        },
+        "CommandDeduplicated": {
+            **env(sequence=0),
+            "record_id": "r-1:duplicate:rec-0002",
+            "command_type": "SignalRun",
+            "idempotency_key": "approve-ana-1",
+            "answer_sequence": 13,
+            "answer_type": "SignalReceived",
         },
         "ReceiptConflict": {
             **env(sequence=21),
@@ -633,7 +665,7 @@ class _InMemoryRegistry:
 def test_registry_mode_frames_with_schema_id_and_decodes_both_framings(codec: Codec) -> None:
     registry = _InMemoryRegistry()
     reg_codec = Codec(history=[], registry_client=registry)
-    msg = {"type": "CancelRun", **env(), "reason": "x"}
+    msg = {"type": "CancelRun", **env(), "reason": "x", "idempotency_key": None}
     data = reg_codec.encode("commands", msg)
     schema_id = int.from_bytes(data[1:5], "big")
     assert data[0] == 0 and registry.by_id[schema_id].schema_type == "AVRO"

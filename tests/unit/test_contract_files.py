@@ -17,11 +17,13 @@ from schemas.contract import SCHEMA_DIR, STANDALONE_DIR, TOPIC_RECORDS, fingerpr
 # The fingerprints on the wire since schema_version 1: a change to one is a new writer schema
 # (keep the old one in schemas/history/<kind>/ so records already in the log still decode).
 FINGERPRINTS = {
-    "commands": "a603db8dbef79e61",
+    "commands": "b06e03173e1597ea",  # issue 44: idempotency_key (v1: a603db8dbef79e61)
     "receipts": "f1017a3e4ce431dc",  # issue 27: ActivationCancelled.confirmed (v1: 08513f8e0ee0dabc)
     "activations": "a6a3b3037515da6c",  # issue 25: AgentSpec.tools/messages (v1: 199fd866e4f4405f)
     "child_activations": "b16f383694186dbf",
-    "run_events": "ebcb920fa2804fb3",  # issue 27: the stopping phase (v1: aa225c37072e13b6)
+    # issue 44: idempotency keys, CommandDeduplicated (v2: ebcb920fa2804fb3); issue 27: the
+    # stopping phase (v1: aa225c37072e13b6)
+    "run_events": "744b5898718c9058",
     "run_state": "bec981ddea69fcc0",
     "definitions": "ada0c3fd574491f8",
     "dead_letters": "d5e255ed6943190f",
@@ -99,6 +101,7 @@ def test_a_writer_that_leaves_schema_version_to_its_default_is_read() -> None:
         "record_id": "r",
         "ts_ms": 1_764_400_000_000,
         "reason": "why",
+        "idempotency_key": None,
     }
 
 
@@ -110,7 +113,7 @@ def test_a_writer_schema_of_ones_own_is_refused_with_the_rule_and_the_schema_to_
     with pytest.raises(DecodeError) as err:
         CODEC.decode("commands", data)
     assert (
-        "schemas/standalone/runfold.CommandEnvelope.avsc (fingerprint a603db8dbef79e61)" in err.value.reason
+        "schemas/standalone/runfold.CommandEnvelope.avsc (fingerprint b06e03173e1597ea)" in err.value.reason
     )
     assert "Schema Registry" in err.value.reason
 
@@ -137,4 +140,5 @@ def test_with_schema_registry_a_compatible_writer_schema_of_ones_own_is_read() -
         "record_id": "r",
         "ts_ms": 1,
         "reason": "",
+        "idempotency_key": None,
     }

@@ -47,7 +47,8 @@ def exercise() -> list[RunHarness]:
     h2.fire("wait_timeout", "review")
     h2.start({"different": True})  # RunRejected
     runs.append(h2)
-    h3 = RunHarness(d, run_id="r-3").start({}).accept("a").cancel().stop_all()
+    h3 = RunHarness(d, run_id="r-3").start({}).accept("a").cancel(key="c-1").stop_all()
+    h3.cancel(key="c-1")  # CommandDeduplicated
     runs.append(h3)
     child = definition({"c": act}, id="child")
     parent = definition({"sub": {"kind": "workflow", "workflow": "child", "revision": 1}}, id="parent")
@@ -67,7 +68,7 @@ def all_events(runs: list[RunHarness]) -> list[dict[str, Any]]:
     out = []
     for h in runs:
         out.extend(h.log)
-    out.extend(e for h in runs for e in h.last.events if e["type"] == "RunRejected")
+    out.extend(e for h in runs for e in h.last.events if e["sequence"] == 0)
     return out
 
 

@@ -191,7 +191,13 @@ class _SentOnly:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def cancel(self, run_id: str, reason: str, answer_timeout: float | None = None) -> None:
+    def cancel(
+        self,
+        run_id: str,
+        reason: str,
+        answer_timeout: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
         return None
 
 

@@ -255,8 +255,9 @@ def test_a_receipt_framed_by_the_doc_with_the_standalone_schema_is_read() -> Non
 def test_a_command_built_by_hand_from_the_doc_decodes() -> None:
     """docs/contract.md, "Framing": `C3 01 | 8 bytes: CRC-64-AVRO fingerprint of the writer
     schema, little-endian | Avro binary body`; "What a producer fills": schema_version 1,
-    record_id, run_id, ts_ms (milliseconds), body (CancelRun: reason)."""
+    record_id, run_id, ts_ms (milliseconds), body (CancelRun: reason, idempotency_key: null)."""
     body = zigzag(1) + avro_str("rec-1") + avro_str("r-é") + zigzag(TS) + zigzag(1) + avro_str("stop")
+    body += zigzag(0)  # the union's null branch
     data = b"\xc3\x01" + bytes.fromhex(doc_fingerprints()["commands"]) + body
     assert CODEC.decode("commands", data) == {
         "type": "CancelRun",
@@ -264,13 +265,14 @@ def test_a_command_built_by_hand_from_the_doc_decodes() -> None:
         "record_id": "rec-1",
         "ts_ms": TS,
         "reason": "stop",
+        "idempotency_key": None,
     }
 
 
 @pytest.mark.parametrize(
     ("kind", "msg", "index", "tail"),
     [
-        ("commands", {"type": "SignalRun", "signal": "go", "payload": {"a": 1}}, 2, ["go", '{"a":1}']),
+        ("commands", {"type": "SignalRun", "signal": "go", "payload": {"a": 1}}, 2, ["go", '{"a":1}', 0]),
         ("run_events", {"type": "RunStarted", "superstep": 7, "sequence": 2}, 2, [7]),
     ],
 )

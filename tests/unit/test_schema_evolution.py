@@ -82,7 +82,14 @@ def test_old_reader_rejects_a_branch_it_does_not_know(v2: dict[str, Any]) -> Non
     data = new_writer.encode("commands", {"type": "PauseRun", "run_id": "r", "record_id": "x", "ts_ms": 1})
     with pytest.raises(DecodeError, match="not readable with the current reader schema"):
         old_reader.decode("commands", data)
-    cancel = {"type": "CancelRun", "run_id": "r", "record_id": "x", "ts_ms": 1, "reason": "stop"}
+    cancel = {
+        "type": "CancelRun",
+        "run_id": "r",
+        "record_id": "x",
+        "ts_ms": 1,
+        "reason": "stop",
+        "idempotency_key": None,
+    }
     assert old_reader.decode("commands", new_writer.encode("commands", cancel)) == cancel
 
 
@@ -109,13 +116,84 @@ V1_FINGERPRINTS = {
     "receipts": "08513f8e0ee0dabc",
     "activations": "199fd866e4f4405f",
 }
+# ... and by idempotent commands (issue 44: the commands' idempotency_key; run events carrying it,
+# and CommandDeduplicated)
+V2_FINGERPRINTS = {"commands/v1": "a603db8dbef79e61", "run_events/v2": "ebcb920fa2804fb3"}
 
 
-def test_the_kept_v1_schemas_are_the_ones_on_the_wire_before_the_stopping_phase() -> None:
-    from schemas.contract import fingerprint64, read_history
+def test_the_kept_schemas_are_the_ones_on_the_wire_before_each_change() -> None:
+    from schemas.contract import fingerprint64
 
-    kept = {kind: fingerprint64(schema).hex() for kind, schema in read_history()}
-    assert kept == V1_FINGERPRINTS
+    kept = {
+        f"{path.parent.name}/{path.stem}": fingerprint64(orjson.loads(path.read_bytes())).hex()
+        for path in sorted((SCHEMA_DIR / "history").glob("*/*.avsc"))
+    }
+    assert kept == {
+        **{f"{kind}/v1": fp for kind, fp in V1_FINGERPRINTS.items()},
+        **V2_FINGERPRINTS,
+    }
+
+
+def test_commands_and_events_written_before_idempotency_keys_decode_without_a_key() -> None:
+    """A command of a producer that predates issue 44 has no idempotency_key: it decodes with
+    null (its record_id is the key); an event written before has none either."""
+    old = {
+        "commands": orjson.loads((SCHEMA_DIR / "history" / "commands" / "v1.avsc").read_bytes()),
+        "run_events": orjson.loads((SCHEMA_DIR / "history" / "run_events" / "v2.avsc").read_bytes()),
+    }
+    old_writer = Codec(schemas={**load_contract(), **old}, history=[])
+    reader = Codec()
+    signal = {
+        "type": "SignalRun",
+        "run_id": "r",
+        "record_id": "x",
+        "ts_ms": TS,
+        "signal": "go",
+        "payload": {"ok": True},
+    }
+    assert reader.decode("commands", old_writer.encode("commands", signal)) == {
+        **signal,
+        "idempotency_key": None,
+    }
+    received = {
+        "type": "SignalReceived",
+        "run_id": "r",
+        "record_id": "r:4",
+        "ts_ms": TS,
+        "sequence": 4,
+        "signal": "go",
+        "payload": {"ok": True},
+        "node": "w",
+    }
+    got = reader.decode("run_events", old_writer.encode("run_events", received))
+    assert got == {**received, "idempotency_key": None}
+
+
+def test_a_reader_that_predates_idempotency_keys_reads_keyed_records_but_not_the_new_event() -> None:
+    """An old reader told the new writer schema (docs/contract.md, Schema evolution) ignores the
+    key; CommandDeduplicated is a branch it does not know."""
+    old = {
+        "commands": orjson.loads((SCHEMA_DIR / "history" / "commands" / "v1.avsc").read_bytes()),
+        "run_events": orjson.loads((SCHEMA_DIR / "history" / "run_events" / "v2.avsc").read_bytes()),
+    }
+    old_reader = Codec(schemas={**load_contract(), **old}, history=list(load_contract().items()))
+    new_writer = Codec(history=[])
+    cancel = {"type": "CancelRun", "run_id": "r", "record_id": "x", "ts_ms": TS, "reason": "stop"}
+    data = new_writer.encode("commands", {**cancel, "idempotency_key": "k-1"})
+    assert old_reader.decode("commands", data) == cancel
+    duplicate = {
+        "type": "CommandDeduplicated",
+        "run_id": "r",
+        "record_id": "r:duplicate:x",
+        "ts_ms": TS,
+        "sequence": 0,
+        "command_type": "CancelRun",
+        "idempotency_key": "k-1",
+        "answer_sequence": 7,
+        "answer_type": "RunCancelled",
+    }
+    with pytest.raises(DecodeError, match="not readable with the current reader schema"):
+        old_reader.decode("run_events", new_writer.encode("run_events", duplicate))
 
 
 def test_records_written_before_the_stopping_phase_decode_with_its_defaults() -> None:

@@ -34,7 +34,8 @@ import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
 
 /**
- * A service in Java that starts runfold runs, cancels one, and reads their run events back
+ * A service in Java that starts runfold runs, cancels one, signals one three times with one
+ * idempotency key (a retried signal: it takes effect once), and reads their run events back
  * (read_committed), written from docs/contract.md and schemas/standalone/ alone.
  *
  * <p>Usage: {@code java -cp ... runfold.example.RunfoldExample --bootstrap 127.0.0.1:9092
@@ -43,11 +44,14 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * <p>Needs the definitions examples/definitions/one-step.yaml and await-approval.yaml registered,
  * a processor, and a worker serving the default queue. Prints one JSON line (what it saw) and
  * exits 0 when every run ended as expected: each one-step run succeeded with its input as output
- * (a 64-bit integer included), the await-approval run was cancelled, one RunAccepted and one
+ * (a 64-bit integer included), the await-approval run was cancelled, the signalled one succeeded
+ * with one SignalReceived and its repeats answered by CommandDeduplicated, one RunAccepted and one
  * terminal event per run.
  */
 public final class RunfoldExample {
   private static final ObjectMapper JSON = new ObjectMapper();
+  /** The same SignalRun, sent this many times (as a client retrying after timeouts). */
+  private static final int RETRIES = 3;
 
   public static void main(String[] args) throws Exception {
     System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn");
@@ -74,6 +78,9 @@ public final class RunfoldExample {
       inputs.put(idPrefix + "-" + i, input);
     }
     String toCancel = idPrefix + "-wait";
+    String toSignal = idPrefix + "-signal";
+    // Its idempotency key: each send is a new record (a new record_id), one command by its key.
+    String signalKey = "approve-" + UUID.randomUUID();
     String commandsTopic = prefix + ".commands";
     String eventsTopic = prefix + ".run-events";
 
@@ -87,8 +94,10 @@ public final class RunfoldExample {
             .build();
         producer.send(command(encoder, commands, commandsTopic, run.getKey(), start));
       }
-      producer.send(command(encoder, commands, commandsTopic, toCancel, body(commands, "StartRun")
-          .set("definition_id", "await-approval").set("input", "{}").build()));
+      for (String waiting : List.of(toCancel, toSignal)) {
+        producer.send(command(encoder, commands, commandsTopic, waiting, body(commands, "StartRun")
+            .set("definition_id", "await-approval").set("input", "{}").build()));
+      }
       producer.flush();
 
       // Read the run events back, committed only, every partition from the start.
@@ -97,7 +106,8 @@ public final class RunfoldExample {
       consumer.assign(parts);
       consumer.seekToBeginning(parts);
       boolean cancelled = false;
-      while (System.currentTimeMillis() < deadline && !allFinished(seen, inputs.keySet(), toCancel)) {
+      boolean signalled = false;
+      while (System.currentTimeMillis() < deadline && !allFinished(seen, inputs.keySet(), toCancel, toSignal)) {
         for (ConsumerRecord<String, byte[]> rec : consumer.poll(Duration.ofMillis(200))) {
           if (!rec.key().startsWith(idPrefix)) {
             continue; // another service's run
@@ -110,10 +120,21 @@ public final class RunfoldExample {
             producer.flush();
             cancelled = true;
           }
+          if (!signalled && rec.key().equals(toSignal) && type(event).equals("RunWaiting")) {
+            for (int i = 0; i < RETRIES; i++) {
+              producer.send(command(encoder, commands, commandsTopic, toSignal, body(commands, "SignalRun")
+                  .set("signal", "approval")
+                  .set("payload", "{\"approved\": true}")
+                  .set("idempotency_key", signalKey) // the branch of ["null", "string"] is picked by value
+                  .build()));
+            }
+            producer.flush();
+            signalled = true;
+          }
         }
       }
     }
-    System.exit(report(seen, inputs, toCancel, commands, events) ? 0 : 1);
+    System.exit(report(seen, inputs, toCancel, toSignal, signalKey, commands, events) ? 0 : 1);
   }
 
   /** A command envelope: schema_version is left to its schema default (1). */
@@ -153,20 +174,23 @@ public final class RunfoldExample {
     return t.equals("RunSucceeded") || t.equals("RunFailed") || t.equals("RunCancelled") || t.equals("RunRejected");
   }
 
-  private static boolean allFinished(Map<String, List<GenericRecord>> seen, Iterable<String> ids, String toCancel) {
+  private static boolean allFinished(
+      Map<String, List<GenericRecord>> seen, Iterable<String> ids, String toCancel, String toSignal) {
     List<String> all = new ArrayList<>();
     ids.forEach(all::add);
     all.add(toCancel);
+    all.add(toSignal);
     for (String id : all) {
       if (seen.getOrDefault(id, List.of()).stream().noneMatch(RunfoldExample::terminal)) {
         return false;
       }
     }
-    return true;
+    // the signalled run is done once its repeats are answered too (they follow its end)
+    return seen.get(toSignal).stream().filter(e -> type(e).equals("CommandDeduplicated")).count() >= RETRIES - 1;
   }
 
   private static boolean report(Map<String, List<GenericRecord>> seen, Map<String, JsonNode> inputs, String toCancel,
-      Schema commands, Schema events) throws IOException {
+      String toSignal, String signalKey, Schema commands, Schema events) throws IOException {
     ObjectNode out = JSON.createObjectNode();
     out.put("language", "java");
     out.putObject("fingerprints")
@@ -177,6 +201,7 @@ public final class RunfoldExample {
     Map<String, String> expected = new LinkedHashMap<>();
     inputs.keySet().forEach(id -> expected.put(id, "RunSucceeded"));
     expected.put(toCancel, "RunCancelled");
+    expected.put(toSignal, "RunSucceeded");
     for (Map.Entry<String, String> want : expected.entrySet()) {
       List<GenericRecord> mine = seen.getOrDefault(want.getKey(), List.of());
       ObjectNode r = runsOut.putObject(want.getKey());
@@ -186,10 +211,26 @@ public final class RunfoldExample {
       long accepted = types.stream().filter("RunAccepted"::equals).count();
       List<GenericRecord> ends = mine.stream().filter(RunfoldExample::terminal).toList();
       boolean good = accepted == 1 && ends.size() == 1 && type(ends.get(0)).equals(want.getValue());
-      for (int i = 0; i < mine.size(); i++) { // one gap-free sequence per run
-        good &= (long) mine.get(i).get("sequence") == i + 1;
+      List<GenericRecord> sequenced = mine.stream().filter(e -> (long) e.get("sequence") > 0).toList();
+      for (int i = 0; i < sequenced.size(); i++) { // one gap-free sequence per run
+        good &= (long) sequenced.get(i).get("sequence") == i + 1;
       }
-      if (!ends.isEmpty() && type(ends.get(0)).equals("RunSucceeded")) {
+      if (want.getKey().equals(toSignal)) {
+        // one effect: one SignalReceived carrying the key; each repeat answered with it, changing nothing
+        List<GenericRecord> received = mine.stream().filter(e -> type(e).equals("SignalReceived")).toList();
+        List<GenericRecord> repeats = mine.stream().filter(e -> type(e).equals("CommandDeduplicated")).toList();
+        r.putObject("signal").put("key", signalKey).put("sent", RETRIES).put("received", received.size())
+            .put("deduplicated", repeats.size());
+        good &= received.size() == 1 && repeats.size() == RETRIES - 1
+            && signalKey.equals(String.valueOf(body(received.get(0)).get("idempotency_key")));
+        for (GenericRecord repeat : received.size() == 1 ? repeats : List.<GenericRecord>of()) {
+          GenericRecord b = body(repeat);
+          good &= (long) repeat.get("sequence") == 0 && signalKey.equals(b.get("idempotency_key").toString())
+              && (long) b.get("answer_sequence") == (long) received.get(0).get("sequence")
+              && b.get("answer_type").toString().equals("SignalReceived");
+        }
+        good &= !ends.isEmpty() && body(ends.get(0)).get("output").toString().equals("true");
+      } else if (!ends.isEmpty() && type(ends.get(0)).equals("RunSucceeded")) {
         JsonNode output = JSON.readTree(body(ends.get(0)).get("output").toString());
         r.set("output", output);
         good &= output.equals(inputs.get(want.getKey())); // the 64-bit integer survived
