@@ -22,6 +22,9 @@ cd "$(dirname "$0")/.."
 source scripts/_broker.sh
 
 WORKERS="${RUNFOLD_TEST_WORKERS:-auto}"
+# worksteal: a worker that ran out of tests takes some of another's queue (a few tests take a
+# minute: with plain load balancing one worker can be left running them while the other idles)
+XDIST=(-n "$WORKERS" --dist worksteal)
 REPORTS="$(mktemp -d "${TMPDIR:-/tmp}/runfold-tests.XXXXXX")"
 TIMES=()     # "tier seconds result" of each tier run, for the summary
 RAN_TESTS=0  # 1 once a pytest run ran at least one test (exit 5 is "no tests": only then an error)
@@ -99,14 +102,14 @@ checks() {
 }
 
 unit() {
-  run_pytest unit tests/unit -n "$WORKERS" "$@"
+  run_pytest unit tests/unit "${XDIST[@]}" "$@"
 }
 
 integration() {
   # Tests isolated by their topic prefix run side by side; the ones marked `serial` (their own
   # brokers, fixed resources, CPU-bound timing: the marker says why) run alone afterwards.
   local rc=0
-  run_pytest integration tests/integration -m "not chaos and not serial" -n "$WORKERS" "$@" || rc=$?
+  run_pytest integration tests/integration -m "not chaos and not serial" "${XDIST[@]}" "$@" || rc=$?
   [ "$rc" = 0 ] || return "$rc"
   run_pytest integration-serial tests/integration -m "serial and not chaos" "$@"
 }
@@ -117,7 +120,7 @@ chaos() {
 }
 
 soak() {
-  HYPOTHESIS_PROFILE=soak run_pytest soak tests/unit -n "$WORKERS" --timeout 0 "$@"
+  HYPOTHESIS_PROFILE=soak run_pytest soak tests/unit "${XDIST[@]}" --timeout 0 "$@"
 }
 
 # A plain pytest run needs the broker unless every path it names is under tests/unit.
