@@ -1,11 +1,16 @@
 # Sourced by test.sh and demo.sh: the venv and the broker (topology.broker's selection rules).
-#   ensure_venv                 create .venv (python3.11) if missing and install runfold[test] into it
+#   ensure_venv                 create .venv (python3.11) if missing, install runfold[test] into it and
+#                               build the compiled engine (ensure_engine)
+#   ensure_venv --no-engine     the same without the engine build (a tier that does not need it)
+#   ensure_engine               `runfold engine build` (a hash of the sources when it is built already)
 #   ensure_broker               KAFKA_BOOTSTRAP_SERVERS set -> use it; else `runfold kafka up` and export it.
 #                               Sets RUNFOLD_STARTED_BROKER=1 only when this script started the broker.
 #   stop_broker_if_started      `runfold kafka down`, only for a broker this script started
 #                               (a broker that was already running, e.g. a shared dev broker, is left alone)
 
 ensure_venv() {
+  local engine_too=1
+  [ "${1:-}" = "--no-engine" ] && engine_too=0
   if [ ! -x .venv/bin/python ]; then
     local py=python3.11
     command -v "$py" >/dev/null 2>&1 || py=python3
@@ -23,13 +28,19 @@ ensure_venv() {
       .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2 &&
         printf '%s\n' "$want" > "$stamp"
     fi
-    # The compiled engine (processors/native_engine.py): ~20 s once per set of engine sources,
-    # a hash of them otherwise. If it cannot build, the engine runs interpreted, said here.
-    local engine="${RUNFOLD_ENGINE:-auto}"
-    if [ "${engine,,}" != "interpreted" ] && ! .venv/bin/runfold engine build >&2; then
-      echo "warning: the compiled engine did not build (above): the engine runs interpreted;" \
-        "a processor with RUNFOLD_ENGINE=compiled refuses to start" >&2
+    if [ "$engine_too" = "1" ]; then
+      ensure_engine
     fi
+  fi
+}
+
+ensure_engine() {
+  # The compiled engine (processors/native_engine.py): ~20 s once per set of engine sources,
+  # a hash of them otherwise. If it cannot build, the engine runs interpreted, said here.
+  local engine="${RUNFOLD_ENGINE:-auto}"
+  if [ "${engine,,}" != "interpreted" ] && ! .venv/bin/runfold engine build >&2; then
+    echo "warning: the compiled engine did not build (above): the engine runs interpreted;" \
+      "a processor with RUNFOLD_ENGINE=compiled refuses to start" >&2
   fi
 }
 

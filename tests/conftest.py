@@ -18,6 +18,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck
@@ -29,14 +30,74 @@ from topology.settings import KafkaSettings
 
 # Property tests: no per-example deadline (a loaded 2-core CI box is not a slow test), and in CI
 # a derandomized search so a red build is reproducible, never a roll of the dice. Locally the
-# search stays random: that is where new counterexamples are found.
+# search stays random: that is where new counterexamples are found. The sizes are the tier's
+# budget (the unit tier in under 3 minutes on 2 cores): hypothesis's 100 examples where a test
+# names none, and the generated-world tests' own sizes (SOAK_SIZES' defaults in their modules).
+# `soak` (`bash scripts/test.sh soak`, never in CI) is the long search: random, 2,000 examples
+# where a test names none, and the generated-world tests at SOAK_SIZES, each size still
+# overridable by its own variable.
 hypothesis_settings.register_profile(
     "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 hypothesis_settings.register_profile("dev", deadline=None)
-hypothesis_settings.load_profile(
-    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+hypothesis_settings.register_profile(
+    "soak",
+    deadline=None,
+    max_examples=2000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+SOAK_SIZES = {
+    "RUNFOLD_ENGINE_FUZZ_EXAMPLES": "20000",  # tests/unit/test_engine_generative.py (CI: 500)
+    "RUNFOLD_ENGINE_DIFF_EXAMPLES": "2000",  # tests/unit/test_engine_differential.py (CI: 200)
+    "RUNFOLD_INDEX_FUZZ_EXAMPLES": "2000",  # tests/unit/test_index_projection.py (CI: 150)
+}
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+hypothesis_settings.load_profile(PROFILE)
+if PROFILE == "soak":
+    # before the test modules import: they read their sizes at import
+    for _name, _size in SOAK_SIZES.items():
+        os.environ.setdefault(_name, _size)
+
+# The tier of a test is the folder it is in, never a marker someone must remember: a file added
+# to tests/unit is a unit test, one in tests/integration an integration test, one in tests/chaos
+# a chaos test (scripts/test.sh selects the tiers with these markers and folders).
+TESTS = Path(__file__).resolve().parent
+TIERS: dict[str, tuple[str, ...]] = {
+    "unit": ("unit",),
+    "integration": ("integration",),
+    "chaos": ("integration", "chaos"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(TESTS).parts[0]
+        except (ValueError, IndexError):
+            continue
+        for marker in TIERS.get(folder, ()):
+            item.add_marker(marker)
+
+
+def _utf8(value: Any) -> Any:
+    """A report's strings as UTF-8 can carry them: a lone surrogate (a file name decoded with
+    surrogateescape, in a captured log) becomes its backslash escape."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Any:
+    """pytest-xdist sends each report from its worker as UTF-8: a string it cannot encode would
+    crash the worker and end the whole run (execnet's DumpError), not just fail the test."""
+    data = yield
+    return _utf8(data)
 
 
 def _testcontainers_kafka() -> Iterator[str]:

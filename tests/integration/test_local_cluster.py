@@ -16,7 +16,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from topology import local_cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial(
+        "starts a 3-node cluster of its own: three JVMs, more than 2 cores share beside other tests"
+    ),
+]
 
 
 def _run(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any], str]:

@@ -14,7 +14,12 @@ import pytest
 
 from topology import local_kafka
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial(
+        "starts and stops brokers of its own: a JVM start beside loaded workers misses its timeout"
+    ),
+]
 
 
 def _env(port: int, cport: int, data_dir: Path) -> dict[str, str]:

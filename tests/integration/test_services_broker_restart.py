@@ -29,7 +29,11 @@ from processors.kafka.exits import ExitCode
 from processors.runtime.settings import ProcessorSettings
 from topology import local_kafka
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(480),
+    pytest.mark.serial("restarts a broker of its own under five services: its timings assume the cores"),
+]
 
 NOOP3 = workflow(
     "noop3",

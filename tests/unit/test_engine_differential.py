@@ -33,6 +33,11 @@ events are compared with sorted keys and, by hash, as the codec writes them (uns
 of keys is part of the bytes).
 
 Size: RUNFOLD_ENGINE_DIFF_EXAMPLES cases (default 200, ~10 s), seed RUNFOLD_ENGINE_DIFF_SEED.
+
+Beyond the engine alone, the runtime's offline fold (benchmarks/fold_bench.py --digest: the
+processor's fold, store and serializers over 400 runs) must give the same digest with either
+engine. This module is where the two engines are compared; the rest of the suite runs one engine
+(the compiled one where scripts/test.sh built it).
 """
 
 from __future__ import annotations
@@ -1071,3 +1076,25 @@ def test_both_engines_decide_alike_whatever_the_callers_stack_depth() -> None:
         f"compiled: RecursionError from {b.get('recursion_at')} more caller frames; "
         f"at the child's own depth: {json.dumps(b.get('raised'))} {json.dumps(b.get('events'))[:600]}"
     )
+
+
+def test_both_engines_fold_byte_identical_outputs() -> None:
+    """The offline fold's digest (every output's bytes, in order, and the store's contents)."""
+    native_engine.build()  # a no-op when a build of these sources exists
+    results = {}
+    for mode in MODES:
+        proc = subprocess.run(
+            [sys.executable, "benchmarks/fold_bench.py", "--runs", "400", "--digest"],
+            cwd=ROOT,
+            env={**os.environ, "RUNFOLD_ENGINE": mode, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {m: r["engine"] for m, r in results.items()} == {
+        "interpreted": "interpreted",
+        "compiled": "compiled",
+    }
+    assert results["interpreted"]["succeeded"] == 400
+    assert results["interpreted"]["digest"] == results["compiled"]["digest"]

@@ -4,9 +4,10 @@ Each example is one random definition and one random history of executor receipt
 client commands, checked after every input against the invariants of docs/semantics.md, then
 drained (every activation answered, every timer fired) to check that the run cannot get stuck.
 
-Its size comes from RUNFOLD_ENGINE_FUZZ_EXAMPLES (default 500 examples, ~15 s). A soak:
-    RUNFOLD_ENGINE_FUZZ_EXAMPLES=20000 HYPOTHESIS_PROFILE=dev .venv/bin/pytest -s -q --timeout 0 \
-        tests/unit/test_engine_generative.py
+Its size comes from RUNFOLD_ENGINE_FUZZ_EXAMPLES (default 500 examples, ~15 s). The soak
+(`bash scripts/test.sh soak`, 20,000 examples here: tests/conftest.py's `soak` profile), or this
+module alone:
+    HYPOTHESIS_PROFILE=soak .venv/bin/pytest -s -q --timeout 0 tests/unit/test_engine_generative.py
 prints what the generated runs did (outcomes, events, drop reasons) at the end
 (RUNFOLD_ENGINE_FUZZ_SHRINK=0: report a failure as found, without shrinking it).
 """
