@@ -366,11 +366,15 @@ class Partitions:
                 continue
             if r.state_end_seen is None and now - r.started < _NO_EOF_CHECK_S:
                 continue
+            checked_eof = r.state_end_seen is not None
             if self._state_at_stable_end(p, r):
                 self._seed(p, r)
             else:
                 r.state_end_seen = None
-                r.state_recheck_at = now + _STABILITY_RECHECK_S
+                # Without an end-of-partition event the reader is most likely still reading: ask
+                # the broker for the ends (two round trips) rarely, not every 0.25 s while it reads
+                # (asked for every partition at each recheck, they took most of a restore's time).
+                r.state_recheck_at = now + (_STABILITY_RECHECK_S if checked_eof else _NO_EOF_CHECK_S)
 
     def _state_at_stable_end(self, p: int, r: _Restore) -> bool:
         """run-state read to its committed end, and that end the log end: no transaction open

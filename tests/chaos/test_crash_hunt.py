@@ -225,23 +225,27 @@ def client_records(path: Path) -> list[dict[str, Any]]:
 
 def start_fleet(s: ProcessorSettings, tmp_path: Path, ui_port: int) -> Fleet:
     fleet = Fleet(s, tmp_path)
-    fleet.processor("p1")
-    fleet.processor("p2")
-    fleet.worker("w1")
-    fleet.child_executor("c1")
-    fleet.ready(processors=2, timeout=180)
-    fleet._spawn("index", [str(RUNFOLD), "index", "run", "--db", str(tmp_path / "index.db")])
-    fleet._spawn("ui", [str(RUNFOLD), "ui", "--port", str(ui_port), "--db", str(tmp_path / "ui.db")])
-    fleet._spawn(
-        "client",
-        [
-            sys.executable,
-            str(HERE / "client_load.py"),
-            s.bootstrap_servers,
-            s.topic_prefix,
-            str(tmp_path / "client.jsonl"),
-        ],
-    )
+    try:  # a fleet that could not start is stopped: left running, it waits for its cluster for good
+        fleet.processor("p1")
+        fleet.processor("p2")
+        fleet.worker("w1")
+        fleet.child_executor("c1")
+        fleet.ready(processors=2, timeout=180)
+        fleet._spawn("index", [str(RUNFOLD), "index", "run", "--db", str(tmp_path / "index.db")])
+        fleet._spawn("ui", [str(RUNFOLD), "ui", "--port", str(ui_port), "--db", str(tmp_path / "ui.db")])
+        fleet._spawn(
+            "client",
+            [
+                sys.executable,
+                str(HERE / "client_load.py"),
+                s.bootstrap_servers,
+                s.topic_prefix,
+                str(tmp_path / "client.jsonl"),
+            ],
+        )
+    except BaseException:
+        fleet.stop(30)
+        raise
     return fleet
 
 
@@ -266,16 +270,16 @@ def run_scenario(
     """The fleet, the client process and the readers beside them; `faults(schedule)` breaks the
     cluster; then every process must still run, and every run must finish exactly once."""
     ui_port = local_cluster.free_ports(1)[0]
-    fleet = start_fleet(s, tmp_path, ui_port)
-    finishes = Finishes(Reader(s, [s.topics.run_events], "run_events"))
-    reader_thread = finishes.start()
-    beside = Beside(s, ui_port)
-    threads = beside.start()
     raw_topic = f"{s.topic_prefix}.raw-probe"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # held: a client let go ends its requests
     admin.create_topics([NewTopic(raw_topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})])[
         raw_topic
     ].result(30)
+    fleet = start_fleet(s, tmp_path, ui_port)  # nothing that can fail between it and the try
+    finishes = Finishes(Reader(s, [s.topics.run_events], "run_events"))
+    reader_thread = finishes.start()
+    beside = Beside(s, ui_port)
+    threads = beside.start()
     raw = Raw(cluster.bootstrap, raw_topic)
     threads.append(raw.start())
     schedule = Schedule(cluster, cluster.bootstrap, s.topic_prefix)
