@@ -199,7 +199,9 @@ class Partitions:
         to its stable end afterwards reflects them all (docs/runtime.md). None: a restore
         from the log (nothing to skip, or the end unknown)."""
         try:
-            e0 = watermarks.log_end(self._reader, TopicPartition(self._events_topic, p), 10.0)
+            e0 = watermarks.log_end(
+                self._log_end, TopicPartition(self._events_topic, p), 10.0, committed=True
+            )
         except KafkaException as e:
             self._log.warning(
                 "run-events end unavailable; restoring from the log",
@@ -383,8 +385,8 @@ class Partitions:
         assert reader is not None
         tp = TopicPartition(self._state_topic, p)
         try:
-            committed_end = watermarks.log_end(reader, tp, 5.0)
-            log_end = watermarks.log_end(self._log_end, tp, 5.0)
+            committed_end = watermarks.log_end(self._log_end, tp, 5.0, committed=True)
+            log_end = watermarks.log_end(self._log_end, tp, 5.0, committed=False)
         except KafkaException as e:
             self._log.warning(
                 "restore: run-state end offsets unavailable; retrying",

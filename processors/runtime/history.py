@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from processors.kafka import watermarks
 from processors.runtime.admission import TS_FUTURE_MS
 
 _SKEW_MS = 60_000
@@ -41,7 +42,9 @@ def run_events_before(
     out: list[tuple[int, bytes]] = []
     try:
         probe = TopicPartition(topic, partition, max(accepted_ms - TS_FUTURE_MS - _SKEW_MS, 0))
-        start = consumer.offsets_for_times([probe], timeout=10.0)[0].offset
+        # the admin client's ListOffsets, not the consumer's offsets_for_times: that one aborts
+        # the process while brokers fail over (processors/kafka/watermarks.py)
+        start = watermarks.Offsets.like(consumer_config).for_time(probe, probe.offset, 10.0)
         if start < 0:  # no record that late: every record is older, read them all
             start = OFFSET_BEGINNING
         consumer.assign([TopicPartition(topic, partition, start)])
