@@ -28,6 +28,15 @@ from processors import native_engine
 from topology import broker, local_kafka
 from topology.settings import KafkaSettings
 
+# An xdist worker runs with COLUMNS=80 and LINES=24 that its controller set (execnet), not the
+# environment the suite was started in: every CLI subprocess a test starts would then render its
+# tables at 80 columns instead of the 120 it uses when stdout is not a terminal
+# (processors/cli/common.py), and wrap cells that tests read (defs list's "none (all
+# deprecated)"). The worker gives its tests the environment a serial run has.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 # Property tests: no per-example deadline (a loaded 2-core CI box is not a slow test), and in CI
 # a derandomized search so a red build is reproducible, never a roll of the dice. Locally the
 # search stays random: that is where new counterexamples are found. The sizes are the tier's
